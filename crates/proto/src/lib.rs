@@ -1,0 +1,59 @@
+//! ferry-proto: the ferry wire format, with no sockets, no clock and no async runtime.
+//!
+//! A connection starts with an 8-byte [`preamble`] in each direction (magic, version and
+//! the transport about to be used: plain TCP or TLS). After it, and after TLS if chosen,
+//! everything is a length-prefixed [`frame`]: `u32 length | u8 kind | u32 request id | body`.
+//! The first frames are the handshake ([`Hello`] → [`Welcome`], then [`AuthProof`] →
+//! [`AuthOk`] when the server asks for a token); then the client sends [`Request`]s and the
+//! server answers each with a [`Response`] carrying the same request id, in any order.
+//!
+//! Layout:
+//! - [`frame`]: frame header, incremental decoding that tells "need more bytes" from "invalid".
+//! - [`message`]: handshake messages, requests, responses, their encode/decode.
+//! - [`attr`]: file attributes and file versions as they travel.
+//! - [`payload`]: read payloads: lz4 or raw, and the xxh3-64 checksum of the decoded bytes.
+//! - [`name`]: which names and paths a peer may send.
+//! - [`status`]: protocol status codes (never raw errno numbers).
+//!
+//! `docs/PROTOCOL.md` at the repository root describes the same format byte by byte.
+
+pub mod attr;
+mod codec;
+pub mod frame;
+pub mod message;
+pub mod name;
+pub mod payload;
+pub mod preamble;
+pub mod status;
+
+pub use attr::{Attr, FileKind, Timestamp, Version};
+pub use codec::DecodeError;
+pub use frame::{Frame, FrameError, FRAME_HEADER_LEN};
+pub use message::{
+    AuthMethod, AuthOk, AuthProof, DirEntry, DirPage, Handshake, Hello, ReadData, Request,
+    Response, StatFs, Welcome,
+};
+pub use payload::{Encoding, PayloadError};
+pub use status::Status;
+
+/// Protocol version spoken by this crate. Bumped on incompatible changes.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Feature bits exchanged in [`Hello`] and [`Welcome`]; the session uses the intersection.
+pub mod features {
+    /// Read payloads may be lz4-compressed (block format, see [`crate::payload`]).
+    pub const LZ4: u64 = 1 << 0;
+    /// All features this build understands.
+    pub const ALL: u64 = LZ4;
+}
+
+/// Default chunk size: the unit of reads, caching and checksums (1 MiB).
+pub const DEFAULT_CHUNK_SIZE: u32 = 1 << 20;
+/// Largest chunk size a peer may negotiate (16 MiB).
+pub const MAX_CHUNK_SIZE: u32 = 16 << 20;
+/// Smallest chunk size a peer may negotiate (4 KiB).
+pub const MIN_CHUNK_SIZE: u32 = 4 << 10;
+/// Largest frame accepted before the handshake has negotiated one (64 KiB).
+pub const HANDSHAKE_MAX_FRAME: u32 = 64 << 10;
+/// Room for a read response's header fields on top of its data, when sizing the frame limit.
+pub const FRAME_OVERHEAD: u32 = 4 << 10;

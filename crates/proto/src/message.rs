@@ -1,0 +1,574 @@
+//! Messages: the handshake, requests and responses, with their encodings.
+//!
+//! Kinds (the frame's kind byte):
+//!
+//! | kind | message | direction |
+//! |------|---------|-----------|
+//! | 0x01 | [`Hello`] | client → server |
+//! | 0x02 | [`Welcome`] | server → client |
+//! | 0x03 | [`AuthProof`] | client → server |
+//! | 0x04 | [`AuthOk`] | server → client |
+//! | 0x10..=0x15 | [`Request`] | client → server |
+//! | 0x90..=0x95 | [`Response`] (success) | server → client |
+//! | 0xff | [`Response::Error`] (also a failed handshake) | server → client |
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::attr::Attr;
+use crate::codec::{
+    expect_end, get_array, get_bytes16, get_string16, get_u16, get_u32, get_u64, get_u8,
+    put_bytes16, DecodeError,
+};
+use crate::frame::Frame;
+use crate::payload::Encoding;
+use crate::status::Status;
+use crate::Version;
+
+const K_HELLO: u8 = 0x01;
+const K_WELCOME: u8 = 0x02;
+const K_AUTH_PROOF: u8 = 0x03;
+const K_AUTH_OK: u8 = 0x04;
+const K_PING: u8 = 0x10;
+const K_STAT: u8 = 0x11;
+const K_READDIR: u8 = 0x12;
+const K_READ: u8 = 0x13;
+const K_READLINK: u8 = 0x14;
+const K_STATFS: u8 = 0x15;
+const RESPONSE_BIT: u8 = 0x80;
+const K_ERROR: u8 = 0xff;
+
+/// The client's opening message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Highest protocol version the client speaks.
+    pub version: u16,
+    /// Feature bits the client supports ([`crate::features`]).
+    pub features: u64,
+    /// Chunk size the client would like (the server may choose smaller).
+    pub chunk_size: u32,
+    /// Free-form client identification for the server's log (e.g. "ferry 0.1.0 mount").
+    pub client_name: String,
+}
+
+/// How the client must prove itself after [`Welcome`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// No authentication; requests may follow at once.
+    None,
+    /// Pre-shared token, challenge-response: the client answers with [`AuthProof`]
+    /// computed over this fresh server challenge, so a recorded exchange cannot be replayed.
+    Token {
+        /// 32 random bytes, new for every connection.
+        challenge: [u8; 32],
+    },
+}
+
+/// The server's answer to [`Hello`]: the session's parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Welcome {
+    /// Protocol version for this session (≤ the client's).
+    pub version: u16,
+    /// Features in effect: the intersection of both sides'.
+    pub features: u64,
+    /// Chunk size in effect: the largest read a request may ask for.
+    pub chunk_size: u32,
+    /// Largest frame either side may send from now on (length field value).
+    pub max_frame: u32,
+    /// Requests the client may have outstanding on this connection; more are refused
+    /// with [`Status::Busy`] or make the server stop reading until some complete.
+    pub max_inflight: u32,
+    /// Random id of this server process: changes when the server restarts, so clients
+    /// know to re-check the file versions they cache.
+    pub instance_id: [u8; 16],
+    /// What the client must do before sending requests.
+    pub auth: AuthMethod,
+}
+
+/// The client's answer to a token challenge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthProof {
+    /// 32 random bytes chosen by the client.
+    pub client_nonce: [u8; 32],
+    /// Keyed hash of the challenge and the client nonce under the shared token.
+    pub proof: [u8; 32],
+}
+
+/// The server accepted the proof, and proves in turn that it knows the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthOk {
+    /// Keyed hash of the client nonce and the challenge under the shared token.
+    pub server_proof: [u8; 32],
+}
+
+/// Handshake messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handshake {
+    /// See [`Hello`].
+    Hello(Hello),
+    /// See [`Welcome`].
+    Welcome(Welcome),
+    /// See [`AuthProof`].
+    AuthProof(AuthProof),
+    /// See [`AuthOk`].
+    AuthOk(AuthOk),
+    /// The handshake failed; the connection closes after this.
+    Failed {
+        /// Why, as a status.
+        status: Status,
+        /// Human-readable detail for the client's one-line error.
+        message: String,
+    },
+}
+
+/// A request; every path is relative to the export root and validated by the receiver
+/// (see [`crate::name`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Liveness and round-trip measurement. Answer: [`Response::Pong`].
+    Ping,
+    /// Attributes of the object at `path`, not following a final symlink. Answer: [`Response::Attr`].
+    Stat {
+        /// Relative path; empty for the root.
+        path: Bytes,
+    },
+    /// One page of a directory listing with attributes. Answer: [`Response::DirPage`].
+    ReadDir {
+        /// The directory.
+        path: Bytes,
+        /// 0 for the first page, else the `cookie` of the last entry received.
+        cookie: u64,
+        /// Most entries wanted in this page (the server may send fewer).
+        max_entries: u32,
+    },
+    /// Bytes of a regular file. Answer: [`Response::Read`].
+    Read {
+        /// The file.
+        path: Bytes,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes wanted, at most the negotiated chunk size; fewer come back at end of file.
+        len: u32,
+        /// Whether the payload may be lz4-compressed (requires the LZ4 feature).
+        allow_lz4: bool,
+    },
+    /// Target of a symlink. Answer: [`Response::Link`].
+    ReadLink {
+        /// The link.
+        path: Bytes,
+    },
+    /// File system statistics of the export. Answer: [`Response::StatFs`].
+    StatFs,
+}
+
+/// One directory entry with its attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Entry name (validated as a name by the receiver).
+    pub name: Bytes,
+    /// Opaque position after this entry, to resume the listing.
+    pub cookie: u64,
+    /// Attributes (`lstat`).
+    pub attr: Attr,
+}
+
+/// A page of directory entries. `.` and `..` are never included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirPage {
+    /// Entries in this page.
+    pub entries: Vec<DirEntry>,
+    /// True when the listing has no entries after these.
+    pub eof: bool,
+}
+
+/// Data read from a file, as it travels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadData {
+    /// The version of the file the bytes were read from.
+    pub version: Version,
+    /// How `data` is encoded.
+    pub encoding: Encoding,
+    /// Length after decoding (may be less than asked at end of file).
+    pub decoded_len: u32,
+    /// xxh3-64 of the decoded bytes.
+    pub checksum: u64,
+    /// Encoded bytes.
+    pub data: Bytes,
+}
+
+/// File system statistics, as `statvfs` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatFs {
+    /// Total blocks of `frsize` bytes.
+    pub blocks: u64,
+    /// Free blocks.
+    pub bfree: u64,
+    /// Free blocks available to unprivileged users.
+    pub bavail: u64,
+    /// Total inodes.
+    pub files: u64,
+    /// Free inodes.
+    pub ffree: u64,
+    /// Preferred block size.
+    pub bsize: u32,
+    /// Longest name.
+    pub namelen: u32,
+    /// Fragment size (unit of `blocks`).
+    pub frsize: u32,
+}
+
+/// A response to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// Answer to [`Request::Ping`].
+    Pong,
+    /// Answer to [`Request::Stat`].
+    Attr(Attr),
+    /// Answer to [`Request::ReadDir`].
+    DirPage(DirPage),
+    /// Answer to [`Request::Read`].
+    Read(ReadData),
+    /// Answer to [`Request::ReadLink`]: the target, as stored.
+    Link(Bytes),
+    /// Answer to [`Request::StatFs`].
+    StatFs(StatFs),
+    /// Any request failed.
+    Error {
+        /// Why.
+        status: Status,
+        /// Detail for logs (never needed to act on the error).
+        message: String,
+    },
+}
+
+fn put_frame(dst: &mut BytesMut, kind: u8, request_id: u32, body: &[u8]) {
+    Frame::put_header(dst, kind, request_id, body.len());
+    dst.put_slice(body);
+}
+
+fn get_status(buf: &mut Bytes) -> Result<Status, DecodeError> {
+    let v = get_u16(buf, "status")?;
+    Status::from_u16(v).ok_or(DecodeError::InvalidValue {
+        field: "status",
+        value: v.into(),
+    })
+}
+
+fn decode_error(mut b: Bytes) -> Result<(Status, String), DecodeError> {
+    let status = get_status(&mut b)?;
+    let message = get_string16(&mut b, "error message")?;
+    expect_end(&b)?;
+    Ok((status, message))
+}
+
+fn encode_error(dst: &mut BytesMut, request_id: u32, status: Status, message: &str) {
+    let mut body = BytesMut::with_capacity(4 + message.len());
+    body.put_u16(status as u16);
+    put_bytes16(&mut body, message.as_bytes());
+    put_frame(dst, K_ERROR, request_id, &body);
+}
+
+impl Handshake {
+    /// Appends this message as a frame (request id 0) to `dst`.
+    pub fn encode(&self, dst: &mut BytesMut) {
+        let mut b = BytesMut::new();
+        let kind = match self {
+            Handshake::Hello(h) => {
+                b.put_u16(h.version);
+                b.put_u64(h.features);
+                b.put_u32(h.chunk_size);
+                put_bytes16(&mut b, h.client_name.as_bytes());
+                K_HELLO
+            }
+            Handshake::Welcome(w) => {
+                b.put_u16(w.version);
+                b.put_u64(w.features);
+                b.put_u32(w.chunk_size);
+                b.put_u32(w.max_frame);
+                b.put_u32(w.max_inflight);
+                b.put_slice(&w.instance_id);
+                match &w.auth {
+                    AuthMethod::None => b.put_u8(0),
+                    AuthMethod::Token { challenge } => {
+                        b.put_u8(1);
+                        b.put_slice(challenge);
+                    }
+                }
+                K_WELCOME
+            }
+            Handshake::AuthProof(p) => {
+                b.put_slice(&p.client_nonce);
+                b.put_slice(&p.proof);
+                K_AUTH_PROOF
+            }
+            Handshake::AuthOk(ok) => {
+                b.put_slice(&ok.server_proof);
+                K_AUTH_OK
+            }
+            Handshake::Failed { status, message } => {
+                encode_error(dst, 0, *status, message);
+                return;
+            }
+        };
+        put_frame(dst, kind, 0, &b);
+    }
+
+    /// Decodes a handshake frame.
+    pub fn decode(frame: Frame) -> Result<Handshake, DecodeError> {
+        let mut b = frame.body;
+        let msg = match frame.kind {
+            K_HELLO => Handshake::Hello(Hello {
+                version: get_u16(&mut b, "hello")?,
+                features: get_u64(&mut b, "hello")?,
+                chunk_size: get_u32(&mut b, "hello")?,
+                client_name: get_string16(&mut b, "client name")?,
+            }),
+            K_WELCOME => Handshake::Welcome(Welcome {
+                version: get_u16(&mut b, "welcome")?,
+                features: get_u64(&mut b, "welcome")?,
+                chunk_size: get_u32(&mut b, "welcome")?,
+                max_frame: get_u32(&mut b, "welcome")?,
+                max_inflight: get_u32(&mut b, "welcome")?,
+                instance_id: get_array(&mut b, "instance id")?,
+                auth: match get_u8(&mut b, "auth method")? {
+                    0 => AuthMethod::None,
+                    1 => AuthMethod::Token {
+                        challenge: get_array(&mut b, "challenge")?,
+                    },
+                    v => {
+                        return Err(DecodeError::InvalidValue {
+                            field: "auth method",
+                            value: v.into(),
+                        })
+                    }
+                },
+            }),
+            K_AUTH_PROOF => Handshake::AuthProof(AuthProof {
+                client_nonce: get_array(&mut b, "auth proof")?,
+                proof: get_array(&mut b, "auth proof")?,
+            }),
+            K_AUTH_OK => Handshake::AuthOk(AuthOk {
+                server_proof: get_array(&mut b, "auth ok")?,
+            }),
+            K_ERROR => {
+                let (status, message) = decode_error(b)?;
+                return Ok(Handshake::Failed { status, message });
+            }
+            k => return Err(DecodeError::UnknownKind(k)),
+        };
+        expect_end(&b)?;
+        Ok(msg)
+    }
+}
+
+impl Request {
+    /// The frame kind of this request.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Request::Ping => K_PING,
+            Request::Stat { .. } => K_STAT,
+            Request::ReadDir { .. } => K_READDIR,
+            Request::Read { .. } => K_READ,
+            Request::ReadLink { .. } => K_READLINK,
+            Request::StatFs => K_STATFS,
+        }
+    }
+
+    /// Appends this request as a frame to `dst`.
+    pub fn encode(&self, request_id: u32, dst: &mut BytesMut) {
+        let mut b = BytesMut::new();
+        match self {
+            Request::Ping | Request::StatFs => {}
+            Request::Stat { path } | Request::ReadLink { path } => put_bytes16(&mut b, path),
+            Request::ReadDir {
+                path,
+                cookie,
+                max_entries,
+            } => {
+                put_bytes16(&mut b, path);
+                b.put_u64(*cookie);
+                b.put_u32(*max_entries);
+            }
+            Request::Read {
+                path,
+                offset,
+                len,
+                allow_lz4,
+            } => {
+                put_bytes16(&mut b, path);
+                b.put_u64(*offset);
+                b.put_u32(*len);
+                b.put_u8(u8::from(*allow_lz4));
+            }
+        }
+        put_frame(dst, self.kind(), request_id, &b);
+    }
+
+    /// Decodes a request frame.
+    pub fn decode(frame: Frame) -> Result<Request, DecodeError> {
+        let mut b = frame.body;
+        let req = match frame.kind {
+            K_PING => Request::Ping,
+            K_STATFS => Request::StatFs,
+            K_STAT => Request::Stat {
+                path: get_bytes16(&mut b, "path")?,
+            },
+            K_READLINK => Request::ReadLink {
+                path: get_bytes16(&mut b, "path")?,
+            },
+            K_READDIR => Request::ReadDir {
+                path: get_bytes16(&mut b, "path")?,
+                cookie: get_u64(&mut b, "readdir")?,
+                max_entries: get_u32(&mut b, "readdir")?,
+            },
+            K_READ => Request::Read {
+                path: get_bytes16(&mut b, "path")?,
+                offset: get_u64(&mut b, "read")?,
+                len: get_u32(&mut b, "read")?,
+                allow_lz4: match get_u8(&mut b, "read flags")? {
+                    0 => false,
+                    1 => true,
+                    v => {
+                        return Err(DecodeError::InvalidValue {
+                            field: "read flags",
+                            value: v.into(),
+                        })
+                    }
+                },
+            },
+            k => return Err(DecodeError::UnknownKind(k)),
+        };
+        expect_end(&b)?;
+        Ok(req)
+    }
+}
+
+/// Smallest possible encoded directory entry (name length 0 + cookie + attr), used to
+/// bound allocations by the bytes actually present.
+const MIN_DIRENT_LEN: usize = 2 + 8 + Attr::LEN;
+
+impl Response {
+    /// The frame kind of this response.
+    pub fn kind(&self) -> u8 {
+        match self {
+            Response::Pong => K_PING | RESPONSE_BIT,
+            Response::Attr(_) => K_STAT | RESPONSE_BIT,
+            Response::DirPage(_) => K_READDIR | RESPONSE_BIT,
+            Response::Read(_) => K_READ | RESPONSE_BIT,
+            Response::Link(_) => K_READLINK | RESPONSE_BIT,
+            Response::StatFs(_) => K_STATFS | RESPONSE_BIT,
+            Response::Error { .. } => K_ERROR,
+        }
+    }
+
+    /// Whether this is the right kind of answer to `request` (an error always is).
+    pub fn answers(&self, request: &Request) -> bool {
+        matches!(self, Response::Error { .. }) || self.kind() == request.kind() | RESPONSE_BIT
+    }
+
+    /// Appends the frame header and all fields to `head`, and returns the trailing data
+    /// payload (read data) to be sent right after it, so large payloads are never copied
+    /// into the header buffer.
+    pub fn encode(&self, request_id: u32, head: &mut BytesMut) -> Bytes {
+        let mut b = BytesMut::new();
+        match self {
+            Response::Pong => {}
+            Response::Attr(a) => a.encode(&mut b),
+            Response::DirPage(p) => {
+                b.put_u8(u8::from(p.eof));
+                b.put_u32(p.entries.len() as u32);
+                for e in &p.entries {
+                    put_bytes16(&mut b, &e.name);
+                    b.put_u64(e.cookie);
+                    e.attr.encode(&mut b);
+                }
+            }
+            Response::Read(r) => {
+                r.version.encode(&mut b);
+                b.put_u8(r.encoding.to_u8());
+                b.put_u32(r.decoded_len);
+                b.put_u64(r.checksum);
+                Frame::put_header(head, self.kind(), request_id, b.len() + r.data.len());
+                head.put_slice(&b);
+                return r.data.clone();
+            }
+            Response::Link(t) => put_bytes16(&mut b, t),
+            Response::StatFs(s) => {
+                for v in [s.blocks, s.bfree, s.bavail, s.files, s.ffree] {
+                    b.put_u64(v);
+                }
+                for v in [s.bsize, s.namelen, s.frsize] {
+                    b.put_u32(v);
+                }
+            }
+            Response::Error { status, message } => {
+                encode_error(head, request_id, *status, message);
+                return Bytes::new();
+            }
+        }
+        put_frame(head, self.kind(), request_id, &b);
+        Bytes::new()
+    }
+
+    /// Decodes a response frame. Read data is a zero-copy slice of the frame.
+    pub fn decode(frame: Frame) -> Result<Response, DecodeError> {
+        let mut b = frame.body;
+        let resp = match frame.kind {
+            k if k == K_PING | RESPONSE_BIT => Response::Pong,
+            k if k == K_STAT | RESPONSE_BIT => Response::Attr(Attr::decode(&mut b)?),
+            k if k == K_READDIR | RESPONSE_BIT => {
+                let eof = get_u8(&mut b, "dir page")? != 0;
+                let n = get_u32(&mut b, "dir page")? as usize;
+                let mut entries = Vec::with_capacity(n.min(b.len() / MIN_DIRENT_LEN));
+                for _ in 0..n {
+                    entries.push(DirEntry {
+                        name: get_bytes16(&mut b, "entry name")?,
+                        cookie: get_u64(&mut b, "entry cookie")?,
+                        attr: Attr::decode(&mut b)?,
+                    });
+                }
+                Response::DirPage(DirPage { entries, eof })
+            }
+            k if k == K_READ | RESPONSE_BIT => {
+                let version = Version::decode(&mut b)?;
+                let enc = get_u8(&mut b, "encoding")?;
+                let encoding = Encoding::from_u8(enc).ok_or(DecodeError::InvalidValue {
+                    field: "encoding",
+                    value: enc.into(),
+                })?;
+                let decoded_len = get_u32(&mut b, "read")?;
+                let checksum = get_u64(&mut b, "read")?;
+                return Ok(Response::Read(ReadData {
+                    version,
+                    encoding,
+                    decoded_len,
+                    checksum,
+                    data: b,
+                }));
+            }
+            k if k == K_READLINK | RESPONSE_BIT => Response::Link(get_bytes16(&mut b, "target")?),
+            k if k == K_STATFS | RESPONSE_BIT => Response::StatFs(StatFs {
+                blocks: get_u64(&mut b, "statfs")?,
+                bfree: get_u64(&mut b, "statfs")?,
+                bavail: get_u64(&mut b, "statfs")?,
+                files: get_u64(&mut b, "statfs")?,
+                ffree: get_u64(&mut b, "statfs")?,
+                bsize: get_u32(&mut b, "statfs")?,
+                namelen: get_u32(&mut b, "statfs")?,
+                frsize: get_u32(&mut b, "statfs")?,
+            }),
+            K_ERROR => {
+                let (status, message) = decode_error(b)?;
+                if status == Status::Ok {
+                    return Err(DecodeError::InvalidValue {
+                        field: "error status",
+                        value: 0,
+                    });
+                }
+                return Ok(Response::Error { status, message });
+            }
+            k => return Err(DecodeError::UnknownKind(k)),
+        };
+        expect_end(&b)?;
+        Ok(resp)
+    }
+}

@@ -1,0 +1,262 @@
+//! Property tests: every message round-trips through its encoding, and decoding arbitrary
+//! bytes returns an error (or a message) but never panics or over-allocates.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use ferry_proto::*;
+use proptest::prelude::*;
+
+fn bytes16() -> impl Strategy<Value = Bytes> {
+    proptest::collection::vec(any::<u8>(), 0..300).prop_map(Bytes::from)
+}
+
+fn timestamp() -> impl Strategy<Value = Timestamp> {
+    (any::<i64>(), 0u32..1_000_000_000).prop_map(|(sec, nsec)| Timestamp { sec, nsec })
+}
+
+fn kind() -> impl Strategy<Value = FileKind> {
+    prop_oneof![
+        Just(FileKind::File),
+        Just(FileKind::Directory),
+        Just(FileKind::Symlink),
+        Just(FileKind::Fifo),
+        Just(FileKind::CharDevice),
+        Just(FileKind::BlockDevice),
+        Just(FileKind::Socket),
+    ]
+}
+
+fn attr() -> impl Strategy<Value = Attr> {
+    (
+        (
+            any::<u64>(),
+            kind(),
+            0u16..=0o7777,
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+        ),
+        (any::<u64>(), any::<u64>(), any::<u64>()),
+        (timestamp(), timestamp(), timestamp()),
+    )
+        .prop_map(
+            |((ino, kind, perm, nlink, uid, gid), (rdev, size, blocks), (atime, mtime, ctime))| {
+                Attr {
+                    ino,
+                    kind,
+                    perm,
+                    nlink,
+                    uid,
+                    gid,
+                    rdev,
+                    size,
+                    blocks,
+                    atime,
+                    mtime,
+                    ctime,
+                }
+            },
+        )
+}
+
+fn status() -> impl Strategy<Value = Status> {
+    proptest::sample::select(&Status::ALL[1..])
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        Just(Request::Ping),
+        Just(Request::StatFs),
+        bytes16().prop_map(|path| Request::Stat { path }),
+        bytes16().prop_map(|path| Request::ReadLink { path }),
+        (bytes16(), any::<u64>(), any::<u32>()).prop_map(|(path, cookie, max_entries)| {
+            Request::ReadDir {
+                path,
+                cookie,
+                max_entries,
+            }
+        }),
+        (bytes16(), any::<u64>(), any::<u32>(), any::<bool>()).prop_map(
+            |(path, offset, len, allow_lz4)| Request::Read {
+                path,
+                offset,
+                len,
+                allow_lz4
+            }
+        ),
+    ]
+}
+
+fn response() -> impl Strategy<Value = Response> {
+    prop_oneof![
+        Just(Response::Pong),
+        attr().prop_map(Response::Attr),
+        (
+            proptest::collection::vec((bytes16(), any::<u64>(), attr()), 0..20),
+            any::<bool>()
+        )
+            .prop_map(|(es, eof)| Response::DirPage(DirPage {
+                entries: es
+                    .into_iter()
+                    .map(|(name, cookie, attr)| DirEntry { name, cookie, attr })
+                    .collect(),
+                eof
+            })),
+        (
+            attr(),
+            any::<bool>(),
+            any::<u32>(),
+            any::<u64>(),
+            proptest::collection::vec(any::<u8>(), 0..2000)
+        )
+            .prop_map(
+                |(a, lz4, decoded_len, checksum, data)| Response::Read(ReadData {
+                    version: a.version(),
+                    encoding: if lz4 { Encoding::Lz4 } else { Encoding::Raw },
+                    decoded_len,
+                    checksum,
+                    data: Bytes::from(data)
+                })
+            ),
+        bytes16().prop_map(Response::Link),
+        any::<[u64; 5]>().prop_map(|v| Response::StatFs(StatFs {
+            blocks: v[0],
+            bfree: v[1],
+            bavail: v[2],
+            files: v[3],
+            ffree: v[4],
+            bsize: 4096,
+            namelen: 255,
+            frsize: 4096
+        })),
+        (status(), "[ -~]{0,100}")
+            .prop_map(|(status, message)| Response::Error { status, message }),
+    ]
+}
+
+fn handshake() -> impl Strategy<Value = Handshake> {
+    prop_oneof![
+        (any::<u16>(), any::<u64>(), any::<u32>(), "[ -~]{0,50}").prop_map(
+            |(version, features, chunk_size, client_name)| Handshake::Hello(Hello {
+                version,
+                features,
+                chunk_size,
+                client_name
+            })
+        ),
+        (
+            any::<(u16, u64, u32, u32, u32)>(),
+            any::<[u8; 16]>(),
+            proptest::option::of(any::<[u8; 32]>())
+        )
+            .prop_map(
+                |((version, features, chunk_size, max_frame, max_inflight), instance_id, ch)| {
+                    Handshake::Welcome(Welcome {
+                        version,
+                        features,
+                        chunk_size,
+                        max_frame,
+                        max_inflight,
+                        instance_id,
+                        auth: match ch {
+                            None => AuthMethod::None,
+                            Some(challenge) => AuthMethod::Token { challenge },
+                        },
+                    })
+                }
+            ),
+        (any::<[u8; 32]>(), any::<[u8; 32]>()).prop_map(|(client_nonce, proof)| {
+            Handshake::AuthProof(AuthProof {
+                client_nonce,
+                proof,
+            })
+        }),
+        any::<[u8; 32]>().prop_map(|server_proof| Handshake::AuthOk(AuthOk { server_proof })),
+        (status(), "[ -~]{0,100}")
+            .prop_map(|(status, message)| Handshake::Failed { status, message }),
+    ]
+}
+
+fn one_frame(mut buf: BytesMut) -> Frame {
+    let f = Frame::parse(&mut buf, u32::MAX).unwrap().unwrap();
+    assert!(buf.is_empty(), "exactly one frame");
+    f
+}
+
+proptest! {
+    #[test]
+    fn requests_round_trip(req in request(), id in any::<u32>()) {
+        let mut buf = BytesMut::new();
+        req.encode(id, &mut buf);
+        let f = one_frame(buf);
+        prop_assert_eq!(f.request_id, id);
+        prop_assert_eq!(Request::decode(f).unwrap(), req);
+    }
+
+    #[test]
+    fn responses_round_trip(resp in response(), id in any::<u32>()) {
+        let mut buf = BytesMut::new();
+        let tail = resp.encode(id, &mut buf);
+        buf.put_slice(&tail);
+        let f = one_frame(buf);
+        prop_assert_eq!(f.request_id, id);
+        prop_assert_eq!(Response::decode(f).unwrap(), resp);
+    }
+
+    #[test]
+    fn handshakes_round_trip(msg in handshake()) {
+        let mut buf = BytesMut::new();
+        msg.encode(&mut buf);
+        prop_assert_eq!(Handshake::decode(one_frame(buf)).unwrap(), msg);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..4096), max in 0u32..1_000_000) {
+        let mut buf = BytesMut::from(&data[..]);
+        while let Ok(Some(frame)) = Frame::parse(&mut buf, max) {
+            let _ = Request::decode(frame.clone());
+            let _ = Response::decode(frame.clone());
+            let _ = Handshake::decode(frame);
+        }
+    }
+
+    #[test]
+    fn arbitrary_bodies_never_panic(kind in any::<u8>(), body in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let frame = Frame { kind, request_id: 1, body: Bytes::from(body) };
+        let _ = Request::decode(frame.clone());
+        let _ = Response::decode(frame.clone());
+        let _ = Handshake::decode(frame);
+    }
+
+    #[test]
+    fn payloads_round_trip(data in proptest::collection::vec(0u8..4, 0..20_000), lz4 in any::<bool>()) {
+        let raw = Bytes::from(data);
+        let (enc, wire) = payload::encode(raw.clone(), lz4);
+        let back = payload::decode(enc, raw.len() as u32, payload::checksum(&raw), wire).unwrap();
+        prop_assert_eq!(back, raw);
+    }
+
+    #[test]
+    fn truncated_frames_are_incomplete(req in request()) {
+        let mut buf = BytesMut::new();
+        req.encode(9, &mut buf);
+        let full = buf.len();
+        for cut in 0..full {
+            let mut part = BytesMut::from(&buf[..cut]);
+            prop_assert_eq!(Frame::parse(&mut part, u32::MAX), Ok(None));
+        }
+    }
+}
+
+#[test]
+fn dir_page_count_cannot_force_allocation() {
+    // A page claiming 4 billion entries in a tiny body must fail, not allocate.
+    let mut body = BytesMut::new();
+    body.put_u8(0);
+    body.put_u32(u32::MAX);
+    let f = Frame {
+        kind: 0x92,
+        request_id: 1,
+        body: body.freeze(),
+    };
+    assert!(Response::decode(f).is_err());
+}
