@@ -1,1 +1,135 @@
+//! ferry-server: `ferryd` exports one directory, read-only, over the ferry protocol.
+//!
+//! - [`export`]: the exported directory; every path is resolved beneath it by the kernel
+//!   (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), symlinks are never followed.
+//! - `conn`: one connection: preamble, handshake, pipelined requests, bounded memory.
+//! - [`run`]: the accept loop, a connection limit, and shutdown that drains.
+//!
+//! The binary (`src/main.rs`) only parses arguments, owns the runtime and signals.
 
+mod conn;
+pub mod export;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tracing::{info, warn, Instrument};
+
+pub use conn::ConnError;
+pub use export::Export;
+
+/// Server settings; [`Default`] gives the documented defaults.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Directory to export.
+    pub export: PathBuf,
+    /// Largest chunk size offered to clients (bytes).
+    pub chunk_size: u32,
+    /// Requests one connection may have in flight.
+    pub max_inflight: u32,
+    /// Connections served at once; more wait in the accept queue.
+    pub max_connections: usize,
+    /// Bytes of file data the server may hold in buffers across all connections.
+    pub memory_budget: usize,
+    /// Time a client has to complete the preamble and handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            export: PathBuf::from("."),
+            chunk_size: ferry_proto::DEFAULT_CHUNK_SIZE,
+            max_inflight: 64,
+            max_connections: 512,
+            memory_budget: 96 << 20,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// State shared by all connections.
+pub(crate) struct Shared {
+    pub(crate) config: ServerConfig,
+    pub(crate) export: Export,
+    pub(crate) instance_id: [u8; 16],
+    /// Units of 4 KiB of read buffers.
+    pub(crate) read_budget: Arc<Semaphore>,
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+/// Serves `listener` until `shutdown` completes, then stops accepting, lets in-flight
+/// responses go out (up to a few seconds) and returns.
+///
+/// # Errors
+/// The export cannot be opened.
+pub async fn run(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let export = Export::open(&config.export)?;
+    let mut instance_id = [0u8; 16];
+    rustix::rand::getrandom(&mut instance_id, rustix::rand::GetRandomFlags::empty())
+        .map_err(std::io::Error::from)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // The chunk-sized floor keeps one maximal read always possible.
+    let units = (config.memory_budget / 4096).max(2 * config.chunk_size as usize / 4096) as u32;
+    let shared = Arc::new(Shared {
+        read_budget: Arc::new(Semaphore::new(units as usize)),
+        export,
+        instance_id,
+        shutdown: stop_rx,
+        config,
+    });
+    let limit = Arc::new(Semaphore::new(shared.config.max_connections));
+    let mut tasks = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => p.map_err(std::io::Error::other)?,
+            _ = &mut shutdown => break,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let span = tracing::info_span!("conn", %peer);
+        tasks.spawn(
+            async move {
+                match conn::serve(stream, shared).await {
+                    Ok(()) => tracing::debug!("closed"),
+                    Err(ConnError::Io(e)) => tracing::debug!("closed: {e}"),
+                    Err(e) => warn!("closed connection: {e}"),
+                }
+                drop(permit);
+            }
+            .instrument(span),
+        );
+        while tasks.try_join_next().is_some() {}
+    }
+    info!("shutting down: draining {} connections", tasks.len());
+    let _ = stop_tx.send(true);
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .is_err()
+    {
+        warn!("connections still open after 10 s; closing them");
+    }
+    Ok(())
+}

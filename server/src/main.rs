@@ -1,1 +1,132 @@
-fn main() {}
+//! `ferryd`: export a directory over the ferry protocol.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use ferry_server::ServerConfig;
+
+/// Export a directory, read-only, to `ferry mount` clients.
+///
+/// Example:
+///   ferryd --export /srv/oradata --listen 0.0.0.0:7070
+#[derive(Debug, Parser)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Directory to export (read-only; nothing outside it is ever served).
+    #[arg(long, value_name = "DIR")]
+    export: PathBuf,
+    /// Address to listen on. Port 0 picks a free port (see --port-file).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// Write the bound address (ip:port) to this file once listening.
+    #[arg(long, value_name = "FILE")]
+    port_file: Option<PathBuf>,
+    /// Largest chunk size offered to clients, in KiB.
+    #[arg(long, value_name = "KIB", default_value_t = 1024)]
+    chunk_size: u32,
+    /// Requests one connection may have in flight.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_inflight: u32,
+    /// Connections served at once.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    max_connections: usize,
+    /// MiB of file data held in buffers across all connections.
+    #[arg(long, value_name = "MIB", default_value_t = 96)]
+    memory_budget: usize,
+    /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn main() {
+    let args = Args::parse();
+    init_logging(args.verbose);
+    if let Err(e) = run(args) {
+        eprintln!("ferryd: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let meta = std::fs::metadata(&args.export)
+        .with_context(|| format!("cannot export {}: check the path", args.export.display()))?;
+    anyhow::ensure!(
+        meta.is_dir(),
+        "cannot export {}: not a directory",
+        args.export.display()
+    );
+    let kib = args.chunk_size;
+    anyhow::ensure!(
+        (4..=16 * 1024).contains(&kib),
+        "--chunk-size {kib} KiB is out of range: use 4 to 16384"
+    );
+    let config = ServerConfig {
+        export: args.export.clone(),
+        chunk_size: kib * 1024,
+        max_inflight: args.max_inflight.max(1),
+        max_connections: args.max_connections.max(1),
+        memory_budget: args.memory_budget.max(1) << 20,
+        ..ServerConfig::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ferryd")
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {}: is another ferryd running there?",
+                    args.listen
+                )
+            })?;
+        let addr = listener.local_addr()?;
+        if let Some(pf) = &args.port_file {
+            // Written atomically so a watcher never reads a half-written address.
+            let tmp = pf.with_extension("tmp");
+            std::fs::write(&tmp, format!("{addr}\n"))
+                .and_then(|_| std::fs::rename(&tmp, pf))
+                .with_context(|| format!("cannot write --port-file {}", pf.display()))?;
+        }
+        tracing::info!(
+            "listening on {addr}, exporting {} read-only",
+            args.export.display()
+        );
+        ferry_server::run(listener, config, shutdown_signal()).await?;
+        tracing::info!("stopped");
+        anyhow::Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers, run until killed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

@@ -1,0 +1,326 @@
+//! One client connection: preamble, handshake, then pipelined requests.
+//!
+//! The reader half decodes frames and spawns one task per request, holding a per-connection
+//! permit (at most `max_inflight` requests at once; when none is free the reader stops
+//! reading, which pushes back on the client through TCP). File reads also take bytes from
+//! a server-wide memory budget, held until the response has been written, so the memory
+//! of all connections together is bounded. The writer half batches responses and writes
+//! read payloads straight from their buffers (header and data as separate writes, never
+//! copied together).
+//!
+//! Anything malformed — bad magic, a frame over the limit, an undecodable message — ends
+//! this connection with a logged reason and touches nothing else.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use ferry_proto::preamble::{self, Refusal, Transport, PREAMBLE_LEN};
+use ferry_proto::{
+    features, payload, AuthMethod, Frame, Handshake, ReadData, Request, Response, Status, Welcome,
+    FRAME_OVERHEAD, HANDSHAKE_MAX_FRAME, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, info, warn};
+
+use crate::export::{self, OpError};
+use crate::Shared;
+
+/// Why a connection ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// Socket error.
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    /// The client broke the protocol.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// No complete handshake within the time limit.
+    #[error("handshake timed out")]
+    HandshakeTimeout,
+}
+
+fn protocol(e: impl std::fmt::Display) -> ConnError {
+    ConnError::Protocol(e.to_string())
+}
+
+/// Largest directory page served, whatever the client asks.
+const MAX_DIR_PAGE: usize = 4096;
+
+struct Outgoing {
+    head: BytesMut,
+    tail: Bytes,
+    _permits: Vec<OwnedSemaphorePermit>,
+}
+
+/// Reads one frame, buffering at most `max` bytes of it.
+async fn read_frame<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    max: u32,
+) -> Result<Option<Frame>, ConnError> {
+    loop {
+        if let Some(frame) = Frame::parse(buf, max).map_err(protocol)? {
+            return Ok(Some(frame));
+        }
+        if buf.capacity() - buf.len() < 64 * 1024 {
+            buf.reserve(256 * 1024);
+        }
+        if rd.read_buf(buf).await? == 0 {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            return Err(protocol("connection closed in the middle of a frame"));
+        }
+    }
+}
+
+/// Serves one accepted connection until the client leaves, misbehaves or shutdown.
+pub(crate) async fn serve<S>(stream: S, shared: Arc<Shared>) -> Result<(), ConnError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let timeout = shared.config.handshake_timeout;
+    let welcome = tokio::time::timeout(timeout, handshake(&mut rd, &mut wr, &shared))
+        .await
+        .map_err(|_| ConnError::HandshakeTimeout)??;
+    let Some(welcome) = welcome else {
+        return Ok(());
+    };
+
+    let (tx, rx) = mpsc::channel::<Outgoing>(welcome.max_inflight as usize);
+    let writer = tokio::spawn(write_loop(wr, rx));
+    let inflight = Arc::new(Semaphore::new(welcome.max_inflight as usize));
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut shutdown = shared.shutdown.clone();
+    let result = loop {
+        let frame = tokio::select! {
+            f = read_frame(&mut rd, &mut buf, welcome.max_frame) => f,
+            _ = shutdown.changed() => break Ok(()),
+        };
+        let frame = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        let id = frame.request_id;
+        let request = match Request::decode(frame) {
+            Ok(r) => r,
+            Err(e) => break Err(protocol(e)),
+        };
+        let permit = match inflight.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => break Ok(()),
+        };
+        let shared = shared.clone();
+        let tx = tx.clone();
+        let lz4 = welcome.features & features::LZ4 != 0;
+        let chunk = welcome.chunk_size;
+        let max_frame = welcome.max_frame;
+        tokio::spawn(async move {
+            let mut permits = vec![permit];
+            let response = handle(&shared, request, lz4, chunk, max_frame, &mut permits).await;
+            let mut head = BytesMut::with_capacity(128);
+            let tail = response.encode(id, &mut head);
+            // A send error means the writer is gone: the connection is closing anyway.
+            let _ = tx
+                .send(Outgoing {
+                    head,
+                    tail,
+                    _permits: permits,
+                })
+                .await;
+        });
+    };
+    drop(tx);
+    // Let responses already being computed go out before closing.
+    match tokio::time::timeout(Duration::from_secs(5), writer).await {
+        Ok(Ok(Err(e))) => debug!("writer ended: {e}"),
+        Ok(_) => {}
+        Err(_) => debug!("writer did not drain in time"),
+    }
+    result
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    wr: W,
+    mut rx: mpsc::Receiver<Outgoing>,
+) -> io::Result<()> {
+    let mut w = BufWriter::with_capacity(64 * 1024, wr);
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(out) = next {
+            w.write_all(&out.head).await?;
+            if !out.tail.is_empty() {
+                // BufWriter passes large writes straight through after flushing its buffer.
+                w.write_all(&out.tail).await?;
+            }
+            next = rx.try_recv().ok();
+        }
+        w.flush().await?;
+    }
+    w.shutdown().await
+}
+
+/// Preamble and Hello/Welcome. `Ok(None)`: refused politely, close.
+async fn handshake<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    shared: &Shared,
+) -> Result<Option<Welcome>, ConnError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut pre = [0u8; PREAMBLE_LEN];
+    rd.read_exact(&mut pre).await?;
+    match preamble::parse_client_preamble(&pre).map_err(protocol)? {
+        Ok(Transport::Plain) => {
+            wr.write_all(&preamble::server_preamble(Ok(Transport::Plain)))
+                .await?
+        }
+        Ok(Transport::Tls) => {
+            wr.write_all(&preamble::server_preamble(Err(Refusal::TlsUnavailable)))
+                .await?;
+            info!("refused a TLS client: this server has no certificate");
+            return Ok(None);
+        }
+        Err(refusal) => {
+            wr.write_all(&preamble::server_preamble(Err(refusal)))
+                .await?;
+            info!("refused client: {refusal}");
+            return Ok(None);
+        }
+    }
+    let mut buf = BytesMut::with_capacity(1024);
+    let Some(frame) = read_frame(rd, &mut buf, HANDSHAKE_MAX_FRAME).await? else {
+        return Ok(None);
+    };
+    let hello = match Handshake::decode(frame).map_err(protocol)? {
+        Handshake::Hello(h) => h,
+        other => return Err(protocol(format!("expected Hello, got {other:?}"))),
+    };
+    let cfg = &shared.config;
+    let chunk_size = hello.chunk_size.min(cfg.chunk_size);
+    let mut out = BytesMut::new();
+    if hello.version == 0 || !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) {
+        Handshake::Failed {
+            status: Status::Unsupported,
+            message: format!(
+                "unsupported version {} or chunk size {} (server speaks version {PROTOCOL_VERSION}, chunk sizes {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE})",
+                hello.version, hello.chunk_size
+            ),
+        }
+        .encode(&mut out);
+        wr.write_all(&out).await?;
+        return Ok(None);
+    }
+    let welcome = Welcome {
+        version: hello.version.min(PROTOCOL_VERSION),
+        features: hello.features & features::ALL,
+        chunk_size,
+        max_frame: chunk_size + FRAME_OVERHEAD,
+        max_inflight: cfg.max_inflight,
+        instance_id: shared.instance_id,
+        auth: AuthMethod::None,
+    };
+    debug!(client = %hello.client_name, chunk_size, "handshake");
+    Handshake::Welcome(welcome.clone()).encode(&mut out);
+    wr.write_all(&out).await?;
+    wr.flush().await?;
+    Ok(Some(welcome))
+}
+
+fn error_response(e: OpError) -> Response {
+    Response::Error {
+        status: e.status,
+        message: e.message,
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, OpError> + Send + 'static,
+) -> Result<T, OpError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(OpError::new(Status::Io, format!("worker failed: {e}"))))
+}
+
+async fn handle(
+    shared: &Arc<Shared>,
+    request: Request,
+    lz4: bool,
+    chunk_size: u32,
+    max_frame: u32,
+    permits: &mut Vec<OwnedSemaphorePermit>,
+) -> Response {
+    let sh = shared.clone();
+    let result = match request {
+        Request::Ping => Ok(Response::Pong),
+        Request::Stat { path } => blocking(move || sh.export.stat(&path))
+            .await
+            .map(Response::Attr),
+        Request::ReadLink { path } => blocking(move || sh.export.readlink(&path))
+            .await
+            .map(Response::Link),
+        Request::StatFs => blocking(move || sh.export.statfs())
+            .await
+            .map(Response::StatFs),
+        Request::ReadDir {
+            path,
+            cookie,
+            max_entries,
+        } => {
+            let fit = (max_frame as usize - 64) / export::MAX_DIRENT_WIRE_LEN;
+            let n = (max_entries as usize).clamp(1, MAX_DIR_PAGE.min(fit));
+            blocking(move || sh.export.read_dir(&path, cookie, n))
+                .await
+                .map(Response::DirPage)
+        }
+        Request::Read {
+            path,
+            offset,
+            len,
+            allow_lz4,
+        } => {
+            if len > chunk_size {
+                return Response::Error {
+                    status: Status::TooLarge,
+                    message: format!("read of {len} bytes exceeds the chunk size {chunk_size}"),
+                };
+            }
+            // Raw buffer plus worst-case compressed copy, in 4 KiB units of the budget.
+            let units = (2 * len as usize).div_ceil(4096).max(1) as u32;
+            match shared.read_budget.clone().acquire_many_owned(units).await {
+                Ok(p) => permits.push(p),
+                Err(_) => return error_response(OpError::new(Status::Busy, "shutting down")),
+            }
+            let allow = lz4 && allow_lz4;
+            blocking(move || {
+                let (file, attr) = sh.export.open_file(&path)?;
+                let (data, attr) = export::read_at(&file, attr, offset, len as usize)?;
+                let decoded_len = data.len() as u32;
+                let checksum = payload::checksum(&data);
+                let (encoding, data) = payload::encode(data, allow);
+                Ok(ReadData {
+                    version: attr.version(),
+                    encoding,
+                    decoded_len,
+                    checksum,
+                    data,
+                })
+            })
+            .await
+            .map(Response::Read)
+        }
+    };
+    result.unwrap_or_else(|e| {
+        if e.status == Status::Io {
+            warn!("{}", e.message);
+        }
+        error_response(e)
+    })
+}

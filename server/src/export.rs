@@ -1,0 +1,372 @@
+//! The exported directory: every access is confined beneath it by the kernel.
+//!
+//! Paths from clients are first checked by [`ferry_proto::name::validate_path`], then
+//! resolved with `openat2(root, path, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`: the kernel
+//! refuses any `..` escape and any symlink in any component, so no link — not even one
+//! swapped in between two requests — can lead outside the export. Symlinks themselves are
+//! reported (`lstat`) and their targets returned as data, never followed.
+//!
+//! Everything here is blocking; the connection handler runs it on tokio's blocking pool.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use bytes::{Bytes, BytesMut};
+use ferry_proto::name::{validate_path, NameError};
+use ferry_proto::{Attr, DirEntry, DirPage, FileKind, StatFs, Status, Timestamp};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::io::Errno;
+
+/// A failed operation: a protocol status and a detail for the log / client message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpError {
+    /// Status sent to the client.
+    pub status: Status,
+    /// Detail (no server paths beyond the export-relative one).
+    pub message: String,
+}
+
+impl OpError {
+    pub(crate) fn new(status: Status, message: impl Into<String>) -> Self {
+        OpError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+/// Maps an OS error to a protocol status. Every errno not listed is an I/O error.
+pub(crate) fn status_of(e: Errno) -> Status {
+    match e {
+        Errno::NOENT => Status::NotFound,
+        Errno::NOTDIR => Status::NotDirectory,
+        Errno::ISDIR => Status::IsDirectory,
+        Errno::ACCESS | Errno::PERM => Status::PermissionDenied,
+        // RESOLVE_NO_SYMLINKS reports a symlink component as ELOOP.
+        Errno::LOOP => Status::SymlinkInPath,
+        // RESOLVE_BENEATH reports an escape attempt as EXDEV.
+        Errno::XDEV => Status::InvalidName,
+        Errno::NAMETOOLONG => Status::NameTooLong,
+        _ => Status::Io,
+    }
+}
+
+fn op_err(e: Errno, what: &str, path: &[u8]) -> OpError {
+    OpError::new(
+        status_of(e),
+        format!("{what} {:?}: {e}", String::from_utf8_lossy(path)),
+    )
+}
+
+/// The exported directory, held open by descriptor so renaming or replacing the path
+/// after start-up cannot redirect the server.
+#[derive(Debug)]
+pub struct Export {
+    root: OwnedFd,
+}
+
+/// Converts a `stat` result to protocol attributes.
+pub(crate) fn attr_of(st: &Stat) -> Attr {
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => FileKind::File,
+        FileType::Directory => FileKind::Directory,
+        FileType::Symlink => FileKind::Symlink,
+        FileType::Fifo => FileKind::Fifo,
+        FileType::CharacterDevice => FileKind::CharDevice,
+        FileType::BlockDevice => FileKind::BlockDevice,
+        FileType::Socket => FileKind::Socket,
+        FileType::Unknown => FileKind::File,
+    };
+    let ts = |sec: u64, nsec: u64| Timestamp {
+        sec: sec as i64,
+        nsec: (nsec as u32).min(999_999_999),
+    };
+    Attr {
+        ino: st.st_ino,
+        kind,
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink.min(u32::MAX as u64) as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev,
+        size: st.st_size.max(0) as u64,
+        blocks: st.st_blocks.max(0) as u64,
+        atime: ts(st.st_atime as u64, st.st_atime_nsec as u64),
+        mtime: ts(st.st_mtime as u64, st.st_mtime_nsec as u64),
+        ctime: ts(st.st_ctime as u64, st.st_ctime_nsec as u64),
+    }
+}
+
+/// Largest encoded size of one directory entry in a page.
+pub(crate) const MAX_DIRENT_WIRE_LEN: usize = 2 + ferry_proto::name::MAX_NAME_LEN + 8 + Attr::LEN;
+
+impl Export {
+    /// Opens `dir` as the export root.
+    ///
+    /// # Errors
+    /// The path does not exist, is not a directory, or cannot be opened.
+    pub fn open(dir: &Path) -> std::io::Result<Export> {
+        let root = rustix::fs::open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| std::io::Error::other(format!("cannot open export {}: {e}", dir.display())))?;
+        Ok(Export { root })
+    }
+
+    /// Resolves `path` beneath the root. A final symlink is opened as the link itself
+    /// only with `O_PATH | O_NOFOLLOW`; any other symlink component fails with ELOOP.
+    fn open_beneath(&self, path: &[u8], flags: OFlags) -> Result<OwnedFd, OpError> {
+        validate_path(path).map_err(|e| {
+            let status = match e {
+                NameError::TooLong => Status::NameTooLong,
+                NameError::Empty | NameError::Dot | NameError::BadByte => Status::InvalidName,
+            };
+            OpError::new(status, format!("{:?}: {e}", String::from_utf8_lossy(path)))
+        })?;
+        let p: &[u8] = if path.is_empty() { b"." } else { path };
+        rustix::fs::openat2(
+            &self.root,
+            p,
+            flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| op_err(e, "open", path))
+    }
+
+    /// `lstat` of `path`.
+    ///
+    /// # Errors
+    /// Invalid or escaping path, missing object, symlink in a parent component.
+    pub fn stat(&self, path: &[u8]) -> Result<Attr, OpError> {
+        let fd = self.open_beneath(path, OFlags::PATH)?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| op_err(e, "stat", path))?;
+        Ok(attr_of(&st))
+    }
+
+    /// Target of the symlink at `path`.
+    ///
+    /// # Errors
+    /// As [`Export::stat`]; `InvalidArgument` when it is not a symlink.
+    pub fn readlink(&self, path: &[u8]) -> Result<Bytes, OpError> {
+        let fd = self.open_beneath(path, OFlags::PATH)?;
+        let target = rustix::fs::readlinkat(&fd, c"", Vec::new()).map_err(|e| match e {
+            Errno::NOENT | Errno::INVAL => OpError::new(Status::InvalidArgument, "not a symlink"),
+            e => op_err(e, "readlink", path),
+        })?;
+        Ok(Bytes::from(target.into_bytes()))
+    }
+
+    /// Statistics of the file system holding the export.
+    ///
+    /// # Errors
+    /// `statvfs` failed.
+    pub fn statfs(&self) -> Result<StatFs, OpError> {
+        let s = rustix::fs::fstatvfs(&self.root).map_err(|e| op_err(e, "statfs", b""))?;
+        Ok(StatFs {
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            bsize: s.f_bsize as u32,
+            namelen: s.f_namemax as u32,
+            frsize: s.f_frsize as u32,
+        })
+    }
+
+    /// One page of the directory at `path`, starting after `cookie` (0 = start).
+    ///
+    /// # Errors
+    /// As [`Export::stat`]; `NotDirectory` when it is not a directory.
+    pub fn read_dir(
+        &self,
+        path: &[u8],
+        cookie: u64,
+        max_entries: usize,
+    ) -> Result<DirPage, OpError> {
+        let fd = self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let dirfd = fd
+            .try_clone()
+            .map_err(|e| OpError::new(Status::Io, format!("dup: {e}")))?;
+        let mut dir = rustix::fs::Dir::new(fd).map_err(|e| op_err(e, "opendir", path))?;
+        if cookie != 0 {
+            dir.seek(cookie as i64)
+                .map_err(|e| op_err(e, "seekdir", path))?;
+        }
+        let mut entries = Vec::new();
+        let mut eof = true;
+        while let Some(item) = dir.read() {
+            let ent = item.map_err(|e| op_err(e, "readdir", path))?;
+            let name = ent.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if entries.len() >= max_entries {
+                eof = false;
+                break;
+            }
+            // statat on a single validated name with AT_SYMLINK_NOFOLLOW: no traversal.
+            match rustix::fs::statat(&dirfd, ent.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => entries.push(DirEntry {
+                    name: Bytes::copy_from_slice(name),
+                    cookie: ent.offset() as u64,
+                    attr: attr_of(&st),
+                }),
+                // Removed between readdir and stat: it is simply not listed.
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(op_err(e, "stat entry in", path)),
+            }
+        }
+        Ok(DirPage { entries, eof })
+    }
+
+    /// Opens a regular file for reading. Non-regular files are refused before they are
+    /// opened for reading, so a FIFO or device is never opened (which could block or
+    /// have side effects).
+    ///
+    /// # Errors
+    /// As [`Export::stat`]; `IsDirectory` / `InvalidArgument` for non-regular files.
+    pub fn open_file(&self, path: &[u8]) -> Result<(File, Attr), OpError> {
+        let probe = self.stat(path)?;
+        match probe.kind {
+            FileKind::File => {}
+            FileKind::Directory => return Err(OpError::new(Status::IsDirectory, "is a directory")),
+            _ => return Err(OpError::new(Status::InvalidArgument, "not a regular file")),
+        }
+        let fd = self.open_beneath(path, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| op_err(e, "stat", path))?;
+        let attr = attr_of(&st);
+        if attr.kind != FileKind::File {
+            // Replaced by something else between the two steps.
+            return Err(OpError::new(Status::InvalidArgument, "not a regular file"));
+        }
+        Ok((File::from(fd), attr))
+    }
+}
+
+/// Reads up to `len` bytes at `offset`, short only at end of file. Returns the bytes and
+/// the attributes of the file they came from; if the file changes during the read
+/// (size or mtime moves), the read is repeated so the bytes belong to one version.
+///
+/// # Errors
+/// I/O errors, or a file that keeps changing.
+pub fn read_at(file: &File, attr: Attr, offset: u64, len: usize) -> Result<(Bytes, Attr), OpError> {
+    let mut before = attr;
+    for _ in 0..3 {
+        let want = len.min(before.size.saturating_sub(offset) as usize);
+        let mut buf = BytesMut::zeroed(want);
+        let mut got = 0;
+        while got < want {
+            match file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(OpError::new(Status::Io, format!("read: {e}"))),
+            }
+        }
+        buf.truncate(got);
+        let after = attr_of(
+            &rustix::fs::fstat(file.as_fd())
+                .map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
+        );
+        if after.version() == before.version() {
+            return Ok((buf.freeze(), after));
+        }
+        before = after;
+    }
+    Err(OpError::new(
+        Status::Busy,
+        "file kept changing while being read",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn setup() -> (tempfile::TempDir, Export) {
+        let outer = tempfile::tempdir().unwrap();
+        let root = outer.path().join("export");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(outer.path().join("secret"), b"outside").unwrap();
+        std::fs::write(root.join("f"), b"hello world").unwrap();
+        std::fs::create_dir(root.join("d")).unwrap();
+        symlink("/", root.join("to_root")).unwrap();
+        symlink("../secret", root.join("up")).unwrap();
+        symlink("f", root.join("d/rel")).unwrap();
+        let e = Export::open(&root).unwrap();
+        (outer, e)
+    }
+
+    #[test]
+    fn stat_and_read() {
+        let (_t, e) = setup();
+        let a = e.stat(b"f").unwrap();
+        assert_eq!((a.kind, a.size), (FileKind::File, 11));
+        let (f, attr) = e.open_file(b"f").unwrap();
+        let (data, _) = read_at(&f, attr, 6, 100).unwrap();
+        assert_eq!(&data[..], b"world");
+        assert_eq!(e.stat(b"").unwrap().kind, FileKind::Directory);
+    }
+
+    #[test]
+    fn symlinks_are_reported_never_followed() {
+        let (_t, e) = setup();
+        assert_eq!(e.stat(b"to_root").unwrap().kind, FileKind::Symlink);
+        assert_eq!(&e.readlink(b"up").unwrap()[..], b"../secret");
+        for p in [&b"to_root/etc/passwd"[..], b"up", b"to_root"] {
+            let err = e.open_file(p).unwrap_err();
+            assert_ne!(err.status, Status::Ok, "{p:?}");
+        }
+        assert_eq!(
+            e.stat(b"to_root/etc").unwrap_err().status,
+            Status::SymlinkInPath
+        );
+    }
+
+    #[test]
+    fn traversal_refused() {
+        let (_t, e) = setup();
+        for p in [
+            &b"../secret"[..],
+            b"/etc/passwd",
+            b"d/../../secret",
+            b"f\0x",
+            b"d//f",
+        ] {
+            assert_eq!(e.stat(p).unwrap_err().status, Status::InvalidName, "{p:?}");
+        }
+        assert_eq!(
+            e.stat(&[b'a'; 4096]).unwrap_err().status,
+            Status::NameTooLong
+        );
+    }
+
+    #[test]
+    fn paged_listing_is_complete() {
+        let t = tempfile::tempdir().unwrap();
+        for i in 0..1000 {
+            std::fs::write(t.path().join(format!("n{i}")), b"").unwrap();
+        }
+        let e = Export::open(t.path()).unwrap();
+        let mut names = std::collections::BTreeSet::new();
+        let mut cookie = 0;
+        loop {
+            let page = e.read_dir(b"", cookie, 77).unwrap();
+            for ent in &page.entries {
+                assert!(names.insert(ent.name.clone()), "duplicate entry");
+                cookie = ent.cookie;
+            }
+            if page.eof {
+                break;
+            }
+        }
+        assert_eq!(names.len(), 1000);
+    }
+}
