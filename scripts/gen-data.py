@@ -29,6 +29,7 @@ import argparse
 import os
 import random
 import shutil
+import stat
 import struct
 import sys
 import time
@@ -260,9 +261,9 @@ def gen_db(path: str, size_mib: int, seed: int) -> None:
 # ----------------------------------------------------------------------------------------------
 
 MIXED_ROOTS = ("/usr/lib", "/usr/share")
-# Share of the output per kind of file. ELF objects compress ~2-3x with lz4 -1, text and data
-# files 2-4x, packed files (gzip, xz, png, zip, ...) not at all; this mix lands near 2.
-MIXED_WEIGHTS = {"elf": 5, "other": 3, "packed": 2}
+# Share of the output per kind of file. With lz4 -1, ELF objects compress ~1.5x, text and other
+# data ~3x, packed files (gzip, xz, png, zip, ...) not at all; this mix lands near 2.
+MIXED_WEIGHTS = {"elf": 4, "other": 5, "packed": 1}
 MIXED_PIECE = 4 * MIB  # at most this much of one file per turn, so no file dominates
 PACKED_MAGIC = (
     b"\x1f\x8b",  # gzip
@@ -278,34 +279,50 @@ PACKED_MAGIC = (
 )
 
 
-def _classify(path: str) -> str | None:
+def _classify(path: str) -> tuple[str, int] | None:
+    """(kind, size) of a regular, readable, non-empty file; None otherwise."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
-    if not head:
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return None
+        head = os.read(fd, 8)
+    except OSError:
         return None
+    finally:
+        os.close(fd)
     if head.startswith(b"\x7fELF"):
-        return "elf"
+        return "elf", st.st_size
     if head.startswith(PACKED_MAGIC):
-        return "packed"
-    return "other"
+        return "packed", st.st_size
+    return "other", st.st_size
 
 
 def _walk_files(roots):
-    """Regular files under roots, in a fixed (sorted) order, symlinks not followed."""
+    """Paths of regular files under roots in a fixed order (entries sorted by name; a
+    directory's files before its subdirectories); symlinks are not followed."""
     for root in roots:
-        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: None):
-            dirnames.sort()
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
+        stack = [root]
+        while stack:
+            d = stack.pop()
+            try:
+                with os.scandir(d) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError:
+                continue
+            subdirs = []
+            for e in entries:
                 try:
-                    st = os.lstat(path)
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e.path)
+                    elif e.is_file(follow_symlinks=False):
+                        yield e.path
                 except OSError:
                     continue
-                if os.path.stat.S_ISREG(st.st_mode) and st.st_size > 0:
-                    yield path, st.st_size
+            stack.extend(reversed(subdirs))
 
 
 def gen_mixed(path: str, size_mib: int, _seed: int) -> None:
@@ -315,12 +332,13 @@ def gen_mixed(path: str, size_mib: int, _seed: int) -> None:
     have = {k: 0 for k in MIXED_WEIGHTS}
     total_w = sum(MIXED_WEIGHTS.values())
     need = {k: target * w // total_w + MIXED_PIECE for k, w in MIXED_WEIGHTS.items()}
-    for p, size in _walk_files(MIXED_ROOTS):
+    for p in _walk_files(MIXED_ROOTS):
         if all(have[k] >= need[k] for k in need):
             break
-        kind = _classify(p)
-        if kind is None or have[kind] >= need[kind]:
+        info = _classify(p)
+        if info is None or have[info[0]] >= need[info[0]]:
             continue
+        kind, size = info
         pools[kind].append((p, size))
         have[kind] += min(size, MIXED_PIECE)
     kinds = [k for k in MIXED_WEIGHTS if pools[k]]
@@ -374,9 +392,8 @@ TREE_FILES_PER_DIR = 100
 TREE_VERSION = 1
 
 
-def _tree_sources(seed: int) -> list[str]:
-    files = [p for p, _ in _walk_files([TREE_SOURCE])]
-    return files
+def _tree_sources() -> list[str]:
+    return [p for p in _walk_files([TREE_SOURCE]) if _classify(p) is not None]
 
 
 def _tree_dir(index: int) -> str:
@@ -387,7 +404,7 @@ def _tree_dir(index: int) -> str:
 def gen_tree(path: str, count: int, seed: int) -> tuple[int, int]:
     """Returns (files, bytes)."""
     rng = random.Random(f"{seed}/tree")
-    sources = _tree_sources(seed)
+    sources = _tree_sources()
     tmp = path + ".tmp"
     if os.path.lexists(tmp):
         shutil.rmtree(tmp)
@@ -515,7 +532,7 @@ def run(args) -> None:
         path = os.path.join(out, name)
         try:
             st = os.stat(path)
-            if os.path.stat.S_ISREG(st.st_mode) and st.st_size == size:
+            if stat.S_ISREG(st.st_mode) and st.st_size == size:
                 print(_fmt_line(name, f"{size_mib} MiB", 0.0, "(exists, skipped)"), flush=True)
                 continue
         except FileNotFoundError:

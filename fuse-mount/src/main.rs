@@ -1,1 +1,216 @@
-fn main() {}
+//! `ferry`: mount a ferryd export (`ferry mount`).
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ferry_client::{ClientConfig, PrefetchConfig};
+use ferry_mount::fs::FsConfig;
+use ferry_mount::mount::MountConfig;
+use ferry_mount::target::Target;
+
+/// ferry: a remote directory at network speed.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Mount a ferryd export read-only with FUSE.
+    ///
+    /// Returns once the mount is ready and keeps serving in the background (-f stays in
+    /// the foreground). Unmount with `fusermount3 -u MOUNTPOINT`, or SIGINT/SIGTERM to the
+    /// ferry process.
+    ///
+    /// Examples:
+    ///   ferry mount db1:/u01/oradata /mnt/oradata
+    ///   ferry mount db1:7070 /mnt/db1 --streams 16 --allow-other
+    #[command(verbatim_doc_comment)]
+    Mount(MountArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct MountArgs {
+    /// Server and directory: HOST[:PORT][:/PATH] (default port 7070).
+    remote: String,
+    /// Empty directory to mount on.
+    mountpoint: PathBuf,
+    /// TCP connections used together.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    streams: usize,
+    /// Chunk size to request, in KiB (the server may choose smaller).
+    #[arg(long, value_name = "KIB", default_value_t = 1024)]
+    chunk_size: u32,
+    /// Largest read-ahead window of a sequential reader, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    max_window: u64,
+    /// Memory for chunks in flight and recently read, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 128)]
+    chunk_memory: usize,
+    /// Seconds the kernel caches attributes and names.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    attr_timeout: f64,
+    /// Never ask for lz4-compressed data.
+    #[arg(long)]
+    no_compression: bool,
+    /// Allow other users (e.g. postgres, oracle) to use the mount. Non-root users need
+    /// `user_allow_other` in /etc/fuse.conf.
+    #[arg(long)]
+    allow_other: bool,
+    /// Stay in the foreground.
+    #[arg(short, long)]
+    foreground: bool,
+    /// FUSE worker threads.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    threads: usize,
+    /// Kernel readahead for the mount, in KiB.
+    #[arg(long, value_name = "KIB", default_value_t = 8192)]
+    read_ahead_kb: u32,
+    /// Seconds to wait for the server when connecting.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    connect_timeout: u64,
+    /// Write the log here (in the background the log is otherwise discarded).
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+    /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn init_logging(verbose: u8, file: Option<&PathBuf>) -> anyhow::Result<()> {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let b = tracing_subscriber::fmt().with_env_filter(filter);
+    match file {
+        Some(path) => {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| anyhow::anyhow!("cannot open --log-file {}: {e}", path.display()))?;
+            b.with_ansi(false)
+                .with_writer(std::sync::Mutex::new(f))
+                .init();
+        }
+        None => b.with_writer(std::io::stderr).init(),
+    }
+    Ok(())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let Command::Mount(args) = cli.command;
+    if let Err(e) = mount(args) {
+        eprintln!("ferry: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
+    let target = Target::parse(&a.remote).map_err(|e| anyhow::anyhow!(e))?;
+    anyhow::ensure!(
+        (4..=16 * 1024).contains(&a.chunk_size),
+        "--chunk-size {} KiB is out of range: use 4 to 16384",
+        a.chunk_size
+    );
+    anyhow::ensure!((1..=256).contains(&a.streams), "--streams must be 1 to 256");
+    anyhow::ensure!(
+        a.attr_timeout.is_finite() && a.attr_timeout >= 0.0,
+        "--attr-timeout must be a number of seconds ≥ 0"
+    );
+    let max_window = a.max_window.max(1) << 20;
+    Ok(MountConfig {
+        target,
+        mountpoint: a.mountpoint.clone(),
+        client: ClientConfig {
+            streams: a.streams,
+            chunk_size: a.chunk_size * 1024,
+            compression: !a.no_compression,
+            connect_timeout: Duration::from_secs(a.connect_timeout.max(1)),
+            client_name: format!("ferry {} mount", env!("CARGO_PKG_VERSION")),
+            ..ClientConfig::default()
+        },
+        fs: FsConfig {
+            attr_ttl: Duration::from_secs_f64(a.attr_timeout),
+            chunk_memory: a.chunk_memory.max(1) << 20,
+            prefetch: PrefetchConfig {
+                max_window,
+                ..PrefetchConfig::default()
+            },
+            ..FsConfig::default()
+        },
+        allow_other: a.allow_other,
+        threads: a.threads.max(1),
+        read_ahead_kb: a.read_ahead_kb,
+        ..MountConfig::default()
+    })
+}
+
+fn mount(args: MountArgs) -> anyhow::Result<()> {
+    let cfg = mount_config(&args)?;
+    if args.foreground {
+        init_logging(args.verbose, args.log_file.as_ref())?;
+        return ferry_mount::mount::run(cfg, || {});
+    }
+    // Fork before any thread exists; the parent waits until the child reports the mount
+    // ready (exit 0) or failed (its error, exit 1).
+    let (rd, wr) = rustix::pipe::pipe().map_err(|e| anyhow::anyhow!("pipe: {e}"))?;
+    // SAFETY: no threads have been started yet (logging is initialised after the fork), so
+    // the child is a complete copy of a single-threaded process.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        anyhow::bail!("fork: {}", std::io::Error::last_os_error());
+    }
+    if pid > 0 {
+        drop(wr);
+        let mut msg = String::new();
+        let _ = std::fs::File::from(rd).read_to_string(&mut msg);
+        if msg == "ok" {
+            std::process::exit(0);
+        }
+        if msg.is_empty() {
+            msg = "the mount process exited during start-up (run with -f to see why)".into();
+        }
+        anyhow::bail!("{msg}");
+    }
+    drop(rd);
+    // Closing the pipe's write end (after "ok" or an error) is what releases the parent.
+    let report = std::cell::RefCell::new(Some(std::fs::File::from(wr)));
+    // SAFETY: setsid has no memory effects; it detaches from the terminal's session.
+    unsafe { libc::setsid() };
+    init_logging(args.verbose, args.log_file.as_ref())?;
+    let result = ferry_mount::mount::run(cfg, || {
+        if let Some(mut f) = report.borrow_mut().take() {
+            let _ = f.write_all(b"ok");
+        }
+        detach_stdio();
+    });
+    if let (Err(e), Some(mut f)) = (&result, report.borrow_mut().take()) {
+        let _ = f.write_all(format!("{e:#}").as_bytes());
+    }
+    result
+}
+
+/// Points stdin, stdout and stderr at /dev/null once the parent has gone.
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..3 {
+            // SAFETY: dup2 onto the standard descriptors, which this process owns.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}

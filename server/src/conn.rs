@@ -107,6 +107,9 @@ where
             Err(e) => break Err(e),
         };
         let id = frame.request_id;
+        if id == 0 {
+            break Err(protocol("request id 0 is reserved for the handshake"));
+        }
         let request = match Request::decode(frame) {
             Ok(r) => r,
             Err(e) => break Err(protocol(e)),

@@ -1,1 +1,24 @@
+//! ferry-client: talks to `ferryd` over several TCP streams at once.
+//!
+//! - [`pool`]: [`Client`], a pool of connections. Each connection pipelines many requests
+//!   (a writer task batches frames, a reader task matches responses to waiting callers by
+//!   request id); each call goes to the least-loaded stream, so one big file's chunks are
+//!   spread over all streams.
+//! - [`chunks`]: [`ChunkStore`], an in-memory, single-flight chunk cache: a chunk wanted
+//!   by several readers (or by a reader and the prefetcher) is fetched once; its memory is
+//!   budgeted and least-recently-used chunks are evicted.
+//! - [`prefetch`]: [`Prefetcher`], the per-reader read-ahead policy: a window that doubles
+//!   while the reader stays sequential, and nothing extra for random readers.
+//! - [`error`]: [`ClientError`].
+//!
+//! Nothing here knows about FUSE: the mount and the (later) mirror both build on it.
 
+pub mod chunks;
+pub mod error;
+pub mod pool;
+pub mod prefetch;
+
+pub use chunks::{ChunkStore, FileKey};
+pub use error::ClientError;
+pub use pool::{Client, ClientConfig, SessionInfo};
+pub use prefetch::{PrefetchConfig, Prefetcher};

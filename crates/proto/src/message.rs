@@ -11,6 +11,9 @@
 //! | 0x10..=0x15 | [`Request`] | client → server |
 //! | 0x90..=0x95 | [`Response`] (success) | server → client |
 //! | 0xff | [`Response::Error`] (also a failed handshake) | server → client |
+//!
+//! Request kinds stay below 0x7f so that `kind | 0x80` never collides with 0xff. Request
+//! id 0 belongs to the handshake; requests use ids from 1.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -351,6 +354,12 @@ impl Handshake {
             }),
             K_ERROR => {
                 let (status, message) = decode_error(b)?;
+                if status == Status::Ok {
+                    return Err(DecodeError::InvalidValue {
+                        field: "error status",
+                        value: 0,
+                    });
+                }
                 return Ok(Handshake::Failed { status, message });
             }
             k => return Err(DecodeError::UnknownKind(k)),
@@ -516,7 +525,16 @@ impl Response {
             k if k == K_PING | RESPONSE_BIT => Response::Pong,
             k if k == K_STAT | RESPONSE_BIT => Response::Attr(Attr::decode(&mut b)?),
             k if k == K_READDIR | RESPONSE_BIT => {
-                let eof = get_u8(&mut b, "dir page")? != 0;
+                let eof = match get_u8(&mut b, "dir page eof")? {
+                    0 => false,
+                    1 => true,
+                    v => {
+                        return Err(DecodeError::InvalidValue {
+                            field: "dir page eof",
+                            value: v.into(),
+                        })
+                    }
+                };
                 let n = get_u32(&mut b, "dir page")? as usize;
                 let mut entries = Vec::with_capacity(n.min(b.len() / MIN_DIRENT_LEN));
                 for _ in 0..n {

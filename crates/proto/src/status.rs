@@ -1,7 +1,8 @@
 //! Protocol status codes. Errors travel as these, never as raw errno numbers, so that
 //! client and server need not share an operating system's numbering.
 
-/// The outcome of a request, first field of every response body.
+/// Why a request failed: the first field of an Error frame (kind 0xff). Success responses
+/// carry no status; their kind says what they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum Status {

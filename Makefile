@@ -1,0 +1,65 @@
+# ferry: common tasks. Start with `make demo` or `make test` (see README.md).
+
+CARGO ?= cargo
+SHELL := /bin/bash
+
+# Use rustup's cargo when it is installed but not on PATH yet.
+ifeq ($(shell command -v $(CARGO) 2>/dev/null),)
+  ifneq ($(wildcard $(HOME)/.cargo/bin/cargo),)
+    export PATH := $(HOME)/.cargo/bin:$(PATH)
+  endif
+endif
+
+.DEFAULT_GOAL := help
+.PHONY: help demo prereqs test build lint clean-mounts bench bench-quick
+
+help:
+	@echo "make demo          build, export generated data with ferryd, mount it, copy and verify (FERRY_DEMO_MIB=512)"
+	@echo "make test          install missing prerequisites (fuse3, rsync, lz4), build, run all tests"
+	@echo "make build         release build of ferryd and ferry"
+	@echo "make lint          cargo fmt --check and clippy -D warnings"
+	@echo "make clean-mounts  unmount leftover ferry mounts under /tmp and .demo"
+	@echo "make bench         run bench/run.sh (bench-quick: bench/run.sh --quick)"
+
+demo:
+	bash scripts/demo.sh
+
+prereqs:
+	bash scripts/prereqs.sh
+
+# The end-to-end tests mount real FUSE file systems with the binaries in target/debug,
+# so build them first. FERRY_REQUIRE_FUSE=1 makes those tests fail instead of skip without FUSE.
+test: prereqs
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace
+
+build:
+	$(CARGO) build --release --bins
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Mounts of type fuse.ferry (or plain fuse with a source naming ferry) under /tmp or .demo,
+# innermost first.
+clean-mounts:
+	@n=0; \
+	while read -r src mnt type _; do \
+		mnt=$$(printf '%b' "$$mnt"); \
+		case "$$type" in \
+			fuse.ferry) ;; \
+			fuse|fuseblk) case "$$src" in *ferry*) ;; *) continue ;; esac ;; \
+			*) continue ;; \
+		esac; \
+		case "$$mnt" in /tmp/*|$(CURDIR)/.demo|$(CURDIR)/.demo/*) ;; *) continue ;; esac; \
+		echo "unmounting $$mnt"; n=$$((n + 1)); \
+		fusermount3 -u "$$mnt" 2>/dev/null || fusermount3 -uz "$$mnt" 2>/dev/null || umount -l "$$mnt" || true; \
+	done < <(tac /proc/mounts); \
+	echo "clean-mounts: $$n mount(s) unmounted"
+
+bench bench-quick:
+	@if [ ! -f bench/run.sh ]; then \
+		echo "make $@: bench/run.sh does not exist yet; there is no benchmark to run" >&2; \
+		exit 1; \
+	fi
+	bash bench/run.sh $(if $(filter bench-quick,$@),--quick)

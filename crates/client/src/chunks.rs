@@ -1,0 +1,287 @@
+//! In-memory chunk store: single-flight fetching, a memory budget, LRU eviction.
+//!
+//! A chunk is `chunk_size` bytes of one version of one file (the last chunk may be
+//! shorter). The first caller of [`ChunkStore::get`] for a chunk starts the fetch; every
+//! other caller — another reader, or the prefetcher — awaits the same fetch, so each chunk
+//! travels once however many readers want it.
+//!
+//! Memory: every chunk present or in flight counts against the budget. Prefetches are not
+//! started when the budget is used up; demand reads always proceed and then evict. Chunks
+//! a sequential reader has fully consumed are evicted first (the kernel page cache holds
+//! them now), then the least recently used.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use ferry_proto::Version;
+use tokio::sync::OnceCell;
+
+use crate::error::ClientError;
+use crate::pool::Client;
+
+/// Identifies the contents of one file: the caller's id for it plus its version.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    /// Caller-chosen stable id (the mount uses its inode number).
+    pub id: u64,
+    /// Version the caller expects; chunks of other versions are never returned for it.
+    pub version: Version,
+    /// Path relative to the export root, as sent to the server.
+    pub path: Bytes,
+}
+
+struct Slot {
+    cell: OnceCell<Result<Bytes, ClientError>>,
+    len: usize,
+}
+
+struct Entry {
+    version: Version,
+    slot: Arc<Slot>,
+    /// Recency; 0 = consumed, evict first.
+    tick: u64,
+}
+
+struct State {
+    entries: HashMap<(u64, u64), Entry>,
+    used: usize,
+    tick: u64,
+}
+
+/// Statistics for tests and benchmarks.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ChunkStats {
+    /// Chunks fetched from the server.
+    pub fetched: u64,
+    /// `get` calls answered by a chunk present or already in flight.
+    pub shared: u64,
+    /// Chunks evicted.
+    pub evicted: u64,
+}
+
+/// The store. Shared by all open files of a mount (or all workers of a mirror).
+pub struct ChunkStore {
+    client: Client,
+    chunk_size: u64,
+    budget: usize,
+    state: Mutex<State>,
+    stats: Mutex<ChunkStats>,
+}
+
+impl std::fmt::Debug for ChunkStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkStore")
+            .field("chunk_size", &self.chunk_size)
+            .field("budget", &self.budget)
+            .finish()
+    }
+}
+
+impl ChunkStore {
+    /// A store over `client` holding at most about `budget` bytes.
+    pub fn new(client: Client, budget: usize) -> Arc<ChunkStore> {
+        let chunk_size = u64::from(client.session().chunk_size);
+        Arc::new(ChunkStore {
+            client,
+            chunk_size,
+            budget,
+            state: Mutex::new(State {
+                entries: HashMap::new(),
+                used: 0,
+                tick: 1,
+            }),
+            stats: Mutex::new(ChunkStats::default()),
+        })
+    }
+
+    /// Chunk size in bytes.
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ChunkStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Length of chunk `index` of a file of `size` bytes (0 past the end).
+    fn chunk_len(&self, size: u64, index: u64) -> usize {
+        let start = index.saturating_mul(self.chunk_size);
+        size.saturating_sub(start).min(self.chunk_size) as usize
+    }
+
+    /// Finds or creates the slot for a chunk. `only_if_room`: do not create when the
+    /// budget is used up (prefetch). Returns the slot and whether it was already there.
+    fn slot(&self, key: &FileKey, index: u64, only_if_room: bool) -> Option<(Arc<Slot>, bool)> {
+        let len = self.chunk_len(key.version.size, index);
+        let mut st = self.lock();
+        st.tick += 1;
+        let tick = st.tick;
+        if let Some(e) = st.entries.get_mut(&(key.id, index)) {
+            if e.version == key.version {
+                if e.tick != 0 {
+                    e.tick = tick;
+                }
+                return Some((e.slot.clone(), true));
+            }
+        }
+        if let Some(old) = st.entries.remove(&(key.id, index)) {
+            st.used -= old.slot.len;
+        }
+        if only_if_room && st.used + len > self.budget {
+            return None;
+        }
+        let slot = Arc::new(Slot {
+            cell: OnceCell::new(),
+            len,
+        });
+        st.entries.insert(
+            (key.id, index),
+            Entry {
+                version: key.version,
+                slot: slot.clone(),
+                tick,
+            },
+        );
+        st.used += len;
+        self.evict_locked(&mut st);
+        Some((slot, false))
+    }
+
+    /// Evicts completed chunks, consumed ones first, until within budget.
+    fn evict_locked(&self, st: &mut State) {
+        while st.used > self.budget {
+            let victim = st
+                .entries
+                .iter()
+                .filter(|(_, e)| e.slot.cell.initialized())
+                .min_by_key(|(_, e)| e.tick)
+                .map(|(k, _)| *k);
+            let Some(k) = victim else { break };
+            if let Some(e) = st.entries.remove(&k) {
+                st.used -= e.slot.len;
+                self.stats.lock().unwrap_or_else(|e| e.into_inner()).evicted += 1;
+            }
+        }
+    }
+
+    async fn fill(&self, key: &FileKey, index: u64, slot: &Slot) -> Result<Bytes, ClientError> {
+        let result = slot
+            .cell
+            .get_or_init(|| async {
+                if slot.len == 0 {
+                    return Ok(Bytes::new());
+                }
+                self.stats.lock().unwrap_or_else(|e| e.into_inner()).fetched += 1;
+                let offset = index * self.chunk_size;
+                let (data, version) = self
+                    .client
+                    .read(key.path.clone(), offset, slot.len as u32)
+                    .await?;
+                if version != key.version {
+                    // The file changed on the server: the bytes are from one version, but
+                    // not the one cached under this key. Drop whatever we hold for it.
+                    self.invalidate(key.id);
+                }
+                Ok(data)
+            })
+            .await
+            .clone();
+        if result.is_err() {
+            // Do not cache failures: the next reader retries.
+            let mut st = self.lock();
+            if let Some(e) = st.entries.get(&(key.id, index)) {
+                if std::ptr::eq(Arc::as_ptr(&e.slot), slot) {
+                    let len = e.slot.len;
+                    st.entries.remove(&(key.id, index));
+                    st.used -= len;
+                }
+            }
+        }
+        result
+    }
+
+    /// Chunk `index` of `key`, fetched if needed (single-flight).
+    ///
+    /// # Errors
+    /// The fetch failed (the error is not cached).
+    pub async fn get(&self, key: &FileKey, index: u64) -> Result<Bytes, ClientError> {
+        let (slot, existed) = self
+            .slot(key, index, false)
+            .expect("demand reads always get a slot");
+        if existed {
+            self.stats.lock().unwrap_or_else(|e| e.into_inner()).shared += 1;
+        }
+        self.fill(key, index, &slot).await
+    }
+
+    /// Starts fetching chunk `index` in the background unless present, in flight, or
+    /// over budget. Returns false when the budget stopped it.
+    pub fn prefetch(self: &Arc<Self>, key: &FileKey, index: u64) -> bool {
+        match self.slot(key, index, true) {
+            None => false,
+            Some((_, true)) => true,
+            Some((slot, false)) => {
+                let me = self.clone();
+                let key = key.clone();
+                tokio::spawn(async move {
+                    let _ = me.fill(&key, index, &slot).await;
+                });
+                true
+            }
+        }
+    }
+
+    /// Starts fetching chunk `index` in the background now, whatever the budget (a reader
+    /// is about to wait for it); a no-op when present or in flight.
+    pub fn start(self: &Arc<Self>, key: &FileKey, index: u64) {
+        if let Some((slot, false)) = self.slot(key, index, false) {
+            let me = self.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let _ = me.fill(&key, index, &slot).await;
+            });
+        }
+    }
+
+    /// Whether chunk `index` of `key` is present (complete and successful).
+    pub fn contains(&self, key: &FileKey, index: u64) -> bool {
+        let st = self.lock();
+        st.entries
+            .get(&(key.id, index))
+            .is_some_and(|e| e.version == key.version && matches!(e.slot.cell.get(), Some(Ok(_))))
+    }
+
+    /// Marks a chunk as consumed by a sequential reader: first to go when room is needed.
+    pub fn consumed(&self, key: &FileKey, index: u64) {
+        if let Some(e) = self.lock().entries.get_mut(&(key.id, index)) {
+            e.tick = 0;
+        }
+    }
+
+    /// Drops every chunk of file `id`.
+    pub fn invalidate(&self, id: u64) {
+        let mut st = self.lock();
+        let keys: Vec<_> = st
+            .entries
+            .keys()
+            .filter(|(f, _)| *f == id)
+            .copied()
+            .collect();
+        for k in keys {
+            if let Some(e) = st.entries.remove(&k) {
+                st.used -= e.slot.len;
+            }
+        }
+    }
+
+    /// Bytes currently accounted (present or in flight).
+    pub fn used(&self) -> usize {
+        self.lock().used
+    }
+}

@@ -1,0 +1,563 @@
+//! The connection pool: several TCP streams to one server, used together.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use ferry_proto::preamble::{self, Transport, PREAMBLE_LEN};
+use ferry_proto::{
+    features, payload, Attr, DirEntry, Frame, Handshake, Hello, Request, Response, StatFs, Version,
+    Welcome, DEFAULT_CHUNK_SIZE, HANDSHAKE_MAX_FRAME, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tracing::debug;
+
+use crate::error::ClientError;
+
+/// How to reach the server and how many streams to use.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `host:port` of ferryd.
+    pub addr: String,
+    /// TCP connections used together.
+    pub streams: usize,
+    /// Chunk size asked for (the server may choose smaller).
+    pub chunk_size: u32,
+    /// Allow lz4-compressed payloads.
+    pub compression: bool,
+    /// Limit for connecting and the handshake.
+    pub connect_timeout: Duration,
+    /// Identification in the server's log.
+    pub client_name: String,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            addr: "127.0.0.1:7070".into(),
+            streams: 8,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            compression: true,
+            connect_timeout: Duration::from_secs(10),
+            client_name: format!("ferry {}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// Parameters of the session, from the server's Welcome.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    /// Chunk size in effect.
+    pub chunk_size: u32,
+    /// Feature bits in effect.
+    pub features: u64,
+    /// The server process's random id.
+    pub instance_id: [u8; 16],
+    /// Requests allowed in flight per stream.
+    pub max_inflight: u32,
+}
+
+type Reply = oneshot::Sender<Result<Response, ClientError>>;
+
+struct Outgoing {
+    request: Request,
+    reply: Reply,
+}
+
+/// One stream: a writer task fed by `tx`, a reader task completing `pending`.
+struct Conn {
+    tx: mpsc::Sender<Outgoing>,
+    /// Bytes requested and not yet answered: the scheduling load.
+    load: AtomicU64,
+    inflight: Arc<Semaphore>,
+    alive: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Pending {
+    next_id: u32,
+    waiting: HashMap<u32, Reply>,
+    closed: bool,
+}
+
+/// Counters for benchmarks and status.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Payload bytes received on the wire.
+    pub wire_bytes: AtomicU64,
+    /// Bytes after decoding.
+    pub decoded_bytes: AtomicU64,
+    /// Read requests completed.
+    pub reads: AtomicU64,
+}
+
+/// A pool of connections to one ferryd. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conns: Vec<Conn>,
+    session: SessionInfo,
+    compression: bool,
+    next: AtomicUsize,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("streams", &self.inner.conns.len())
+            .field("session", &self.inner.session)
+            .finish()
+    }
+}
+
+async fn open_stream(cfg: &ClientConfig) -> Result<(TcpStream, Welcome), ClientError> {
+    let addr = cfg.addr.clone();
+    let hs_err = |reason: String| ClientError::Handshake {
+        addr: addr.clone(),
+        reason,
+    };
+    let mut stream = TcpStream::connect(&cfg.addr)
+        .await
+        .map_err(|e| ClientError::Connect {
+            addr: cfg.addr.clone(),
+            reason: e.to_string(),
+        })?;
+    stream.set_nodelay(true).ok();
+    stream
+        .write_all(&preamble::client_preamble(Transport::Plain))
+        .await
+        .map_err(|e| hs_err(e.to_string()))?;
+    let mut pre = [0u8; PREAMBLE_LEN];
+    stream.read_exact(&mut pre).await.map_err(|e| {
+        hs_err(format!(
+            "the server closed the connection during the preamble ({e}); is it a ferryd?"
+        ))
+    })?;
+    let transport = preamble::parse_server_preamble(&pre).map_err(|e| hs_err(e.to_string()))?;
+    if transport != Transport::Plain {
+        return Err(hs_err(format!(
+            "server answered with transport {transport:?}, asked for plain"
+        )));
+    }
+    let mut out = BytesMut::new();
+    Handshake::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        features: if cfg.compression {
+            features::ALL
+        } else {
+            features::ALL & !features::LZ4
+        },
+        chunk_size: cfg.chunk_size,
+        client_name: cfg.client_name.clone(),
+    })
+    .encode(&mut out);
+    stream
+        .write_all(&out)
+        .await
+        .map_err(|e| hs_err(e.to_string()))?;
+    let mut buf = BytesMut::with_capacity(1024);
+    let frame = loop {
+        if let Some(f) =
+            Frame::parse(&mut buf, HANDSHAKE_MAX_FRAME).map_err(|e| hs_err(e.to_string()))?
+        {
+            break f;
+        }
+        let n = stream
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| hs_err(e.to_string()))?;
+        if n == 0 {
+            return Err(hs_err("the server closed the connection".into()));
+        }
+    };
+    match Handshake::decode(frame).map_err(|e| hs_err(e.to_string()))? {
+        Handshake::Welcome(w) => {
+            if w.auth != ferry_proto::AuthMethod::None {
+                return Err(hs_err(
+                    "the server requires token authentication, which this client does not support yet"
+                        .into(),
+                ));
+            }
+            if !(ferry_proto::MIN_CHUNK_SIZE..=ferry_proto::MAX_CHUNK_SIZE).contains(&w.chunk_size)
+                || w.max_frame < w.chunk_size
+                || w.max_inflight == 0
+            {
+                return Err(hs_err(format!("unusable session parameters {w:?}")));
+            }
+            Ok((stream, w))
+        }
+        Handshake::Failed { status, message } => Err(hs_err(format!("{status}: {message}"))),
+        other => Err(hs_err(format!("unexpected handshake message {other:?}"))),
+    }
+}
+
+impl Client {
+    /// Opens `config.streams` connections (concurrently) and completes their handshakes.
+    ///
+    /// # Errors
+    /// Any stream fails to connect or handshake within `connect_timeout`.
+    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        let n = config.streams.max(1);
+        let attempts = (0..n).map(|_| {
+            let cfg = config.clone();
+            async move {
+                tokio::time::timeout(cfg.connect_timeout, open_stream(&cfg))
+                    .await
+                    .map_err(|_| ClientError::Timeout(cfg.connect_timeout))?
+            }
+        });
+        let mut opened = Vec::with_capacity(n);
+        for r in futures_join_all(attempts).await {
+            opened.push(r?);
+        }
+        let session = {
+            let w = &opened[0].1;
+            SessionInfo {
+                chunk_size: w.chunk_size,
+                features: w.features,
+                instance_id: w.instance_id,
+                max_inflight: w.max_inflight,
+            }
+        };
+        let conns = opened
+            .into_iter()
+            .map(|(stream, w)| start_conn(stream, &w))
+            .collect();
+        Ok(Client {
+            inner: Arc::new(Inner {
+                conns,
+                compression: config.compression && session.features & features::LZ4 != 0,
+                session,
+                next: AtomicUsize::new(0),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// Session parameters.
+    pub fn session(&self) -> &SessionInfo {
+        &self.inner.session
+    }
+
+    /// Transfer counters.
+    pub fn counters(&self) -> &Counters {
+        &self.inner.counters
+    }
+
+    /// Streams still connected.
+    pub fn live_streams(&self) -> usize {
+        self.inner
+            .conns
+            .iter()
+            .filter(|c| c.alive.load(Ordering::Relaxed))
+            .count()
+    }
+
+    /// Picks the live stream with the least outstanding bytes; ties rotate.
+    fn pick(&self) -> Result<&Conn, ClientError> {
+        let conns = &self.inner.conns;
+        let start = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let mut best: Option<(&Conn, u64)> = None;
+        for i in 0..conns.len() {
+            let c = &conns[(start + i) % conns.len()];
+            if !c.alive.load(Ordering::Relaxed) {
+                continue;
+            }
+            let load = c.load.load(Ordering::Relaxed);
+            if best.is_none_or(|(_, l)| load < l) {
+                best = Some((c, load));
+            }
+        }
+        best.map(|(c, _)| c).ok_or(ClientError::ConnectionLost)
+    }
+
+    /// Sends one request and waits for its response.
+    ///
+    /// # Errors
+    /// Connection lost, protocol violations, or the server's error status.
+    pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        let weight = match &request {
+            Request::Read { len, .. } => u64::from(*len),
+            _ => 4096,
+        };
+        let conn = self.pick()?;
+        conn.load.fetch_add(weight, Ordering::Relaxed);
+        let result = async {
+            let _permit = conn
+                .inflight
+                .acquire()
+                .await
+                .map_err(|_| ClientError::ConnectionLost)?;
+            let (tx, rx) = oneshot::channel();
+            conn.tx
+                .send(Outgoing { request, reply: tx })
+                .await
+                .map_err(|_| ClientError::ConnectionLost)?;
+            rx.await.map_err(|_| ClientError::ConnectionLost)?
+        }
+        .await;
+        conn.load.fetch_sub(weight, Ordering::Relaxed);
+        match result? {
+            Response::Error { status, message } => Err(ClientError::Remote { status, message }),
+            r => Ok(r),
+        }
+    }
+
+    /// Attributes of `path` (not following a final symlink).
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn stat(&self, path: Bytes) -> Result<Attr, ClientError> {
+        match self.call(Request::Stat { path }).await? {
+            Response::Attr(a) => Ok(a),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Target of the symlink at `path`.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn readlink(&self, path: Bytes) -> Result<Bytes, ClientError> {
+        match self.call(Request::ReadLink { path }).await? {
+            Response::Link(t) => Ok(t),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// File system statistics of the export.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn statfs(&self) -> Result<StatFs, ClientError> {
+        match self.call(Request::StatFs).await? {
+            Response::StatFs(s) => Ok(s),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// The whole listing of the directory at `path`, fetched page by page. Entry names
+    /// are validated: a server sending `..` or a name with `/` is a protocol error.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn read_dir(&self, path: Bytes) -> Result<Vec<DirEntry>, ClientError> {
+        let mut all = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let page = match self
+                .call(Request::ReadDir {
+                    path: path.clone(),
+                    cookie,
+                    max_entries: 4096,
+                })
+                .await?
+            {
+                Response::DirPage(p) => p,
+                r => return Err(unexpected(&r)),
+            };
+            for e in &page.entries {
+                ferry_proto::name::validate_name(&e.name).map_err(|err| {
+                    ClientError::Protocol(format!("server sent entry name: {err}"))
+                })?;
+            }
+            let progressed = !page.entries.is_empty();
+            if let Some(last) = page.entries.last() {
+                cookie = last.cookie;
+            }
+            all.extend(page.entries);
+            if page.eof {
+                return Ok(all);
+            }
+            if !progressed {
+                return Err(ClientError::Protocol(
+                    "server sent an empty directory page without eof".into(),
+                ));
+            }
+        }
+    }
+
+    /// Reads up to `len` bytes (≤ chunk size) at `offset`: decoded and checksum-verified.
+    ///
+    /// # Errors
+    /// As [`Client::call`], and [`ClientError::Payload`] on corruption.
+    pub async fn read(
+        &self,
+        path: Bytes,
+        offset: u64,
+        len: u32,
+    ) -> Result<(Bytes, Version), ClientError> {
+        let r = match self
+            .call(Request::Read {
+                path,
+                offset,
+                len,
+                allow_lz4: self.inner.compression,
+            })
+            .await?
+        {
+            Response::Read(r) => r,
+            r => return Err(unexpected(&r)),
+        };
+        if r.decoded_len > len {
+            return Err(ClientError::Protocol(format!(
+                "server returned {} bytes for a read of {len}",
+                r.decoded_len
+            )));
+        }
+        let c = &self.inner.counters;
+        c.wire_bytes
+            .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+        c.decoded_bytes
+            .fetch_add(u64::from(r.decoded_len), Ordering::Relaxed);
+        c.reads.fetch_add(1, Ordering::Relaxed);
+        let version = r.version;
+        let data = payload::decode(r.encoding, r.decoded_len, r.checksum, r.data)?;
+        Ok((data, version))
+    }
+}
+
+fn unexpected(r: &Response) -> ClientError {
+    ClientError::Protocol(format!("unexpected response kind 0x{:02x}", r.kind()))
+}
+
+/// Runs futures concurrently and collects their outputs in order (small helper to avoid
+/// a dependency on `futures` for one function).
+async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        match h.await {
+            Ok(v) => out.push(v),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    out
+}
+
+fn start_conn(stream: TcpStream, welcome: &Welcome) -> Conn {
+    let (rd, wr) = stream.into_split();
+    let pending = Arc::new(Mutex::new(Pending {
+        next_id: 1,
+        ..Pending::default()
+    }));
+    let alive = Arc::new(AtomicBool::new(true));
+    let (tx, rx) = mpsc::channel(welcome.max_inflight as usize);
+    tokio::spawn(write_loop(wr, rx, pending.clone(), alive.clone()));
+    tokio::spawn(read_loop(rd, welcome.max_frame, pending, alive.clone()));
+    Conn {
+        tx,
+        load: AtomicU64::new(0),
+        inflight: Arc::new(Semaphore::new(welcome.max_inflight as usize)),
+        alive,
+    }
+}
+
+/// Fails every waiting request and marks the stream dead.
+fn close(pending: &Mutex<Pending>, alive: &AtomicBool) {
+    alive.store(false, Ordering::Relaxed);
+    let waiting = {
+        let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.closed = true;
+        std::mem::take(&mut p.waiting)
+    };
+    for (_, reply) in waiting {
+        let _ = reply.send(Err(ClientError::ConnectionLost));
+    }
+}
+
+async fn write_loop(
+    wr: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Outgoing>,
+    pending: Arc<Mutex<Pending>>,
+    alive: Arc<AtomicBool>,
+) {
+    let mut w = BufWriter::with_capacity(64 * 1024, wr);
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(out) = next {
+            let id = {
+                let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+                if p.closed {
+                    let _ = out.reply.send(Err(ClientError::ConnectionLost));
+                    next = rx.try_recv().ok();
+                    continue;
+                }
+                let id = p.next_id;
+                p.next_id = p.next_id.wrapping_add(1).max(1);
+                p.waiting.insert(id, out.reply);
+                id
+            };
+            out.request.encode(id, &mut buf);
+            next = rx.try_recv().ok();
+        }
+        if w.write_all(&buf).await.is_err() || w.flush().await.is_err() {
+            break;
+        }
+        buf.clear();
+    }
+    close(&pending, &alive);
+}
+
+async fn read_loop(
+    mut rd: OwnedReadHalf,
+    max_frame: u32,
+    pending: Arc<Mutex<Pending>>,
+    alive: Arc<AtomicBool>,
+) {
+    let mut buf = BytesMut::with_capacity(2 * max_frame as usize);
+    loop {
+        let frame = match Frame::parse(&mut buf, max_frame) {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                if buf.capacity() - buf.len() < max_frame as usize {
+                    buf.reserve(2 * max_frame as usize);
+                }
+                match rd.read_buf(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => continue,
+                }
+            }
+            Err(e) => {
+                debug!("bad frame from server: {e}");
+                break;
+            }
+        };
+        let id = frame.request_id;
+        let response = Response::decode(frame)
+            .map_err(|e| ClientError::Protocol(format!("undecodable response: {e}")));
+        let bad = response.is_err();
+        let reply = pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .waiting
+            .remove(&id);
+        match reply {
+            Some(reply) => {
+                let _ = reply.send(response);
+            }
+            None => {
+                debug!("response for unknown request id {id}");
+                break;
+            }
+        }
+        if bad {
+            break;
+        }
+    }
+    close(&pending, &alive);
+}

@@ -1,0 +1,181 @@
+//! Read-ahead policy for one reader (one open file handle).
+//!
+//! Sequential readers get a window that starts at `initial_window` and grows to twice the
+//! bytes read sequentially so far, up to `max_window`: after 1 MiB it is 2 MiB, after
+//! 32 MiB it is 64 MiB. Random readers get no window at all, and the caller fetches only
+//! the bytes they ask for.
+//!
+//! The kernel delivers readahead requests concurrently and slightly out of order, so
+//! "sequential" tolerates jumps of up to `backward_slack` back and `forward_slack` ahead of
+//! where the previous read ended. A read that opens a file at offset 0 counts as
+//! sequential at once; elsewhere two sequential reads in a row are needed, so a random
+//! reader that happens to land near its last read does not trigger read-ahead.
+
+use std::ops::Range;
+
+/// Tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefetchConfig {
+    /// First window (bytes).
+    pub initial_window: u64,
+    /// Largest window (bytes).
+    pub max_window: u64,
+    /// Tolerated backward jump (bytes).
+    pub backward_slack: u64,
+    /// Tolerated forward jump (bytes).
+    pub forward_slack: u64,
+}
+
+impl Default for PrefetchConfig {
+    fn default() -> Self {
+        PrefetchConfig {
+            initial_window: 1 << 20,
+            max_window: 64 << 20,
+            backward_slack: 8 << 20,
+            forward_slack: 16 << 20,
+        }
+    }
+}
+
+/// What to do for one read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The reader is sequential: fetch whole chunks and cache them.
+    pub sequential: bool,
+    /// Bytes to have requested beyond this read (empty for random readers).
+    pub ahead: Range<u64>,
+}
+
+/// Per-reader state.
+#[derive(Debug, Clone)]
+pub struct Prefetcher {
+    cfg: PrefetchConfig,
+    /// Where the previous read ended; `None` before the first read.
+    next: Option<u64>,
+    /// Sequential reads in a row.
+    streak: u32,
+    /// Bytes read sequentially in the current run.
+    run_bytes: u64,
+}
+
+impl Prefetcher {
+    /// A reader that has not read yet.
+    pub fn new(cfg: PrefetchConfig) -> Self {
+        Prefetcher {
+            cfg,
+            next: None,
+            streak: 0,
+            run_bytes: 0,
+        }
+    }
+
+    /// Current window in bytes (0 when random).
+    pub fn window(&self) -> u64 {
+        if self.streak == 0 {
+            return 0;
+        }
+        (2 * self.run_bytes)
+            .max(self.cfg.initial_window)
+            .min(self.cfg.max_window)
+    }
+
+    /// Records a read of `len` bytes at `offset` in a file of `size` bytes, and plans it.
+    pub fn on_read(&mut self, offset: u64, len: u64, size: u64) -> Plan {
+        let near = match self.next {
+            None => offset == 0,
+            Some(next) => {
+                offset + self.cfg.backward_slack >= next && offset <= next + self.cfg.forward_slack
+            }
+        };
+        if near {
+            self.streak = self.streak.saturating_add(1);
+            self.run_bytes += len;
+        } else {
+            self.streak = 0;
+            self.run_bytes = 0;
+        }
+        let end = offset + len;
+        // Out-of-order arrivals must not move the high-water mark backwards.
+        self.next = Some(match self.next {
+            Some(n) if near => n.max(end),
+            _ => end,
+        });
+        let first_at_zero = offset == 0 && self.streak == 1;
+        let sequential = self.streak >= 2 || first_at_zero;
+        let ahead = if sequential {
+            let from = self.next.unwrap_or(end).min(size);
+            from..(from + self.window()).min(size)
+        } else {
+            end..end
+        };
+        Plan { sequential, ahead }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn sequential_window_doubles_to_max() {
+        let mut p = Prefetcher::new(PrefetchConfig::default());
+        let size = 1 << 40;
+        let mut windows = vec![];
+        for i in 0..100 {
+            let plan = p.on_read(i * MIB, MIB, size);
+            assert!(plan.sequential);
+            windows.push(plan.ahead.end - plan.ahead.start);
+        }
+        assert_eq!(windows[0], 2 * MIB);
+        assert_eq!(windows[3], 8 * MIB);
+        assert_eq!(*windows.last().unwrap(), 64 * MIB);
+        assert!(windows.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn random_reader_gets_nothing_extra() {
+        let mut p = Prefetcher::new(PrefetchConfig::default());
+        let size = 1 << 30;
+        let mut x: u64 = 12345;
+        for _ in 0..1000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let off = (x >> 20) % (size - 16384);
+            let plan = p.on_read(off, 16384, size);
+            if !plan.sequential {
+                assert!(plan.ahead.is_empty());
+            }
+        }
+        // Random offsets over 1 GiB: read-ahead must be the rare exception.
+        let mut seq = 0;
+        for _ in 0..1000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let off = (x >> 20) % (size - 16384);
+            if p.on_read(off, 16384, size).sequential {
+                seq += 1;
+            }
+        }
+        assert!(seq < 10, "{seq} random reads treated as sequential");
+    }
+
+    #[test]
+    fn out_of_order_readahead_stays_sequential() {
+        let mut p = Prefetcher::new(PrefetchConfig::default());
+        let size = 1 << 30;
+        for off in [0, 2, 1, 3, 5, 4, 6] {
+            assert!(p.on_read(off * MIB, MIB, size).sequential, "offset {off}");
+        }
+    }
+
+    #[test]
+    fn window_stops_at_eof() {
+        let mut p = Prefetcher::new(PrefetchConfig::default());
+        let plan = p.on_read(0, MIB, 3 * MIB / 2);
+        assert_eq!(plan.ahead, MIB..3 * MIB / 2);
+    }
+}

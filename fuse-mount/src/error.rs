@@ -1,0 +1,83 @@
+//! Errors of the file system and the errno each becomes.
+
+use ferry_client::ClientError;
+use ferry_proto::name::NameError;
+use ferry_proto::Status;
+
+/// A failed file system operation: the errno for the kernel and what caused it.
+#[derive(Debug, thiserror::Error)]
+#[error("{source} (errno {errno})")]
+pub struct Error {
+    /// Positive errno sent to the kernel.
+    pub errno: i32,
+    /// Cause, for the log.
+    #[source]
+    pub source: ClientError,
+}
+
+/// Turns a failure into the errno a reader sees.
+pub trait ToErrno {
+    /// The errno.
+    fn to_errno(&self) -> i32;
+}
+
+impl ToErrno for Status {
+    fn to_errno(&self) -> i32 {
+        match self {
+            // Ok never travels as an error; EIO if a broken server sends it anyway.
+            Status::Ok => libc::EIO,
+            Status::NotFound => libc::ENOENT,
+            Status::NotDirectory => libc::ENOTDIR,
+            Status::IsDirectory => libc::EISDIR,
+            Status::PermissionDenied => libc::EACCES,
+            Status::InvalidName => libc::EINVAL,
+            Status::InvalidArgument => libc::EINVAL,
+            // A symlink in a parent component: the path as given cannot be resolved here.
+            Status::SymlinkInPath => libc::ELOOP,
+            Status::Io => libc::EIO,
+            Status::TooLarge => libc::EINVAL,
+            Status::Busy => libc::EAGAIN,
+            Status::Unsupported => libc::ENOSYS,
+            Status::AuthFailed => libc::EACCES,
+            Status::NameTooLong => libc::ENAMETOOLONG,
+        }
+    }
+}
+
+impl ToErrno for ClientError {
+    fn to_errno(&self) -> i32 {
+        match self {
+            ClientError::Remote { status, .. } => status.to_errno(),
+            ClientError::InvalidName(NameError::TooLong) => libc::ENAMETOOLONG,
+            ClientError::InvalidName(NameError::Empty | NameError::Dot | NameError::BadByte) => {
+                libc::EINVAL
+            }
+            // Transport failures: the reader gets EIO, never wrong bytes.
+            ClientError::Connect { .. }
+            | ClientError::Timeout(_)
+            | ClientError::Handshake { .. }
+            | ClientError::Protocol(_)
+            | ClientError::ConnectionLost
+            | ClientError::Payload(_) => libc::EIO,
+        }
+    }
+}
+
+impl From<ClientError> for Error {
+    fn from(source: ClientError) -> Self {
+        Error {
+            errno: source.to_errno(),
+            source,
+        }
+    }
+}
+
+impl Error {
+    /// An error with a fixed errno (e.g. EROFS, EBADF).
+    pub fn errno(errno: i32, why: &str) -> Error {
+        Error {
+            errno,
+            source: ClientError::Protocol(why.to_string()),
+        }
+    }
+}

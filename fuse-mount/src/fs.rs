@@ -1,0 +1,466 @@
+//! The mounted file system, async and free of fuser types.
+//!
+//! Inodes: the mount numbers objects itself (root = 1, then 2, 3, …) and maps each to its
+//! path beneath the export; the server is path-based and stateless, so nothing here needs
+//! re-establishing if a connection is replaced. A path whose server inode changes (file
+//! replaced) gets a new mount inode, so the kernel never mixes the two.
+//!
+//! Caching: attributes and entries are cached by the kernel for `attr_ttl`. On open, the
+//! file's version (server inode, size, mtime) is compared with the version at its previous
+//! open: unchanged → the kernel keeps its page cache (FOPEN_KEEP_CACHE); changed → the
+//! kernel drops it and the chunk store forgets the old chunks.
+//!
+//! Reads: sequential readers (per handle, see [`ferry_client::Prefetcher`]) fetch whole
+//! chunks through the shared [`ChunkStore`] and push a growing window ahead of themselves;
+//! random readers fetch exactly the bytes asked for, unless the chunks are already held.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use ferry_client::{ChunkStore, Client, FileKey, PrefetchConfig, Prefetcher};
+use ferry_proto::name::{join, validate_name};
+use ferry_proto::{Attr, FileKind, StatFs, Version};
+
+use crate::error::Error;
+
+/// The root inode number.
+pub const ROOT_INO: u64 = 1;
+
+/// File system settings.
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    /// Path beneath the export that is the mount's root (empty = the export root).
+    pub root: Bytes,
+    /// How long the kernel may cache attributes and names.
+    pub attr_ttl: Duration,
+    /// Bytes of chunks held in memory (read-ahead window plus recently read).
+    pub chunk_memory: usize,
+    /// Read-ahead policy.
+    pub prefetch: PrefetchConfig,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        FsConfig {
+            root: Bytes::new(),
+            attr_ttl: Duration::from_secs(1),
+            chunk_memory: 128 << 20,
+            prefetch: PrefetchConfig::default(),
+        }
+    }
+}
+
+struct Node {
+    path: Bytes,
+    attr: Attr,
+    fetched: Instant,
+    lookups: u64,
+    /// Version seen at the last open, for FOPEN_KEEP_CACHE.
+    open_version: Option<Version>,
+}
+
+#[derive(Default)]
+struct Inodes {
+    nodes: HashMap<u64, Node>,
+    by_path: HashMap<Bytes, u64>,
+}
+
+struct Handle {
+    key: FileKey,
+    prefetcher: Mutex<Prefetcher>,
+}
+
+/// One directory entry as the adapter hands it to the kernel.
+#[derive(Debug, Clone)]
+pub struct DirItem {
+    /// Entry name.
+    pub name: Bytes,
+    /// Attributes.
+    pub attr: Attr,
+}
+
+/// The result of an open.
+#[derive(Debug, Clone, Copy)]
+pub struct Opened {
+    /// File handle to pass back on read/release.
+    pub fh: u64,
+    /// The kernel may keep its page cache from earlier opens.
+    pub keep_cache: bool,
+}
+
+/// The file system.
+pub struct Fs {
+    client: Client,
+    store: Arc<ChunkStore>,
+    cfg: FsConfig,
+    inodes: Mutex<Inodes>,
+    next_ino: AtomicU64,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    dirs: Mutex<HashMap<u64, Arc<Vec<DirItem>>>>,
+    next_fh: AtomicU64,
+}
+
+impl std::fmt::Debug for Fs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fs").field("root", &self.cfg.root).finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Fs {
+    /// A file system over `client`, rooted at `cfg.root`, whose attributes are `root_attr`.
+    pub fn new(client: Client, cfg: FsConfig, root_attr: Attr) -> Fs {
+        let store = ChunkStore::new(client.clone(), cfg.chunk_memory);
+        let mut inodes = Inodes::default();
+        inodes.nodes.insert(
+            ROOT_INO,
+            Node {
+                path: cfg.root.clone(),
+                attr: root_attr,
+                fetched: Instant::now(),
+                lookups: 1,
+                open_version: None,
+            },
+        );
+        inodes.by_path.insert(cfg.root.clone(), ROOT_INO);
+        Fs {
+            client,
+            store,
+            cfg,
+            inodes: Mutex::new(inodes),
+            next_ino: AtomicU64::new(ROOT_INO + 1),
+            handles: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    /// Attribute and entry cache lifetime.
+    pub fn ttl(&self) -> Duration {
+        self.cfg.attr_ttl
+    }
+
+    /// Chunk size of the session: reported as `st_blksize`.
+    pub fn chunk_size(&self) -> u32 {
+        self.client.session().chunk_size
+    }
+
+    /// The chunk store (for statistics).
+    pub fn store(&self) -> &Arc<ChunkStore> {
+        &self.store
+    }
+
+    fn path_of(&self, ino: u64) -> Result<Bytes, Error> {
+        lock(&self.inodes)
+            .nodes
+            .get(&ino)
+            .map(|n| n.path.clone())
+            .ok_or_else(|| Error::errno(libc::ESTALE, "unknown inode"))
+    }
+
+    /// Records that the kernel now holds one more reference to `path`; returns its inode.
+    fn remember(&self, path: Bytes, attr: Attr) -> u64 {
+        let mut inodes = lock(&self.inodes);
+        if let Some(&ino) = inodes.by_path.get(&path) {
+            if let Some(node) = inodes.nodes.get_mut(&ino) {
+                if node.attr.ino == attr.ino && node.attr.kind == attr.kind {
+                    node.attr = attr;
+                    node.fetched = Instant::now();
+                    node.lookups += 1;
+                    return ino;
+                }
+            }
+        }
+        // New path, or the object at the path was replaced: a new inode.
+        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        inodes.nodes.insert(
+            ino,
+            Node {
+                path: path.clone(),
+                attr,
+                fetched: Instant::now(),
+                lookups: 1,
+                open_version: None,
+            },
+        );
+        inodes.by_path.insert(path, ino);
+        ino
+    }
+
+    fn child_path(&self, parent: u64, name: &[u8]) -> Result<Bytes, Error> {
+        validate_name(name).map_err(ferry_client::ClientError::from)?;
+        let parent_path = self.path_of(parent)?;
+        Ok(Bytes::from(join(&parent_path, name)))
+    }
+
+    /// Looks `name` up in directory `parent`; the kernel holds a reference afterwards.
+    ///
+    /// # Errors
+    /// ENOENT and the other statuses of the server; EIO on transport failures.
+    pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<(u64, Attr), Error> {
+        let path = self.child_path(parent, name)?;
+        let attr = self.client.stat(path.clone()).await?;
+        Ok((self.remember(path, attr), attr))
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let mut inodes = lock(&self.inodes);
+        let Some(node) = inodes.nodes.get_mut(&ino) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 {
+            let path = node.path.clone();
+            inodes.nodes.remove(&ino);
+            if inodes.by_path.get(&path) == Some(&ino) {
+                inodes.by_path.remove(&path);
+            }
+            drop(inodes);
+            self.store.invalidate(ino);
+        }
+    }
+
+    /// Fresh attributes of `ino` from the server.
+    ///
+    /// # Errors
+    /// As [`Fs::lookup`].
+    pub async fn getattr(&self, ino: u64) -> Result<Attr, Error> {
+        let path = self.path_of(ino)?;
+        let attr = self.client.stat(path).await?;
+        if let Some(n) = lock(&self.inodes).nodes.get_mut(&ino) {
+            n.attr = attr;
+            n.fetched = Instant::now();
+        }
+        Ok(attr)
+    }
+
+    /// Target of the symlink `ino`.
+    ///
+    /// # Errors
+    /// As [`Fs::lookup`].
+    pub async fn readlink(&self, ino: u64) -> Result<Bytes, Error> {
+        Ok(self.client.readlink(self.path_of(ino)?).await?)
+    }
+
+    /// Statistics of the export's file system.
+    ///
+    /// # Errors
+    /// EIO on transport failures.
+    pub async fn statfs(&self) -> Result<StatFs, Error> {
+        Ok(self.client.statfs().await?)
+    }
+
+    /// Opens directory `ino`: the whole listing is fetched now (paged on the wire) and
+    /// served from memory to the kernel's readdir calls on this handle.
+    ///
+    /// # Errors
+    /// As [`Fs::lookup`].
+    pub async fn opendir(&self, ino: u64) -> Result<u64, Error> {
+        let path = self.path_of(ino)?;
+        let entries = self.client.read_dir(path).await?;
+        let items = entries
+            .into_iter()
+            .map(|e| DirItem {
+                name: e.name,
+                attr: e.attr,
+            })
+            .collect();
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.dirs).insert(fh, Arc::new(items));
+        Ok(fh)
+    }
+
+    /// The listing held by directory handle `fh`.
+    pub fn dir_items(&self, fh: u64) -> Option<Arc<Vec<DirItem>>> {
+        lock(&self.dirs).get(&fh).cloned()
+    }
+
+    /// Inode of entry `name` of directory `parent` for readdirplus, counting a kernel
+    /// reference (undo with [`Fs::forget`] if the entry did not fit in the reply).
+    pub fn remember_entry(&self, parent: u64, item: &DirItem) -> Option<u64> {
+        let path = self.child_path(parent, &item.name).ok()?;
+        Some(self.remember(path, item.attr))
+    }
+
+    /// Inode of entry `name` for plain readdir (no reference counted): the known inode, or
+    /// the server's inode number as an informational `d_ino`.
+    pub fn peek_entry(&self, parent: u64, item: &DirItem) -> u64 {
+        let Ok(path) = self.child_path(parent, &item.name) else {
+            return item.attr.ino;
+        };
+        lock(&self.inodes)
+            .by_path
+            .get(&path)
+            .copied()
+            .unwrap_or(item.attr.ino)
+    }
+
+    /// Closes a directory handle.
+    pub fn releasedir(&self, fh: u64) {
+        lock(&self.dirs).remove(&fh);
+    }
+
+    /// Opens file `ino` for reading.
+    ///
+    /// # Errors
+    /// EROFS for any write access; EISDIR; server errors.
+    pub async fn open(&self, ino: u64, write: bool) -> Result<Opened, Error> {
+        if write {
+            return Err(Error::errno(libc::EROFS, "read-only mount"));
+        }
+        let (path, fresh) = {
+            let inodes = lock(&self.inodes);
+            let node = inodes
+                .nodes
+                .get(&ino)
+                .ok_or_else(|| Error::errno(libc::ESTALE, "unknown inode"))?;
+            let fresh = (node.fetched.elapsed() < self.cfg.attr_ttl).then_some(node.attr);
+            (node.path.clone(), fresh)
+        };
+        let attr = match fresh {
+            Some(a) => a,
+            None => self.getattr(ino).await?,
+        };
+        if attr.kind == FileKind::Directory {
+            return Err(Error::errno(libc::EISDIR, "is a directory"));
+        }
+        let version = attr.version();
+        let keep_cache = {
+            let mut inodes = lock(&self.inodes);
+            match inodes.nodes.get_mut(&ino) {
+                Some(node) => {
+                    let same = node.open_version == Some(version);
+                    node.open_version = Some(version);
+                    same
+                }
+                None => false,
+            }
+        };
+        if !keep_cache {
+            self.store.invalidate(ino);
+        }
+        let handle = Handle {
+            key: FileKey {
+                id: ino,
+                version,
+                path,
+            },
+            prefetcher: Mutex::new(Prefetcher::new(self.cfg.prefetch)),
+        };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.handles).insert(fh, Arc::new(handle));
+        Ok(Opened { fh, keep_cache })
+    }
+
+    /// Closes a file handle.
+    pub fn release(&self, fh: u64) {
+        lock(&self.handles).remove(&fh);
+    }
+
+    /// Reads up to `size` bytes at `offset` through handle `fh`. Short only at end of file
+    /// (as of the version seen at open).
+    ///
+    /// # Errors
+    /// EBADF for an unknown handle; EIO on transport failures or corruption.
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, Error> {
+        let h = lock(&self.handles)
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| Error::errno(libc::EBADF, "unknown file handle"))?;
+        let file_size = h.key.version.size;
+        if offset >= file_size || size == 0 {
+            return Ok(Bytes::new());
+        }
+        let end = (offset + u64::from(size)).min(file_size);
+        let plan = lock(&h.prefetcher).on_read(offset, end - offset, file_size);
+        let cs = self.store.chunk_size();
+        let first = offset / cs;
+        let last = (end - 1) / cs;
+        let cached = (first..=last).all(|i| self.store.contains(&h.key, i));
+        if !plan.sequential && !cached {
+            return self.read_direct(&h.key, offset, end).await;
+        }
+        // Own chunks first, then the window ahead, all in flight before waiting.
+        for i in first..=last {
+            self.store.start(&h.key, i);
+        }
+        if !plan.ahead.is_empty() {
+            let from = plan.ahead.start.div_ceil(cs).max(last + 1);
+            let to = (plan.ahead.end - 1) / cs;
+            for i in from..=to {
+                if !self.store.prefetch(&h.key, i) {
+                    break;
+                }
+            }
+        }
+        let mut parts = Vec::with_capacity((last - first + 1) as usize);
+        for i in first..=last {
+            let chunk = self.store.get(&h.key, i).await?;
+            let start = i * cs;
+            let lo = (offset.max(start) - start) as usize;
+            let hi = ((end.min(start + cs) - start) as usize).min(chunk.len());
+            if lo >= hi {
+                break;
+            }
+            parts.push(chunk.slice(lo..hi));
+            if plan.sequential && end >= start + chunk.len() as u64 {
+                self.store.consumed(&h.key, i);
+            }
+        }
+        Ok(concat(parts))
+    }
+
+    /// A random read: exactly the bytes asked for, in chunk-sized requests sent together.
+    async fn read_direct(&self, key: &FileKey, offset: u64, end: u64) -> Result<Bytes, Error> {
+        let cs = self.store.chunk_size();
+        let mut tasks = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let len = (end - pos).min(cs - pos % cs);
+            let client = self.client.clone();
+            let path = key.path.clone();
+            let task = tokio::spawn(async move { client.read(path, pos, len as u32).await });
+            tasks.push((len, task));
+            pos += len;
+        }
+        let mut parts = Vec::with_capacity(tasks.len());
+        for (len, t) in tasks {
+            let (data, version) = t
+                .await
+                .map_err(|e| Error::errno(libc::EIO, &format!("read task failed: {e}")))??;
+            if version != key.version {
+                self.store.invalidate(key.id);
+            }
+            let short = (data.len() as u64) < len;
+            parts.push(data);
+            if short {
+                break;
+            }
+        }
+        Ok(concat(parts))
+    }
+}
+
+fn concat(mut parts: Vec<Bytes>) -> Bytes {
+    match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.pop().unwrap_or_default(),
+        _ => {
+            let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+            for p in parts {
+                out.extend_from_slice(&p);
+            }
+            out.freeze()
+        }
+    }
+}

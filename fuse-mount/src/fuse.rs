@@ -1,0 +1,474 @@
+//! The `fuser::Filesystem` adapter: translates kernel requests into calls on [`Fs`].
+//!
+//! Every request that may touch the network is spawned as a task on the mount's tokio
+//! runtime and replied to from there, so the FUSE worker threads only decode requests and
+//! many reads are in flight at once. Writes of any kind answer EROFS.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferry_proto::{Attr, FileKind, Timestamp};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+};
+use tokio::runtime::Handle;
+use tracing::{debug, warn};
+
+use crate::error::Error;
+use crate::fs::{Fs, ROOT_INO};
+
+/// The adapter handed to fuser.
+pub struct FerryFuse {
+    fs: Arc<Fs>,
+    rt: Handle,
+    /// Told when the kernel ends the session (unmount from outside).
+    on_destroy: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+}
+
+impl std::fmt::Debug for FerryFuse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FerryFuse").field("fs", &self.fs).finish()
+    }
+}
+
+impl FerryFuse {
+    /// Wraps `fs`; async work runs on `rt`.
+    pub fn new(
+        fs: Arc<Fs>,
+        rt: Handle,
+        on_destroy: tokio::sync::mpsc::UnboundedSender<()>,
+    ) -> Self {
+        FerryFuse {
+            fs,
+            rt,
+            on_destroy: Some(on_destroy),
+        }
+    }
+}
+
+fn time(t: Timestamp) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        // Before 1970: subtract whole seconds, add the nanoseconds back.
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec.into())
+    }
+}
+
+fn file_type(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Directory => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+        FileKind::Socket => FileType::Socket,
+    }
+}
+
+/// Kernel attributes for mount inode `ino`; `st_blksize` is the chunk size because
+/// coreutils `cp` sizes its buffer from it.
+fn fuse_attr(ino: u64, a: &Attr, blksize: u32) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.ctime),
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize,
+        flags: 0,
+    }
+}
+
+fn errno(e: &Error) -> Errno {
+    if e.errno == libc::EIO {
+        warn!("{e}");
+    } else {
+        debug!("{e}");
+    }
+    Errno::from_i32(e.errno)
+}
+
+impl Filesystem for FerryFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Each capability on its own: an old kernel lacking one must not fail the mount.
+        for cap in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+        ] {
+            if config.add_capabilities(cap).is_err() {
+                debug!("kernel lacks {cap:?}");
+            }
+        }
+        // max_pages follows max(max_write, max_readahead): 1 MiB requests need max_write ≥ 1 MiB.
+        let _ = config.set_max_write(self.fs.chunk_size().max(1 << 20));
+        // Many readahead requests in flight at once.
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Some(tx) = self.on_destroy.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let fs = self.fs.clone();
+        let name = name.as_bytes().to_vec();
+        self.rt.spawn(async move {
+            match fs.lookup(parent.0, &name).await {
+                Ok((ino, attr)) => reply.entry(
+                    &fs.ttl(),
+                    &fuse_attr(ino, &attr, fs.chunk_size()),
+                    Generation(0),
+                ),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.getattr(ino.0).await {
+                Ok(attr) => reply.attr(&fs.ttl(), &fuse_attr(ino.0, &attr, fs.chunk_size())),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.readlink(ino.0).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY
+            || flags.0 & (libc::O_TRUNC | libc::O_APPEND | libc::O_CREAT) != 0;
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.open(ino.0, write).await {
+                Ok(o) => {
+                    let f = if o.keep_cache {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(FileHandle(o.fh), f)
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.read(fh.0, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.opendir(ino.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(items) = self.fs.dir_items(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        // Offsets: 1 = after ".", 2 = after "..", 2 + i + 1 = after entry i.
+        let mut pos = offset;
+        while pos < 2 + items.len() as u64 {
+            let next = pos + 1;
+            let full = match pos {
+                0 => reply.add(ino, next, FileType::Directory, "."),
+                1 => reply.add(
+                    INodeNo(ROOT_INO.max(ino.0)),
+                    next,
+                    FileType::Directory,
+                    "..",
+                ),
+                _ => {
+                    let item = &items[(pos - 2) as usize];
+                    let child = self.fs.peek_entry(ino.0, item);
+                    reply.add(
+                        INodeNo(child),
+                        next,
+                        file_type(item.attr.kind),
+                        OsStr::from_bytes(&item.name),
+                    )
+                }
+            };
+            if full {
+                break;
+            }
+            pos = next;
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let Some(items) = self.fs.dir_items(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        let ttl = self.fs.ttl();
+        let bs = self.fs.chunk_size();
+        let mut pos = offset;
+        while pos < 2 + items.len() as u64 {
+            let next = pos + 1;
+            let full = if pos < 2 {
+                // The kernel takes no reference for "." and ".." (it skips them), so they
+                // only need plausible attributes.
+                let name = if pos == 0 { "." } else { ".." };
+                let dir = Attr {
+                    ino: ino.0,
+                    kind: FileKind::Directory,
+                    perm: 0o755,
+                    nlink: 2,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    size: 0,
+                    blocks: 0,
+                    atime: Timestamp::default(),
+                    mtime: Timestamp::default(),
+                    ctime: Timestamp::default(),
+                };
+                reply.add(
+                    ino,
+                    next,
+                    name,
+                    &ttl,
+                    &fuse_attr(ino.0, &dir, bs),
+                    Generation(0),
+                )
+            } else {
+                let item = &items[(pos - 2) as usize];
+                let Some(child) = self.fs.remember_entry(ino.0, item) else {
+                    pos = next;
+                    continue;
+                };
+                let full = reply.add(
+                    INodeNo(child),
+                    next,
+                    OsStr::from_bytes(&item.name),
+                    &ttl,
+                    &fuse_attr(child, &item.attr, bs),
+                    Generation(0),
+                );
+                if full {
+                    // Not sent: the kernel holds no reference for it.
+                    self.fs.forget(child, 1);
+                }
+                full
+            };
+            if full {
+                break;
+            }
+            pos = next;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.statfs().await {
+                Ok(s) => reply.statfs(
+                    s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+                ),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    // Every modifying operation: read-only file system. The mount is also `ro`, so the
+    // kernel normally refuses these before they arrive; these answers cover the rest.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: fuser::ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}

@@ -1,0 +1,298 @@
+//! Mount session: from a config to a serving mount, and back to a clean unmount.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use ferry_client::{Client, ClientConfig};
+use ferry_proto::FileKind;
+use fuser::{Config, MountOption, SessionACL};
+use tracing::{info, warn};
+
+use crate::fs::{Fs, FsConfig};
+use crate::fuse::FerryFuse;
+use crate::target::Target;
+
+/// Everything `ferry mount` needs; [`Default`] gives the documented defaults.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Remote server and path.
+    pub target: Target,
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+    /// Client pool settings (`addr` is taken from `target`).
+    pub client: ClientConfig,
+    /// File system settings (`root` is taken from `target`).
+    pub fs: FsConfig,
+    /// Let other users (e.g. postgres, oracle) use the mount.
+    pub allow_other: bool,
+    /// FUSE worker threads.
+    pub threads: usize,
+    /// Kernel readahead for the mount, in KiB (written to the mount's bdi).
+    pub read_ahead_kb: u32,
+    /// Tokio worker threads.
+    pub io_threads: usize,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            target: Target {
+                host: "127.0.0.1".into(),
+                port: crate::target::DEFAULT_PORT,
+                path: bytes::Bytes::new(),
+            },
+            mountpoint: PathBuf::new(),
+            client: ClientConfig::default(),
+            fs: FsConfig::default(),
+            allow_other: false,
+            threads: 2,
+            read_ahead_kb: 8192,
+            io_threads: 2,
+        }
+    }
+}
+
+/// Mount points in this namespace, decoded from /proc/self/mountinfo: (path, fs type).
+fn mounts() -> Vec<(PathBuf, String)> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            Some((
+                PathBuf::from(unescape(f.get(4)?)),
+                f.get(sep + 1)?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// Detaches whatever is mounted at `p` (lazy: works even while busy or dead).
+pub fn detach(p: &Path) -> anyhow::Result<()> {
+    let c = CString::new(p.as_os_str().as_bytes()).context("mount point contains NUL")?;
+    // SAFETY: a valid NUL-terminated path; umount2 has no other memory effects.
+    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if rc == 0 {
+        return Ok(());
+    }
+    // Not root: fusermount3 may unmount FUSE mounts of the calling user.
+    let status = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(p)
+        .status();
+    match status {
+        Ok(s) if s.success() => Ok(()),
+        _ => bail!(
+            "cannot unmount {}: {}; try `fusermount3 -u -z {}`",
+            p.display(),
+            std::io::Error::last_os_error(),
+            p.display()
+        ),
+    }
+}
+
+/// Checks the mount point; replaces a dead mount left by a killed process.
+fn prepare_mountpoint(p: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => {
+            let abs = absolute(p);
+            if let Some((_, fstype)) = mounts().into_iter().rev().find(|(mp, _)| *mp == abs) {
+                if fstype.starts_with("fuse") {
+                    bail!(
+                        "{} is already a mounted {fstype} file system: unmount it first (fusermount3 -u {})",
+                        p.display(),
+                        p.display()
+                    );
+                }
+            }
+            Ok(())
+        }
+        Ok(_) => bail!("mount point {} is not a directory", p.display()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            warn!(
+                "{}: replacing a dead mount left by an earlier ferry",
+                p.display()
+            );
+            detach(p)?;
+            match std::fs::metadata(p) {
+                Ok(m) if m.is_dir() => Ok(()),
+                _ => bail!(
+                    "mount point {} is still unusable after unmounting the dead mount",
+                    p.display()
+                ),
+            }
+        }
+        Err(e) => bail!("mount point {}: {e}", p.display()),
+    }
+}
+
+/// Raises the kernel readahead of the mount (fuser can only lower it during init).
+fn set_read_ahead(mountpoint: &Path, kb: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(mountpoint) else {
+        return;
+    };
+    let dev = meta.dev();
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        rustix::fs::major(dev),
+        rustix::fs::minor(dev)
+    );
+    match std::fs::write(&path, format!("{kb}\n")) {
+        Ok(()) => info!("kernel readahead {kb} KiB ({path})"),
+        Err(e) => {
+            warn!("cannot raise kernel readahead ({path}: {e}); sequential reads may be slower")
+        }
+    }
+}
+
+/// Connects, mounts, calls `ready` once the mount is usable, then serves until SIGINT,
+/// SIGTERM or an unmount from outside, and unmounts cleanly.
+///
+/// # Errors
+/// Server unreachable, remote path missing, mount point unusable, mount refused.
+pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
+    prepare_mountpoint(&cfg.mountpoint)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.io_threads.max(1))
+        .thread_name("ferry-io")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    cfg.client.addr = cfg.target.addr();
+    cfg.fs.root = cfg.target.path.clone();
+    let client = rt
+        .block_on(Client::connect(cfg.client.clone()))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let root_attr = rt.block_on(client.stat(cfg.fs.root.clone())).map_err(|e| {
+        anyhow::anyhow!(
+            "remote path /{} on {}: {e}",
+            String::from_utf8_lossy(&cfg.fs.root),
+            cfg.target.addr()
+        )
+    })?;
+    if root_attr.kind != FileKind::Directory {
+        bail!(
+            "remote path /{} is not a directory",
+            String::from_utf8_lossy(&cfg.fs.root)
+        );
+    }
+    let session = client.session().clone();
+    info!(
+        "connected to {} with {} streams, chunk {} KiB",
+        cfg.target.addr(),
+        cfg.client.streams,
+        session.chunk_size / 1024
+    );
+
+    let fs = Arc::new(Fs::new(client, cfg.fs.clone(), root_attr));
+    let (destroyed_tx, mut destroyed_rx) = tokio::sync::mpsc::unbounded_channel();
+    let adapter = FerryFuse::new(fs, rt.handle().clone(), destroyed_tx);
+    let mut fcfg = Config::default();
+    let fsname = format!(
+        "ferry:{}:/{}",
+        cfg.target.addr(),
+        String::from_utf8_lossy(&cfg.target.path)
+    );
+    fcfg.mount_options = vec![
+        MountOption::RO,
+        MountOption::FSName(fsname),
+        MountOption::Subtype("ferry".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::CUSTOM(format!("max_read={}", session.chunk_size.max(1 << 20))),
+    ];
+    if cfg.allow_other {
+        fcfg.acl = SessionACL::All;
+    }
+    fcfg.n_threads = Some(cfg.threads.max(1));
+    fcfg.clone_fd = cfg.threads > 1;
+    let session = fuser::spawn_mount(adapter, &cfg.mountpoint, &fcfg).with_context(|| {
+        format!(
+            "cannot mount on {} (is /dev/fuse available and fuse3 installed?)",
+            cfg.mountpoint.display()
+        )
+    })?;
+    set_read_ahead(&cfg.mountpoint, cfg.read_ahead_kb);
+    info!(
+        "mounted {} on {}",
+        cfg.target.addr(),
+        cfg.mountpoint.display()
+    );
+    ready();
+
+    let external = rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).ok();
+        let mut int = signal(SignalKind::interrupt()).ok();
+        let mut hup = signal(SignalKind::hangup()).ok();
+        async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            _ = recv(&mut term) => { info!("SIGTERM: unmounting"); false }
+            _ = recv(&mut int) => { info!("SIGINT: unmounting"); false }
+            _ = recv(&mut hup) => { info!("SIGHUP: unmounting"); false }
+            _ = destroyed_rx.recv() => { info!("unmounted from outside"); true }
+        }
+    });
+    if external {
+        let _ = session.join();
+    } else if let Err(e) = session.umount_and_join() {
+        // Busy (a reader still has files open): detach now, the kernel finishes later.
+        warn!("unmount: {e}; detaching lazily");
+        detach(&cfg.mountpoint)?;
+    }
+    rt.shutdown_timeout(Duration::from_secs(1));
+    info!("stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape(r"/tmp/a\040b"), "/tmp/a b");
+        assert_eq!(unescape(r"/x\134y"), r"/x\y");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+}

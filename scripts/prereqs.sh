@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the runtime prerequisites of ferry's demo and tests, only those that are missing:
+#   fusermount3 (Debian package fuse3), rsync, lz4.
+# Idempotent: does nothing (and never runs apt-get) when everything is present.
+# Needs root and apt-get to install; exits non-zero with a one-line message otherwise.
+set -euo pipefail
+
+# command -> Debian package
+declare -A PKG=([fusermount3]=fuse3 [rsync]=rsync [lz4]=lz4)
+
+missing=()
+for cmd in fusermount3 rsync lz4; do
+    if ! command -v "$cmd" >/dev/null 2>&1; then
+        missing+=("${PKG[$cmd]}")
+    fi
+done
+
+if [ ! -e /dev/fuse ]; then
+    echo "prereqs.sh: warning: /dev/fuse does not exist; FUSE mounts will fail (try: modprobe fuse)" >&2
+fi
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "prereqs.sh: missing ${missing[*]}; run as root or install them: apt-get install ${missing[*]}" >&2
+    exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "prereqs.sh: missing ${missing[*]} and apt-get is not available; install them by hand" >&2
+    exit 1
+fi
+
+echo "prereqs.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "prereqs.sh: installed ${missing[*]}"
