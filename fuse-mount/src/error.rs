@@ -6,13 +6,15 @@ use ferry_proto::Status;
 
 /// A failed file system operation: the errno for the kernel and what caused it.
 #[derive(Debug, thiserror::Error)]
-#[error("{source} (errno {errno})")]
+#[error("{message} (errno {errno})")]
 pub struct Error {
     /// Positive errno sent to the kernel.
     pub errno: i32,
-    /// Cause, for the log.
+    /// What failed, for the log.
+    pub message: String,
+    /// The client error behind it, when there is one.
     #[source]
-    pub source: ClientError,
+    pub source: Option<ClientError>,
 }
 
 /// Turns a failure into the errno a reader sees.
@@ -36,6 +38,9 @@ impl ToErrno for Status {
             Status::SymlinkInPath => libc::ELOOP,
             Status::Io => libc::EIO,
             Status::TooLarge => libc::EINVAL,
+            // The server gives up on a file that keeps changing while it reads it; EAGAIN
+            // ("try again") describes that better than EIO, though most tools treat both
+            // as fatal for that file.
             Status::Busy => libc::EAGAIN,
             Status::Unsupported => libc::ENOSYS,
             Status::AuthFailed => libc::EACCES,
@@ -67,7 +72,8 @@ impl From<ClientError> for Error {
     fn from(source: ClientError) -> Self {
         Error {
             errno: source.to_errno(),
-            source,
+            message: source.to_string(),
+            source: Some(source),
         }
     }
 }
@@ -77,7 +83,8 @@ impl Error {
     pub fn errno(errno: i32, why: &str) -> Error {
         Error {
             errno,
-            source: ClientError::Protocol(why.to_string()),
+            message: why.to_string(),
+            source: None,
         }
     }
 }

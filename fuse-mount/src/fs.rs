@@ -80,6 +80,8 @@ pub struct DirItem {
     pub name: Bytes,
     /// Attributes.
     pub attr: Attr,
+    /// When the server reported these attributes (the listing's time).
+    pub listed: Instant,
 }
 
 /// The result of an open.
@@ -165,13 +167,16 @@ impl Fs {
     }
 
     /// Records that the kernel now holds one more reference to `path`; returns its inode.
-    fn remember(&self, path: Bytes, attr: Attr) -> u64 {
+    fn remember(&self, path: Bytes, attr: Attr, fetched: Instant) -> u64 {
         let mut inodes = lock(&self.inodes);
         if let Some(&ino) = inodes.by_path.get(&path) {
             if let Some(node) = inodes.nodes.get_mut(&ino) {
                 if node.attr.ino == attr.ino && node.attr.kind == attr.kind {
-                    node.attr = attr;
-                    node.fetched = Instant::now();
+                    // Keep the newer of what we hold and what arrives.
+                    if fetched >= node.fetched {
+                        node.attr = attr;
+                        node.fetched = fetched;
+                    }
                     node.lookups += 1;
                     return ino;
                 }
@@ -184,7 +189,7 @@ impl Fs {
             Node {
                 path: path.clone(),
                 attr,
-                fetched: Instant::now(),
+                fetched,
                 lookups: 1,
                 open_version: None,
             },
@@ -206,7 +211,7 @@ impl Fs {
     pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<(u64, Attr), Error> {
         let path = self.child_path(parent, name)?;
         let attr = self.client.stat(path.clone()).await?;
-        Ok((self.remember(path, attr), attr))
+        Ok((self.remember(path, attr, Instant::now()), attr))
     }
 
     /// The kernel dropped `n` references to `ino`.
@@ -267,12 +272,14 @@ impl Fs {
     /// As [`Fs::lookup`].
     pub async fn opendir(&self, ino: u64) -> Result<u64, Error> {
         let path = self.path_of(ino)?;
+        let listed = Instant::now();
         let entries = self.client.read_dir(path).await?;
         let items = entries
             .into_iter()
             .map(|e| DirItem {
                 name: e.name,
                 attr: e.attr,
+                listed,
             })
             .collect();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -289,7 +296,7 @@ impl Fs {
     /// reference (undo with [`Fs::forget`] if the entry did not fit in the reply).
     pub fn remember_entry(&self, parent: u64, item: &DirItem) -> Option<u64> {
         let path = self.child_path(parent, &item.name).ok()?;
-        Some(self.remember(path, item.attr))
+        Some(self.remember(path, item.attr, item.listed))
     }
 
     /// Inode of entry `name` for plain readdir (no reference counted): the known inode, or
@@ -303,6 +310,25 @@ impl Fs {
             .get(&path)
             .copied()
             .unwrap_or(item.attr.ino)
+    }
+
+    /// Inode of the parent directory of `ino` (the root is its own parent).
+    pub fn parent_of(&self, ino: u64) -> u64 {
+        let inodes = lock(&self.inodes);
+        let Some(node) = inodes.nodes.get(&ino) else {
+            return ROOT_INO;
+        };
+        if ino == ROOT_INO {
+            return ROOT_INO;
+        }
+        let parent = match node.path.iter().rposition(|&b| b == b'/') {
+            Some(i) => node.path.slice(..i),
+            None => Bytes::new(),
+        };
+        if parent.len() < self.cfg.root.len() {
+            return ROOT_INO;
+        }
+        inodes.by_path.get(&parent).copied().unwrap_or(ROOT_INO)
     }
 
     /// Closes a directory handle.

@@ -19,7 +19,7 @@ use tokio::runtime::Handle;
 use tracing::{debug, warn};
 
 use crate::error::Error;
-use crate::fs::{Fs, ROOT_INO};
+use crate::fs::Fs;
 
 /// The adapter handed to fuser.
 pub struct FerryFuse {
@@ -249,7 +249,7 @@ impl Filesystem for FerryFuse {
             let full = match pos {
                 0 => reply.add(ino, next, FileType::Directory, "."),
                 1 => reply.add(
-                    INodeNo(ROOT_INO.max(ino.0)),
+                    INodeNo(self.fs.parent_of(ino.0)),
                     next,
                     FileType::Directory,
                     "..",

@@ -164,7 +164,9 @@ fn mount(args: MountArgs) -> anyhow::Result<()> {
     }
     // Fork before any thread exists; the parent waits until the child reports the mount
     // ready (exit 0) or failed (its error, exit 1).
-    let (rd, wr) = rustix::pipe::pipe().map_err(|e| anyhow::anyhow!("pipe: {e}"))?;
+    // Close-on-exec: helpers the child runs (fusermount3) must not hold the pipe open.
+    let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| anyhow::anyhow!("pipe: {e}"))?;
     // SAFETY: no threads have been started yet (logging is initialised after the fork), so
     // the child is a complete copy of a single-threaded process.
     let pid = unsafe { libc::fork() };
@@ -196,7 +198,10 @@ fn mount(args: MountArgs) -> anyhow::Result<()> {
         detach_stdio();
     });
     if let (Err(e), Some(mut f)) = (&result, report.borrow_mut().take()) {
+        // The parent prints it; printing here too would show the error twice.
         let _ = f.write_all(format!("{e:#}").as_bytes());
+        drop(f);
+        std::process::exit(1);
     }
     result
 }

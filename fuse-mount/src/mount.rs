@@ -105,6 +105,7 @@ pub fn detach(p: &Path) -> anyhow::Result<()> {
     if rc == 0 {
         return Ok(());
     }
+    let umount_err = std::io::Error::last_os_error();
     // Not root: fusermount3 may unmount FUSE mounts of the calling user.
     let status = std::process::Command::new("fusermount3")
         .arg("-u")
@@ -114,45 +115,53 @@ pub fn detach(p: &Path) -> anyhow::Result<()> {
     match status {
         Ok(s) if s.success() => Ok(()),
         _ => bail!(
-            "cannot unmount {}: {}; try `fusermount3 -u -z {}`",
+            "cannot unmount {}: {umount_err}; try `fusermount3 -u -z {}`",
             p.display(),
-            std::io::Error::last_os_error(),
             p.display()
         ),
     }
 }
 
 /// Checks the mount point; replaces a dead mount left by a killed process.
+///
+/// A FUSE mount already on the path is probed with `opendir`, which the kernel always
+/// sends to the daemon (a `stat` may be answered from the attribute cache even when the
+/// daemon is gone): ENOTCONN means dead, and it is detached.
 fn prepare_mountpoint(p: &Path) -> anyhow::Result<()> {
-    match std::fs::metadata(p) {
-        Ok(m) if m.is_dir() => {
-            let abs = absolute(p);
-            if let Some((_, fstype)) = mounts().into_iter().rev().find(|(mp, _)| *mp == abs) {
-                if fstype.starts_with("fuse") {
-                    bail!(
-                        "{} is already a mounted {fstype} file system: unmount it first (fusermount3 -u {})",
-                        p.display(),
-                        p.display()
-                    );
-                }
-            }
-            Ok(())
-        }
-        Ok(_) => bail!("mount point {} is not a directory", p.display()),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+    let abs = absolute(p);
+    let fuse_here = mounts()
+        .into_iter()
+        .rev()
+        .find(|(mp, _)| *mp == abs)
+        .filter(|(_, fstype)| fstype.starts_with("fuse"));
+    let dead = |e: &std::io::Error| e.raw_os_error() == Some(libc::ENOTCONN);
+    let probe = if fuse_here.is_some() {
+        std::fs::read_dir(p).map(|_| ())
+    } else {
+        std::fs::metadata(p).map(|_| ())
+    };
+    match probe {
+        Err(e) if dead(&e) => {
             warn!(
                 "{}: replacing a dead mount left by an earlier ferry",
                 p.display()
             );
             detach(p)?;
-            match std::fs::metadata(p) {
-                Ok(m) if m.is_dir() => Ok(()),
-                _ => bail!(
-                    "mount point {} is still unusable after unmounting the dead mount",
+        }
+        Err(e) => bail!("mount point {}: {e}", p.display()),
+        Ok(()) => {
+            if let Some((_, fstype)) = fuse_here {
+                bail!(
+                    "{} is already a mounted {fstype} file system: unmount it first (fusermount3 -u {})",
+                    p.display(),
                     p.display()
-                ),
+                );
             }
         }
+    }
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => bail!("mount point {} is not a directory", p.display()),
         Err(e) => bail!("mount point {}: {e}", p.display()),
     }
 }

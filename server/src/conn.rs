@@ -5,8 +5,8 @@
 //! reading, which pushes back on the client through TCP). File reads also take bytes from
 //! a server-wide memory budget, held until the response has been written, so the memory
 //! of all connections together is bounded. The writer half batches responses and writes
-//! read payloads straight from their buffers (header and data as separate writes, never
-//! copied together).
+//! large read payloads straight from their buffers (header and data as separate writes);
+//! a write that makes no progress for `write_timeout` closes the connection.
 //!
 //! Anything malformed — bad magic, a frame over the limit, an undecodable message — ends
 //! this connection with a logged reason and touches nothing else.
@@ -44,6 +44,12 @@ pub enum ConnError {
 
 fn protocol(e: impl std::fmt::Display) -> ConnError {
     ConnError::Protocol(e.to_string())
+}
+
+/// Budget units (4 KiB) one read of `len` bytes holds: the raw buffer and the worst-case
+/// compressed copy.
+pub(crate) fn read_units(len: u32) -> u32 {
+    (2 * len as usize).div_ceil(4096).max(1) as u32
 }
 
 /// Largest directory page served, whatever the client asks.
@@ -84,7 +90,10 @@ where
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let timeout = shared.config.handshake_timeout;
-    let welcome = tokio::time::timeout(timeout, handshake(&mut rd, &mut wr, &shared))
+    // The handshake's buffer carries on: a client may pipeline requests right behind its
+    // Hello, and those bytes must not be lost.
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let welcome = tokio::time::timeout(timeout, handshake(&mut rd, &mut wr, &shared, &mut buf))
         .await
         .map_err(|_| ConnError::HandshakeTimeout)??;
     let Some(welcome) = welcome else {
@@ -92,9 +101,11 @@ where
     };
 
     let (tx, rx) = mpsc::channel::<Outgoing>(welcome.max_inflight as usize);
-    let writer = tokio::spawn(write_loop(wr, rx));
+    let writer = tokio::spawn(write_loop(wr, rx, shared.config.write_timeout));
     let inflight = Arc::new(Semaphore::new(welcome.max_inflight as usize));
-    let mut buf = BytesMut::with_capacity(64 * 1024);
+    // A quarter of the server's read budget per connection (at least one maximal read).
+    let share = (shared.read_budget_units / 4).max(read_units(welcome.chunk_size));
+    let conn_budget = Arc::new(Semaphore::new(share as usize));
     let mut shutdown = shared.shutdown.clone();
     let result = loop {
         let frame = tokio::select! {
@@ -123,9 +134,19 @@ where
         let lz4 = welcome.features & features::LZ4 != 0;
         let chunk = welcome.chunk_size;
         let max_frame = welcome.max_frame;
+        let conn_budget = conn_budget.clone();
         tokio::spawn(async move {
             let mut permits = vec![permit];
-            let response = handle(&shared, request, lz4, chunk, max_frame, &mut permits).await;
+            let response = handle(
+                &shared,
+                request,
+                lz4,
+                chunk,
+                max_frame,
+                &conn_budget,
+                &mut permits,
+            )
+            .await;
             let mut head = BytesMut::with_capacity(128);
             let tail = response.encode(id, &mut head);
             // A send error means the writer is gone: the connection is closing anyway.
@@ -151,19 +172,30 @@ where
 async fn write_loop<W: AsyncWrite + Unpin>(
     wr: W,
     mut rx: mpsc::Receiver<Outgoing>,
+    timeout: Duration,
 ) -> io::Result<()> {
+    let stalled = || io::Error::new(io::ErrorKind::TimedOut, "client stopped reading responses");
     let mut w = BufWriter::with_capacity(64 * 1024, wr);
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(out) = next {
-            w.write_all(&out.head).await?;
-            if !out.tail.is_empty() {
-                // BufWriter passes large writes straight through after flushing its buffer.
-                w.write_all(&out.tail).await?;
-            }
+            let write = async {
+                w.write_all(&out.head).await?;
+                if !out.tail.is_empty() {
+                    // Payloads over the buffer size go straight to the socket; smaller ones
+                    // are copied into the buffer with their header and sent together.
+                    w.write_all(&out.tail).await?;
+                }
+                io::Result::Ok(())
+            };
+            tokio::time::timeout(timeout, write)
+                .await
+                .map_err(|_| stalled())??;
             next = rx.try_recv().ok();
         }
-        w.flush().await?;
+        tokio::time::timeout(timeout, w.flush())
+            .await
+            .map_err(|_| stalled())??;
     }
     w.shutdown().await
 }
@@ -173,6 +205,7 @@ async fn handshake<R, W>(
     rd: &mut R,
     wr: &mut W,
     shared: &Shared,
+    buf: &mut BytesMut,
 ) -> Result<Option<Welcome>, ConnError>
 where
     R: AsyncRead + Unpin,
@@ -198,8 +231,7 @@ where
             return Ok(None);
         }
     }
-    let mut buf = BytesMut::with_capacity(1024);
-    let Some(frame) = read_frame(rd, &mut buf, HANDSHAKE_MAX_FRAME).await? else {
+    let Some(frame) = read_frame(rd, buf, HANDSHAKE_MAX_FRAME).await? else {
         return Ok(None);
     };
     let hello = match Handshake::decode(frame).map_err(protocol)? {
@@ -258,6 +290,7 @@ async fn handle(
     lz4: bool,
     chunk_size: u32,
     max_frame: u32,
+    conn_budget: &Arc<Semaphore>,
     permits: &mut Vec<OwnedSemaphorePermit>,
 ) -> Response {
     let sh = shared.clone();
@@ -295,11 +328,15 @@ async fn handle(
                     message: format!("read of {len} bytes exceeds the chunk size {chunk_size}"),
                 };
             }
-            // Raw buffer plus worst-case compressed copy, in 4 KiB units of the budget.
-            let units = (2 * len as usize).div_ceil(4096).max(1) as u32;
-            match shared.read_budget.clone().acquire_many_owned(units).await {
-                Ok(p) => permits.push(p),
-                Err(_) => return error_response(OpError::new(Status::Busy, "shutting down")),
+            let units = read_units(len);
+            // First this connection's share, then the server-wide budget: one client
+            // that stops reading can hold at most its share until the write timeout.
+            for budget in [conn_budget, &shared.read_budget] {
+                match budget.clone().acquire_many_owned(units).await {
+                    Ok(p) => permits.push(p),
+                    // Semaphores here are never closed; answer rather than panic.
+                    Err(_) => return error_response(OpError::new(Status::Busy, "server busy")),
+                }
             }
             let allow = lz4 && allow_lz4;
             blocking(move || {

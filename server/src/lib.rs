@@ -37,6 +37,9 @@ pub struct ServerConfig {
     pub memory_budget: usize,
     /// Time a client has to complete the preamble and handshake.
     pub handshake_timeout: Duration,
+    /// A response write that makes no progress for this long closes the connection
+    /// (a client that stops reading must not hold buffers forever).
+    pub write_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -48,6 +51,7 @@ impl Default for ServerConfig {
             max_connections: 512,
             memory_budget: 96 << 20,
             handshake_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -59,6 +63,8 @@ pub(crate) struct Shared {
     pub(crate) instance_id: [u8; 16],
     /// Units of 4 KiB of read buffers.
     pub(crate) read_budget: Arc<Semaphore>,
+    /// Total units of `read_budget`.
+    pub(crate) read_budget_units: u32,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
 
@@ -77,10 +83,11 @@ pub async fn run(
     rustix::rand::getrandom(&mut instance_id, rustix::rand::GetRandomFlags::empty())
         .map_err(std::io::Error::from)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    // The chunk-sized floor keeps one maximal read always possible.
-    let units = (config.memory_budget / 4096).max(2 * config.chunk_size as usize / 4096) as u32;
+    // The floor keeps one maximal read always possible (same rounding as conn.rs).
+    let units = (config.memory_budget / 4096).max(conn::read_units(config.chunk_size) as usize);
     let shared = Arc::new(Shared {
-        read_budget: Arc::new(Semaphore::new(units as usize)),
+        read_budget: Arc::new(Semaphore::new(units)),
+        read_budget_units: units as u32,
         export,
         instance_id,
         shutdown: stop_rx,

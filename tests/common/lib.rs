@@ -1,1 +1,384 @@
+//! Shared harness for ferry's end-to-end tests: real `ferryd` processes on
+//! `127.0.0.1:0`, real FUSE mounts in temporary directories, and cleanup in `Drop` so a
+//! failing test leaves no process or mount behind.
+//!
+//! The binaries are taken from the cargo target directory (`target/debug`), so build them
+//! first: `cargo build --workspace --bins` (`make test` does).
+//!
+//! Without FUSE (no /dev/fuse, no fusermount3 for non-root), mount tests skip with a
+//! message, unless `FERRY_REQUIRE_FUSE=1`, which makes them fail instead.
 
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::{RngCore, SeedableRng};
+
+/// Path of a workspace binary (`ferryd`, `ferry`) next to the test executable.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/debug/deps/<test> → target/debug/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} not found: build the binaries first with `cargo build --workspace --bins` (make test does)",
+        p.display()
+    );
+    p
+}
+
+/// Whether FUSE mounts can work here. Returns false (after printing why) when the test
+/// should skip; panics instead when `FERRY_REQUIRE_FUSE=1`.
+pub fn fuse_available() -> bool {
+    let why = if !Path::new("/dev/fuse").exists() {
+        Some("/dev/fuse does not exist")
+    } else if !is_root() && which("fusermount3").is_none() {
+        Some("fusermount3 is not installed (apt-get install fuse3)")
+    } else {
+        None
+    };
+    match why {
+        None => true,
+        Some(why) => {
+            if std::env::var("FERRY_REQUIRE_FUSE").as_deref() == Ok("1") {
+                panic!("FUSE is required (FERRY_REQUIRE_FUSE=1) but unavailable: {why}");
+            }
+            eprintln!("skipping: FUSE unavailable: {why}");
+            false
+        }
+    }
+}
+
+/// Skips the calling test (returns from it) when FUSE is unavailable.
+#[macro_export]
+macro_rules! require_fuse {
+    () => {
+        if !$crate::fuse_available() {
+            return;
+        }
+    };
+}
+
+/// True when running as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Full path of a command on PATH.
+pub fn which(cmd: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(cmd))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Polls `cond` every 20 ms until it holds or `timeout` passes.
+pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+/// Runs a command to completion; panics with its output when it fails.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Writes `len` pseudo-random bytes (deterministic per seed) to `path`.
+pub fn write_random(path: &Path, len: usize, seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut buf = vec![0u8; len];
+    rng.fill_bytes(&mut buf);
+    std::fs::write(path, &buf).expect("write test file");
+}
+
+/// Whether `path` is a mount point in this namespace (from /proc/self/mountinfo).
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    text.lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+/// Detaches a mount (lazy), ignoring errors: last-resort cleanup.
+pub fn force_unmount(path: &Path) {
+    let _ = Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(path)
+        .stderr(Stdio::null())
+        .status();
+    if is_mounted(path) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(path)
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A running `ferryd`, killed on drop.
+#[derive(Debug)]
+pub struct TestServer {
+    child: Option<Child>,
+    /// `127.0.0.1:PORT` it listens on.
+    pub addr: String,
+    /// The exported directory.
+    pub export: PathBuf,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    /// Starts ferryd exporting `export` on a free loopback port.
+    pub fn start(export: &Path) -> TestServer {
+        Self::start_with(export, &[])
+    }
+
+    /// Starts ferryd with extra arguments.
+    pub fn start_with(export: &Path, args: &[&str]) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port_file = dir.path().join("port");
+        let log = dir.path().join("ferryd.log");
+        let child = Command::new(bin("ferryd"))
+            .arg("--export")
+            .arg(export)
+            .args(["--listen", "127.0.0.1:0", "--port-file"])
+            .arg(&port_file)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn ferryd");
+        let mut server = TestServer {
+            child: Some(child),
+            addr: String::new(),
+            export: export.to_path_buf(),
+            log,
+            _dir: dir,
+        };
+        let ok = wait_for(Duration::from_secs(10), || port_file.exists());
+        assert!(ok, "ferryd did not start: {}", server.log_text());
+        server.addr = std::fs::read_to_string(&port_file)
+            .expect("port file")
+            .trim()
+            .to_string();
+        server
+    }
+
+    /// The server's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A `ferry mount -f` process and its mount point; unmounted and stopped on drop.
+#[derive(Debug)]
+pub struct TestMount {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl TestMount {
+    /// Mounts `remote` (e.g. the server's addr) with extra `ferry mount` arguments, and
+    /// waits until the mount is live.
+    pub fn mount(remote: &str, args: &[&str]) -> TestMount {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mkdir mnt");
+        Self::mount_at(dir, remote, args)
+    }
+
+    /// Mounts on `dir/mnt` (which must exist).
+    pub fn mount_at(dir: tempfile::TempDir, remote: &str, args: &[&str]) -> TestMount {
+        let mnt = dir.path().join("mnt");
+        let log = dir.path().join("ferry.log");
+        let child = Command::new(bin("ferry"))
+            .arg("mount")
+            .arg(remote)
+            .arg(&mnt)
+            .arg("-f")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn ferry");
+        let mut m = TestMount {
+            child: Some(child),
+            dir,
+            log,
+        };
+        // Listed and answering: a dead mount left at the same path by an earlier process
+        // is listed too, but fails opendir until ferry has replaced it.
+        let live = |p: &Path| is_mounted(p) && std::fs::read_dir(p).is_ok();
+        let up = wait_for(Duration::from_secs(15), || live(&mnt) || !m.is_running());
+        assert!(up && live(&mnt), "mount did not come up: {}", m.log_text());
+        m
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+
+    /// The mount process's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Process id of `ferry mount`.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// Whether the mount process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// Sends `sig` to the mount process and waits (up to 10 s) for it to exit.
+    pub fn signal_and_wait(&mut self, sig: i32) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        // SAFETY: kill on a pid we spawned and have not reaped.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Takes the temp dir, leaving the mount (if any) to the caller; for re-mount tests.
+    pub fn into_dir(mut self) -> tempfile::TempDir {
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        dir
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        let mnt = self.path();
+        if self.child.is_some() {
+            let _ = self.signal_and_wait(libc::SIGTERM);
+        }
+        if is_mounted(&mnt) {
+            force_unmount(&mnt);
+        }
+    }
+}
+
+/// Reads a whole file, returning its bytes.
+pub fn read_all(path: &Path) -> Vec<u8> {
+    let mut v = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut v))
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    v
+}
+
+/// One object's metadata as compared between the source and the mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    /// Path relative to the tree root.
+    pub rel: PathBuf,
+    /// `st_mode` (type and permission bits).
+    pub mode: u32,
+    /// Size (regular files and symlinks).
+    pub size: u64,
+    /// mtime seconds.
+    pub mtime: i64,
+    /// mtime nanoseconds.
+    pub mtime_nsec: i64,
+    /// Symlink target, if a symlink.
+    pub target: Option<PathBuf>,
+    /// uid and gid.
+    pub owner: (u32, u32),
+}
+
+/// Walks a tree with `lstat` (never following links), sorted by path.
+pub fn walk(root: &Path) -> Vec<Meta> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+            .map(|e| e.expect("entry").path())
+            .collect();
+        entries.sort();
+        for p in entries {
+            let m = std::fs::symlink_metadata(&p).expect("lstat");
+            let target = m
+                .file_type()
+                .is_symlink()
+                .then(|| std::fs::read_link(&p).expect("readlink"));
+            if m.is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(Meta {
+                rel: p.strip_prefix(root).expect("prefix").to_path_buf(),
+                mode: m.mode(),
+                size: if m.is_dir() { 0 } else { m.size() },
+                mtime: m.mtime(),
+                mtime_nsec: m.mtime_nsec(),
+                target,
+                owner: (m.uid(), m.gid()),
+            });
+        }
+    }
+    out.sort_by(|a, b| a.rel.cmp(&b.rel));
+    out
+}

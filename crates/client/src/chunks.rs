@@ -32,7 +32,7 @@ pub struct FileKey {
 }
 
 struct Slot {
-    cell: OnceCell<Result<Bytes, ClientError>>,
+    cell: OnceCell<Result<(Bytes, Version), ClientError>>,
     len: usize,
 }
 
@@ -175,7 +175,7 @@ impl ChunkStore {
             .cell
             .get_or_init(|| async {
                 if slot.len == 0 {
-                    return Ok(Bytes::new());
+                    return Ok((Bytes::new(), key.version));
                 }
                 self.stats.lock().unwrap_or_else(|e| e.into_inner()).fetched += 1;
                 let offset = index * self.chunk_size;
@@ -183,17 +183,15 @@ impl ChunkStore {
                     .client
                     .read(key.path.clone(), offset, slot.len as u32)
                     .await?;
-                if version != key.version {
-                    // The file changed on the server: the bytes are from one version, but
-                    // not the one cached under this key. Drop whatever we hold for it.
-                    self.invalidate(key.id);
-                }
-                Ok(data)
+                Ok((data, version))
             })
             .await
             .clone();
-        if result.is_err() {
-            // Do not cache failures: the next reader retries.
+        // Failures are not cached (the next reader retries), and neither are bytes of
+        // another version than the key's: the file changed on the server. Those bytes are
+        // still one consistent version, and are what a local reader would see now.
+        let keep = matches!(&result, Ok((_, v)) if *v == key.version);
+        if !keep {
             let mut st = self.lock();
             if let Some(e) = st.entries.get(&(key.id, index)) {
                 if std::ptr::eq(Arc::as_ptr(&e.slot), slot) {
@@ -203,7 +201,7 @@ impl ChunkStore {
                 }
             }
         }
-        result
+        result.map(|(data, _)| data)
     }
 
     /// Chunk `index` of `key`, fetched if needed (single-flight).

@@ -72,6 +72,8 @@ struct Outgoing {
 /// One stream: a writer task fed by `tx`, a reader task completing `pending`.
 struct Conn {
     tx: mpsc::Sender<Outgoing>,
+    /// Ends the writer (and so closes the socket) when the reader ends.
+    _closed: Arc<tokio::sync::Notify>,
     /// Bytes requested and not yet answered: the scheduling load.
     load: AtomicU64,
     inflight: Arc<Semaphore>,
@@ -119,7 +121,7 @@ impl std::fmt::Debug for Client {
     }
 }
 
-async fn open_stream(cfg: &ClientConfig) -> Result<(TcpStream, Welcome), ClientError> {
+async fn open_stream(cfg: &ClientConfig) -> Result<(TcpStream, Welcome, BytesMut), ClientError> {
     let addr = cfg.addr.clone();
     let hs_err = |reason: String| ClientError::Handshake {
         addr: addr.clone(),
@@ -188,12 +190,12 @@ async fn open_stream(cfg: &ClientConfig) -> Result<(TcpStream, Welcome), ClientE
                 ));
             }
             if !(ferry_proto::MIN_CHUNK_SIZE..=ferry_proto::MAX_CHUNK_SIZE).contains(&w.chunk_size)
-                || w.max_frame < w.chunk_size
+                || w.max_frame < w.chunk_size + 256
                 || w.max_inflight == 0
             {
                 return Err(hs_err(format!("unusable session parameters {w:?}")));
             }
-            Ok((stream, w))
+            Ok((stream, w, buf))
         }
         Handshake::Failed { status, message } => Err(hs_err(format!("{status}: {message}"))),
         other => Err(hs_err(format!("unexpected handshake message {other:?}"))),
@@ -219,6 +221,22 @@ impl Client {
         for r in futures_join_all(attempts).await {
             opened.push(r?);
         }
+        // All streams must reach the same server process with the same parameters (a
+        // load balancer in front of several ferryd would break chunk consistency).
+        let first = &opened[0].1;
+        if let Some((_, other, _)) = opened.iter().find(|(_, w, _)| {
+            w.instance_id != first.instance_id
+                || w.chunk_size != first.chunk_size
+                || w.features != first.features
+        }) {
+            return Err(ClientError::Handshake {
+                addr: config.addr.clone(),
+                reason: format!(
+                    "streams reached different server instances or settings ({:?} vs {:?})",
+                    first, other
+                ),
+            });
+        }
         let session = {
             let w = &opened[0].1;
             SessionInfo {
@@ -230,7 +248,7 @@ impl Client {
         };
         let conns = opened
             .into_iter()
-            .map(|(stream, w)| start_conn(stream, &w))
+            .map(|(stream, w, leftover)| start_conn(stream, &w, leftover))
             .collect();
         Ok(Client {
             inner: Arc::new(Inner {
@@ -448,18 +466,31 @@ where
     out
 }
 
-fn start_conn(stream: TcpStream, welcome: &Welcome) -> Conn {
+fn start_conn(stream: TcpStream, welcome: &Welcome, leftover: BytesMut) -> Conn {
     let (rd, wr) = stream.into_split();
     let pending = Arc::new(Mutex::new(Pending {
         next_id: 1,
         ..Pending::default()
     }));
     let alive = Arc::new(AtomicBool::new(true));
+    let closed = Arc::new(tokio::sync::Notify::new());
     let (tx, rx) = mpsc::channel(welcome.max_inflight as usize);
-    tokio::spawn(write_loop(wr, rx, pending.clone(), alive.clone()));
-    tokio::spawn(read_loop(rd, welcome.max_frame, pending, alive.clone()));
+    tokio::spawn(write_loop(
+        wr,
+        rx,
+        pending.clone(),
+        alive.clone(),
+        closed.clone(),
+    ));
+    let reader = read_loop(rd, welcome.max_frame, leftover, pending, alive.clone());
+    let wake = closed.clone();
+    tokio::spawn(async move {
+        reader.await;
+        wake.notify_one();
+    });
     Conn {
         tx,
+        _closed: closed,
         load: AtomicU64::new(0),
         inflight: Arc::new(Semaphore::new(welcome.max_inflight as usize)),
         alive,
@@ -484,10 +515,18 @@ async fn write_loop(
     mut rx: mpsc::Receiver<Outgoing>,
     pending: Arc<Mutex<Pending>>,
     alive: Arc<AtomicBool>,
+    closed: Arc<tokio::sync::Notify>,
 ) {
     let mut w = BufWriter::with_capacity(64 * 1024, wr);
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    while let Some(first) = rx.recv().await {
+    loop {
+        let first = tokio::select! {
+            m = rx.recv() => match m {
+                Some(m) => m,
+                None => break,
+            },
+            _ = closed.notified() => break,
+        };
         let mut next = Some(first);
         while let Some(out) = next {
             let id = {
@@ -516,10 +555,11 @@ async fn write_loop(
 async fn read_loop(
     mut rd: OwnedReadHalf,
     max_frame: u32,
+    mut buf: BytesMut,
     pending: Arc<Mutex<Pending>>,
     alive: Arc<AtomicBool>,
 ) {
-    let mut buf = BytesMut::with_capacity(2 * max_frame as usize);
+    buf.reserve(2 * max_frame as usize);
     loop {
         let frame = match Frame::parse(&mut buf, max_frame) {
             Ok(Some(f)) => f,

@@ -1,0 +1,175 @@
+//! Hostile input: the server closes the offending connection, logs why, and keeps serving
+//! everyone else.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use ferry_tests::{read_all, require_fuse, write_random, TestMount, TestServer};
+
+fn preamble() -> [u8; 8] {
+    *b"FERRY\x01\x00\x00"
+}
+
+fn hello() -> Vec<u8> {
+    // Hello: version 1, features 1 (lz4), chunk 1 MiB, client name "t".
+    let mut body = vec![];
+    body.extend_from_slice(&1u16.to_be_bytes());
+    body.extend_from_slice(&1u64.to_be_bytes());
+    body.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    body.extend_from_slice(&1u16.to_be_bytes());
+    body.push(b't');
+    let mut f = vec![];
+    f.extend_from_slice(&((body.len() + 5) as u32).to_be_bytes());
+    f.push(0x01);
+    f.extend_from_slice(&0u32.to_be_bytes());
+    f.extend_from_slice(&body);
+    f
+}
+
+/// Sends `bytes` and expects the server to close the connection within 5 s (after
+/// possibly sending something first).
+fn expect_closed(addr: &str, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // The server may close while we are still writing: that is fine.
+    let _ = s.write_all(bytes);
+    let mut got = vec![];
+    match s.read_to_end(&mut got) {
+        Ok(_) => got,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => got,
+        Err(e) => panic!("server did not close the connection: {e}"),
+    }
+}
+
+#[test]
+fn hostile_frames_close_only_their_connection() {
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("data"), 8 << 20, 1);
+    let want = std::fs::read(src.path().join("data")).unwrap();
+    let mut server = TestServer::start(src.path());
+    let mount = TestMount::mount(&server.addr, &["--attr-timeout", "0"]);
+    let path = mount.path().join("data");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // A well-behaved client keeps reading the whole time.
+        let reader = s.spawn(|| {
+            let mut rounds = 0;
+            while (!stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 2)
+                && rounds < 10_000
+            {
+                // Drop the kernel's page cache for the file so reads go to the server.
+                let f = std::fs::File::open(&path).unwrap();
+                // SAFETY: posix_fadvise on an open descriptor.
+                unsafe {
+                    libc::posix_fadvise(
+                        std::os::fd::AsRawFd::as_raw_fd(&f),
+                        0,
+                        0,
+                        libc::POSIX_FADV_DONTNEED,
+                    )
+                };
+                drop(f);
+                assert!(read_all(&path) == want, "good client got wrong bytes");
+                rounds += 1;
+            }
+            rounds
+        });
+
+        // If an assertion below fails, stop the reader so the scope can end and report it.
+        struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let _stop_guard = StopOnDrop(&stop);
+        // 1. Garbage instead of a preamble.
+        expect_closed(&server.addr, &[0xde; 4096]);
+        // 2. A TLS ClientHello at a plaintext server.
+        expect_closed(
+            &server.addr,
+            &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03],
+        );
+        // 3. Valid preamble, then a handshake frame claiming 4 GiB.
+        let mut b = preamble().to_vec();
+        b.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x01, 0, 0, 0, 0]);
+        expect_closed(&server.addr, &b);
+        // 4. Full handshake, then a request frame claiming 4 GiB.
+        let mut b = preamble().to_vec();
+        b.extend_from_slice(&hello());
+        b.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x13, 0, 0, 0, 1]);
+        let reply = expect_closed(&server.addr, &b);
+        assert!(
+            reply.starts_with(b"FERRY"),
+            "server answered the preamble first"
+        );
+        // 5. Full handshake, then a well-sized frame of an unknown kind.
+        let mut b = preamble().to_vec();
+        b.extend_from_slice(&hello());
+        b.extend_from_slice(&[0, 0, 0, 5, 0x7e, 0, 0, 0, 1]);
+        expect_closed(&server.addr, &b);
+        // 6. A request with a truncated body (Read with no fields).
+        let mut b = preamble().to_vec();
+        b.extend_from_slice(&hello());
+        b.extend_from_slice(&[0, 0, 0, 5, 0x13, 0, 0, 0, 1]);
+        expect_closed(&server.addr, &b);
+        // 7. A path escaping the export gets an error response, not a closed connection.
+        let mut b = preamble().to_vec();
+        b.extend_from_slice(&hello());
+        let path = b"../../etc/passwd";
+        let mut body = (path.len() as u16).to_be_bytes().to_vec();
+        body.extend_from_slice(path);
+        b.extend_from_slice(&((body.len() + 5) as u32).to_be_bytes());
+        b.push(0x11);
+        b.extend_from_slice(&7u32.to_be_bytes());
+        b.extend_from_slice(&body);
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&b).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut got = vec![];
+        // preamble (8) + welcome frame + error frame
+        while got.len() < 8 + 9 + 2 {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "closed early");
+            got.extend_from_slice(&buf[..n]);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        if let Ok(n) = s.read(&mut buf) {
+            got.extend_from_slice(&buf[..n]);
+        }
+        let pos = got
+            .windows(5)
+            .position(|w| w[4] == 0xff && w[0..4] != [0, 0, 0, 0]);
+        assert!(pos.is_some(), "an Error frame came back: {got:02x?}");
+        // 8. Many half-open connections do not stop service.
+        let idle: Vec<_> = (0..50)
+            .map(|_| TcpStream::connect(&server.addr).unwrap())
+            .collect();
+
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rounds = reader.join().unwrap();
+        assert!(rounds >= 2);
+        drop(idle);
+    });
+    assert!(server.is_running(), "ferryd died");
+    let log = server.log_text();
+    assert!(
+        log.contains("closed connection"),
+        "reasons are logged: {log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    // A new client after all that.
+    let again = TestMount::mount(&server.addr, &[]);
+    assert!(read_all(&again.path().join("data")) == want);
+}
+
+#[test]
+fn tls_request_to_a_plaintext_server_gets_a_clear_refusal() {
+    let src = tempfile::tempdir().unwrap();
+    let server = TestServer::start(src.path());
+    let got = expect_closed(&server.addr, b"FERRY\x01\x01\x00");
+    assert_eq!(got, b"FERRY\x01\xff\x02", "refusal: TLS unavailable");
+}
