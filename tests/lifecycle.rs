@@ -1,6 +1,8 @@
 //! Mount lifecycle: background start, signals, a dead mount replaced, an unreachable
 //! server, sub-paths, and other users with --allow-other.
 
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -1,6 +1,8 @@
 //! The read path through a real mount: byte-identical copies at awkward sizes, concurrent
 //! readers, random preads.
 
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
 use std::os::unix::fs::FileExt;
 use std::process::Command;
 

@@ -1,6 +1,8 @@
 //! Hostile input: the server closes the offending connection, logs why, and keeps serving
 //! everyone else.
 
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;

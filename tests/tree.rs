@@ -1,6 +1,8 @@
 //! A whole tree through the mount: metadata to the nanosecond, symlinks of every kind,
 //! big directories, rsync, and the errors readers and writers get.
 
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, PermissionsExt};

@@ -68,6 +68,9 @@ pub struct Export {
 }
 
 /// Converts a `stat` result to protocol attributes.
+// The `stat` field types differ between architectures (u64 here, i64 elsewhere): the
+// casts are needed for portability even where they are no-ops.
+#[allow(clippy::unnecessary_cast)]
 pub(crate) fn attr_of(st: &Stat) -> Attr {
     let kind = match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile => FileKind::File,

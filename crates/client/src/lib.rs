@@ -9,7 +9,7 @@
 //!   budgeted and least-recently-used chunks are evicted.
 //! - [`prefetch`]: [`Prefetcher`], the per-reader read-ahead policy: a window that doubles
 //!   while the reader stays sequential, and nothing extra for random readers.
-//! - [`error`]: [`ClientError`].
+//! - [`error`]: [`ClientError`], everything that can go wrong talking to a server.
 //!
 //! Nothing here knows about FUSE: the mount and the (later) mirror both build on it.
 

@@ -450,9 +450,9 @@ fn unexpected(r: &Response) -> ClientError {
 
 /// Runs futures concurrently and collects their outputs in order (small helper to avoid
 /// a dependency on `futures` for one function).
-async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join_all<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = futs.map(tokio::spawn).collect();

@@ -1,6 +1,8 @@
 //! Property tests: every message round-trips through its encoding, and decoding arbitrary
 //! bytes returns an error (or a message) but never panics or over-allocates.
 
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
 use bytes::{BufMut, Bytes, BytesMut};
 use ferry_proto::*;
 use proptest::prelude::*;
