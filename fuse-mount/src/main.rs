@@ -50,7 +50,7 @@ struct MountArgs {
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     max_window: u64,
     /// Memory for chunks in flight and recently read, in MiB.
-    #[arg(long, value_name = "MIB", default_value_t = 128)]
+    #[arg(long, value_name = "MIB", default_value_t = 96)]
     chunk_memory: usize,
     /// Seconds the kernel caches attributes and names.
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]

@@ -49,7 +49,7 @@ impl Default for ServerConfig {
             chunk_size: ferry_proto::DEFAULT_CHUNK_SIZE,
             max_inflight: 64,
             max_connections: 512,
-            memory_budget: 96 << 20,
+            memory_budget: 48 << 20,
             handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(60),
         }

@@ -33,7 +33,7 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 512)]
     max_connections: usize,
     /// MiB of file data held in buffers across all connections.
-    #[arg(long, value_name = "MIB", default_value_t = 96)]
+    #[arg(long, value_name = "MIB", default_value_t = 48)]
     memory_budget: usize,
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]

@@ -6,9 +6,9 @@
 //! travels once however many readers want it.
 //!
 //! Memory: every chunk present or in flight counts against the budget. Prefetches are not
-//! started when the budget is used up; demand reads always proceed and then evict. Chunks
-//! a sequential reader has fully consumed are evicted first (the kernel page cache holds
-//! them now), then the least recently used.
+//! started when the budget is used up; demand reads always proceed and then evict the
+//! least recently used. Chunks a sequential reader has read to their end leave at once
+//! (the kernel page cache holds them now).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,7 +39,7 @@ struct Slot {
 struct Entry {
     version: Version,
     slot: Arc<Slot>,
-    /// Recency; 0 = consumed, evict first.
+    /// Recency, for LRU eviction.
     tick: u64,
 }
 
@@ -124,9 +124,7 @@ impl ChunkStore {
         let tick = st.tick;
         if let Some(e) = st.entries.get_mut(&(key.id, index)) {
             if e.version == key.version {
-                if e.tick != 0 {
-                    e.tick = tick;
-                }
+                e.tick = tick;
                 return Some((e.slot.clone(), true));
             }
         }
@@ -153,7 +151,7 @@ impl ChunkStore {
         Some((slot, false))
     }
 
-    /// Evicts completed chunks, consumed ones first, until within budget.
+    /// Evicts completed chunks, least recently used first, until within budget.
     fn evict_locked(&self, st: &mut State) {
         while st.used > self.budget {
             let victim = st
@@ -255,10 +253,19 @@ impl ChunkStore {
             .is_some_and(|e| e.version == key.version && matches!(e.slot.cell.get(), Some(Ok(_))))
     }
 
-    /// Marks a chunk as consumed by a sequential reader: first to go when room is needed.
+    /// A sequential reader has read this chunk to its end: the kernel page cache holds
+    /// those bytes now (and serves every other reader of the file from it), so the chunk
+    /// leaves the store at once, making room for the window ahead.
     pub fn consumed(&self, key: &FileKey, index: u64) {
-        if let Some(e) = self.lock().entries.get_mut(&(key.id, index)) {
-            e.tick = 0;
+        let mut st = self.lock();
+        let done = st
+            .entries
+            .get(&(key.id, index))
+            .is_some_and(|e| e.version == key.version && e.slot.cell.initialized());
+        if done {
+            if let Some(e) = st.entries.remove(&(key.id, index)) {
+                st.used -= e.slot.len;
+            }
         }
     }
 

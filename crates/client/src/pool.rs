@@ -552,6 +552,45 @@ async fn write_loop(
     close(&pending, &alive);
 }
 
+/// Frames at least this large are read into a buffer of their own.
+const OWN_BUFFER_FRAME: usize = 64 * 1024;
+
+/// Reads the next frame. Small frames share `buf`; a large frame (a read payload) gets an
+/// exact-size buffer of its own, so a chunk held in the cache pins only its own bytes,
+/// never a shared receive buffer, and is still copied only once (socket → buffer).
+async fn read_frame(
+    rd: &mut OwnedReadHalf,
+    buf: &mut BytesMut,
+    max_frame: u32,
+) -> std::io::Result<Option<Frame>> {
+    let invalid =
+        |e: ferry_proto::FrameError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+    loop {
+        match Frame::check(buf, max_frame).map_err(invalid)? {
+            Some(_) => return Frame::parse(buf, max_frame).map_err(invalid),
+            None if buf.len() >= 4 => {
+                let total = 4 + u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+                if total >= OWN_BUFFER_FRAME {
+                    let mut own = BytesMut::with_capacity(total);
+                    own.extend_from_slice(buf);
+                    buf.clear();
+                    let have = own.len();
+                    own.resize(total, 0);
+                    rd.read_exact(&mut own[have..]).await?;
+                    return Frame::parse(&mut own, max_frame).map_err(invalid);
+                }
+            }
+            None => {}
+        }
+        if buf.capacity() - buf.len() < 16 * 1024 {
+            buf.reserve(OWN_BUFFER_FRAME);
+        }
+        if rd.read_buf(buf).await? == 0 {
+            return Ok(None);
+        }
+    }
+}
+
 async fn read_loop(
     mut rd: OwnedReadHalf,
     max_frame: u32,
@@ -559,21 +598,12 @@ async fn read_loop(
     pending: Arc<Mutex<Pending>>,
     alive: Arc<AtomicBool>,
 ) {
-    buf.reserve(2 * max_frame as usize);
     loop {
-        let frame = match Frame::parse(&mut buf, max_frame) {
+        let frame = match read_frame(&mut rd, &mut buf, max_frame).await {
             Ok(Some(f)) => f,
-            Ok(None) => {
-                if buf.capacity() - buf.len() < max_frame as usize {
-                    buf.reserve(2 * max_frame as usize);
-                }
-                match rd.read_buf(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => continue,
-                }
-            }
+            Ok(None) => break,
             Err(e) => {
-                debug!("bad frame from server: {e}");
+                debug!("stream closed: {e}");
                 break;
             }
         };
