@@ -461,12 +461,11 @@ impl Fs {
         }
         let mut parts = Vec::with_capacity(tasks.len());
         for (len, t) in tasks {
-            let (data, version) = t
+            let (data, _version) = t
                 .await
                 .map_err(|e| Error::errno(libc::EIO, &format!("read task failed: {e}")))??;
-            if version != key.version {
-                self.store.invalidate(key.id);
-            }
+            // A different version than at open means the file changed on the server: the
+            // bytes are still one consistent version (what a local reader would see now).
             let short = (data.len() as u64) < len;
             parts.push(data);
             if short {

@@ -292,9 +292,13 @@ impl Filesystem for FerryFuse {
             let full = if pos < 2 {
                 // The kernel takes no reference for "." and ".." (it skips them), so they
                 // only need plausible attributes.
-                let name = if pos == 0 { "." } else { ".." };
+                let (name, dir_ino) = if pos == 0 {
+                    (".", ino.0)
+                } else {
+                    ("..", self.fs.parent_of(ino.0))
+                };
                 let dir = Attr {
-                    ino: ino.0,
+                    ino: dir_ino,
                     kind: FileKind::Directory,
                     perm: 0o755,
                     nlink: 2,
@@ -308,11 +312,11 @@ impl Filesystem for FerryFuse {
                     ctime: Timestamp::default(),
                 };
                 reply.add(
-                    ino,
+                    INodeNo(dir_ino),
                     next,
                     name,
                     &ttl,
-                    &fuse_attr(ino.0, &dir, bs),
+                    &fuse_attr(dir_ino, &dir, bs),
                     Generation(0),
                 )
             } else {

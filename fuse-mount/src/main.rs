@@ -190,7 +190,13 @@ fn mount(args: MountArgs) -> anyhow::Result<()> {
     let report = std::cell::RefCell::new(Some(std::fs::File::from(wr)));
     // SAFETY: setsid has no memory effects; it detaches from the terminal's session.
     unsafe { libc::setsid() };
-    init_logging(args.verbose, args.log_file.as_ref())?;
+    if let Err(e) = init_logging(args.verbose, args.log_file.as_ref()) {
+        // Reported once, by the parent.
+        if let Some(mut f) = report.borrow_mut().take() {
+            let _ = f.write_all(format!("{e:#}").as_bytes());
+        }
+        std::process::exit(1);
+    }
     let result = ferry_mount::mount::run(cfg, || {
         if let Some(mut f) = report.borrow_mut().take() {
             let _ = f.write_all(b"ok");

@@ -6,7 +6,7 @@
 //! a server-wide memory budget, held until the response has been written, so the memory
 //! of all connections together is bounded. The writer half batches responses and writes
 //! large read payloads straight from their buffers (header and data as separate writes);
-//! a write that makes no progress for `write_timeout` closes the connection.
+//! a response (or flush) not written within `write_timeout` closes the connection.
 //!
 //! Anything malformed — bad magic, a frame over the limit, an undecodable message — ends
 //! this connection with a logged reason and touches nothing else.
@@ -101,7 +101,8 @@ where
     };
 
     let (tx, rx) = mpsc::channel::<Outgoing>(welcome.max_inflight as usize);
-    let writer = tokio::spawn(write_loop(wr, rx, shared.config.write_timeout));
+    let mut writer = tokio::spawn(write_loop(wr, rx, shared.config.write_timeout));
+    let mut writer_ended = false;
     let inflight = Arc::new(Semaphore::new(welcome.max_inflight as usize));
     // A quarter of the server's read budget per connection (at least one maximal read).
     let share = (shared.read_budget_units / 4).max(read_units(welcome.chunk_size));
@@ -111,6 +112,15 @@ where
         let frame = tokio::select! {
             f = read_frame(&mut rd, &mut buf, welcome.max_frame) => f,
             _ = shutdown.changed() => break Ok(()),
+            // The writer only ends early on a socket error or a stalled client: then the
+            // whole connection goes, freeing its slot and buffers.
+            w = &mut writer => {
+                writer_ended = true;
+                break match w {
+                    Ok(Err(e)) => Err(ConnError::Io(e)),
+                    _ => Err(protocol("response writer ended")),
+                };
+            }
         };
         let frame = match frame {
             Ok(Some(f)) => f,
@@ -160,11 +170,16 @@ where
         });
     };
     drop(tx);
-    // Let responses already being computed go out before closing.
-    match tokio::time::timeout(Duration::from_secs(5), writer).await {
-        Ok(Ok(Err(e))) => debug!("writer ended: {e}"),
-        Ok(_) => {}
-        Err(_) => debug!("writer did not drain in time"),
+    if !writer_ended {
+        // Let responses already being computed go out before closing, briefly.
+        match tokio::time::timeout(Duration::from_secs(5), &mut writer).await {
+            Ok(Ok(Err(e))) => debug!("writer ended: {e}"),
+            Ok(_) => {}
+            Err(_) => {
+                debug!("writer did not drain in time");
+                writer.abort();
+            }
+        }
     }
     result
 }

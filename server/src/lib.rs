@@ -37,8 +37,8 @@ pub struct ServerConfig {
     pub memory_budget: usize,
     /// Time a client has to complete the preamble and handshake.
     pub handshake_timeout: Duration,
-    /// A response write that makes no progress for this long closes the connection
-    /// (a client that stops reading must not hold buffers forever).
+    /// A response (or flush) not written within this time closes the connection (a
+    /// client that stops reading must not hold buffers forever).
     pub write_timeout: Duration,
 }
 

@@ -557,7 +557,8 @@ const OWN_BUFFER_FRAME: usize = 64 * 1024;
 
 /// Reads the next frame. Small frames share `buf`; a large frame (a read payload) gets an
 /// exact-size buffer of its own, so a chunk held in the cache pins only its own bytes,
-/// never a shared receive buffer, and is still copied only once (socket → buffer).
+/// never a shared receive buffer. Its bytes are copied once from the socket, except the
+/// few already read into the shared buffer with the header, which are copied twice.
 async fn read_frame(
     rd: &mut OwnedReadHalf,
     buf: &mut BytesMut,
