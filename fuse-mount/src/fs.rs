@@ -47,7 +47,7 @@ impl Default for FsConfig {
         FsConfig {
             root: Bytes::new(),
             attr_ttl: Duration::from_secs(1),
-            chunk_memory: 96 << 20,
+            chunk_memory: 64 << 20,
             prefetch: PrefetchConfig::default(),
         }
     }

@@ -40,7 +40,19 @@ struct Args {
     verbose: u8,
 }
 
+/// Caps glibc's malloc arenas. By default every thread that allocates may get an arena of
+/// its own (up to 8 per core), and each keeps freed 1 MiB chunk buffers for reuse, which
+/// showed as tens of MiB of extra resident memory under load.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tuning; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
 fn main() {
+    limit_malloc_arenas();
     let args = Args::parse();
     init_logging(args.verbose);
     if let Err(e) = run(args) {
@@ -87,6 +99,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ferryd")
+        // File reads run on the blocking pool: enough threads to keep an NVMe queue busy,
+        // few enough that their stacks and buffers stay a bounded cost.
+        .max_blocking_threads(32)
         .build()
         .context("cannot start the async runtime")?;
     rt.block_on(async move {

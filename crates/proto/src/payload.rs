@@ -67,20 +67,31 @@ pub fn worth_compressing(raw_len: usize, compressed_len: usize) -> bool {
     compressed_len + raw_len / 16 <= raw_len
 }
 
+thread_local! {
+    /// Compression scratch space, one per thread: incompressible chunks then cost no
+    /// allocation at all, and compressible ones only an allocation of their compressed size.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Encodes `raw` for the wire: lz4 when `allow_lz4` and it shrinks meaningfully, else raw.
 /// Returns the encoding and the bytes to send.
 pub fn encode(raw: Bytes, allow_lz4: bool) -> (Encoding, Bytes) {
     if !allow_lz4 || raw.len() < 512 {
         return (Encoding::Raw, raw);
     }
-    let mut out = vec![0u8; lz4_flex::block::get_maximum_output_size(raw.len())];
-    match lz4_flex::block::compress_into(&raw, &mut out) {
-        Ok(n) if worth_compressing(raw.len(), n) => {
-            out.truncate(n);
-            (Encoding::Lz4, Bytes::from(out))
+    SCRATCH.with(|scratch| {
+        let mut out = scratch.borrow_mut();
+        let need = lz4_flex::block::get_maximum_output_size(raw.len());
+        if out.len() < need {
+            out.resize(need, 0);
         }
-        _ => (Encoding::Raw, raw),
-    }
+        match lz4_flex::block::compress_into(&raw, &mut out[..need]) {
+            Ok(n) if worth_compressing(raw.len(), n) => {
+                (Encoding::Lz4, Bytes::copy_from_slice(&out[..n]))
+            }
+            _ => (Encoding::Raw, raw),
+        }
+    })
 }
 
 /// Decodes and verifies a payload. Raw payloads are returned without copying.
