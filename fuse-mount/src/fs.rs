@@ -46,7 +46,7 @@ impl Default for FsConfig {
     fn default() -> Self {
         FsConfig {
             root: Bytes::new(),
-            attr_ttl: Duration::from_secs(1),
+            attr_ttl: Duration::from_secs(10),
             chunk_memory: 64 << 20,
             prefetch: PrefetchConfig::default(),
         }
@@ -66,6 +66,26 @@ struct Node {
 struct Inodes {
     nodes: HashMap<u64, Node>,
     by_path: HashMap<Bytes, u64>,
+}
+
+/// How many files after the one being opened get their first chunk fetched ahead.
+const PIPELINE_FILES: usize = 32;
+/// Directory listings kept for small-file pipelining.
+const KEPT_LISTINGS: usize = 16;
+
+/// A recent listing of one directory, in server order (the order `cp -r`, `rsync` and `tar`
+/// walk it in).
+struct Listing {
+    items: Arc<Vec<DirItem>>,
+    index: HashMap<Bytes, usize>,
+    /// Entries before this index have been handed to the prefetcher already.
+    pipelined_until: usize,
+}
+
+#[derive(Default)]
+struct Listings {
+    by_dir: HashMap<u64, Listing>,
+    order: std::collections::VecDeque<u64>,
 }
 
 struct Handle {
@@ -102,6 +122,7 @@ pub struct Fs {
     next_ino: AtomicU64,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     dirs: Mutex<HashMap<u64, Arc<Vec<DirItem>>>>,
+    listings: Mutex<Listings>,
     next_fh: AtomicU64,
 }
 
@@ -139,6 +160,7 @@ impl Fs {
             next_ino: AtomicU64::new(ROOT_INO + 1),
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            listings: Mutex::new(Listings::default()),
             next_fh: AtomicU64::new(1),
         }
     }
@@ -274,16 +296,36 @@ impl Fs {
         let path = self.path_of(ino)?;
         let listed = Instant::now();
         let entries = self.client.read_dir(path).await?;
-        let items = entries
-            .into_iter()
-            .map(|e| DirItem {
-                name: e.name,
-                attr: e.attr,
-                listed,
-            })
-            .collect();
+        let items: Arc<Vec<DirItem>> = Arc::new(
+            entries
+                .into_iter()
+                .map(|e| DirItem {
+                    name: e.name,
+                    attr: e.attr,
+                    listed,
+                })
+                .collect(),
+        );
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.dirs).insert(fh, Arc::new(items));
+        lock(&self.dirs).insert(fh, items.clone());
+        let listing = Listing {
+            index: items
+                .iter()
+                .enumerate()
+                .map(|(i, it)| (it.name.clone(), i))
+                .collect(),
+            items,
+            pipelined_until: 0,
+        };
+        let mut ls = lock(&self.listings);
+        if ls.by_dir.insert(ino, listing).is_none() {
+            ls.order.push_back(ino);
+            while ls.order.len() > KEPT_LISTINGS {
+                if let Some(old) = ls.order.pop_front() {
+                    ls.by_dir.remove(&old);
+                }
+            }
+        }
         Ok(fh)
     }
 
@@ -361,18 +403,22 @@ impl Fs {
             return Err(Error::errno(libc::EISDIR, "is a directory"));
         }
         let version = attr.version();
-        let keep_cache = {
+        let (keep_cache, changed) = {
             let mut inodes = lock(&self.inodes);
             match inodes.nodes.get_mut(&ino) {
                 Some(node) => {
-                    let same = node.open_version == Some(version);
-                    node.open_version = Some(version);
-                    same
+                    let before = node.open_version.replace(version);
+                    (
+                        before == Some(version),
+                        before.is_some_and(|v| v != version),
+                    )
                 }
-                None => false,
+                None => (false, false),
             }
         };
-        if !keep_cache {
+        // Chunks held from an earlier version go; on a first open, chunks fetched ahead
+        // for this very version (small-file pipelining) stay.
+        if changed {
             self.store.invalidate(ino);
         }
         let handle = Handle {
@@ -385,7 +431,60 @@ impl Fs {
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.handles).insert(fh, Arc::new(handle));
+        self.pipeline_next_files(ino);
         Ok(Opened { fh, keep_cache })
+    }
+
+    /// Small-file pipelining: tools that copy trees open files one after another in
+    /// listing order, each costing a round trip for its first bytes. When a file of a
+    /// recently listed directory is opened, the first chunk of the next
+    /// [`PIPELINE_FILES`] regular files is fetched ahead (within the chunk memory budget),
+    /// so their reads find the bytes already here.
+    fn pipeline_next_files(&self, ino: u64) {
+        let Ok(path) = self.path_of(ino) else { return };
+        let (parent_path, name) = match path.iter().rposition(|&b| b == b'/') {
+            Some(i) => (path.slice(..i), path.slice(i + 1..)),
+            None => (Bytes::new(), path.clone()),
+        };
+        let Some(parent) = lock(&self.inodes).by_path.get(&parent_path).copied() else {
+            return;
+        };
+        let candidates: Vec<DirItem> = {
+            let mut ls = lock(&self.listings);
+            let Some(l) = ls.by_dir.get_mut(&parent) else {
+                return;
+            };
+            let Some(&at) = l.index.get(&name) else {
+                return;
+            };
+            let start = (at + 1).max(l.pipelined_until);
+            let end = (at + 1 + PIPELINE_FILES).min(l.items.len());
+            if start >= end {
+                return;
+            }
+            l.pipelined_until = end;
+            l.items[start..end]
+                .iter()
+                .filter(|it| it.attr.kind == FileKind::File && it.attr.size > 0)
+                .cloned()
+                .collect()
+        };
+        for item in candidates {
+            let child = Bytes::from(join(&parent_path, &item.name));
+            // Only files the kernel knows (readdirplus made their inodes): the chunk is
+            // keyed by inode and version, and the open that follows uses the same.
+            let Some(child_ino) = lock(&self.inodes).by_path.get(&child).copied() else {
+                continue;
+            };
+            let key = FileKey {
+                id: child_ino,
+                version: item.attr.version(),
+                path: child,
+            };
+            if !self.store.prefetch(&key, 0) {
+                break;
+            }
+        }
     }
 
     /// Closes a file handle.
@@ -412,7 +511,7 @@ impl Fs {
         let cs = self.store.chunk_size();
         let first = offset / cs;
         let last = (end - 1) / cs;
-        let cached = (first..=last).all(|i| self.store.contains(&h.key, i));
+        let cached = (first..=last).all(|i| self.store.held(&h.key, i));
         if !plan.sequential && !cached {
             return self.read_direct(&h.key, offset, end).await;
         }

@@ -53,7 +53,7 @@ struct MountArgs {
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     chunk_memory: usize,
     /// Seconds the kernel caches attributes and names.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     attr_timeout: f64,
     /// Never ask for lz4-compressed data.
     #[arg(long)]

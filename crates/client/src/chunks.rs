@@ -245,6 +245,14 @@ impl ChunkStore {
         }
     }
 
+    /// Whether chunk `index` of `key` is present or on its way (not failed).
+    pub fn held(&self, key: &FileKey, index: u64) -> bool {
+        let st = self.lock();
+        st.entries
+            .get(&(key.id, index))
+            .is_some_and(|e| e.version == key.version && !matches!(e.slot.cell.get(), Some(Err(_))))
+    }
+
     /// Whether chunk `index` of `key` is present (complete and successful).
     pub fn contains(&self, key: &FileKey, index: u64) -> bool {
         let st = self.lock();

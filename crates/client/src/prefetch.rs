@@ -8,8 +8,9 @@
 //! The kernel delivers readahead requests concurrently and slightly out of order, so
 //! "sequential" tolerates jumps of up to `backward_slack` back and `forward_slack` ahead of
 //! where the previous read ended. A read that opens a file at offset 0 counts as
-//! sequential at once; elsewhere two sequential reads in a row are needed, so a random
-//! reader that happens to land near its last read does not trigger read-ahead.
+//! sequential at once; elsewhere three sequential reads in a row are needed, so a random
+//! reader that happens to land near its last read does not trigger read-ahead (which
+//! would fetch whole chunks where it asked for a few KiB).
 
 use std::ops::Range;
 
@@ -31,8 +32,8 @@ impl Default for PrefetchConfig {
         PrefetchConfig {
             initial_window: 1 << 20,
             max_window: 64 << 20,
-            backward_slack: 8 << 20,
-            forward_slack: 16 << 20,
+            backward_slack: 4 << 20,
+            forward_slack: 8 << 20,
         }
     }
 }
@@ -56,6 +57,8 @@ pub struct Prefetcher {
     streak: u32,
     /// Bytes read sequentially in the current run.
     run_bytes: u64,
+    /// The current run began at offset 0 (a whole-file reader): sequential from the start.
+    from_zero: bool,
 }
 
 impl Prefetcher {
@@ -66,6 +69,7 @@ impl Prefetcher {
             next: None,
             streak: 0,
             run_bytes: 0,
+            from_zero: false,
         }
     }
 
@@ -88,11 +92,15 @@ impl Prefetcher {
             }
         };
         if near {
+            if self.streak == 0 {
+                self.from_zero = offset == 0;
+            }
             self.streak = self.streak.saturating_add(1);
             self.run_bytes += len;
         } else {
             self.streak = 0;
             self.run_bytes = 0;
+            self.from_zero = false;
         }
         let end = offset + len;
         // Out-of-order arrivals must not move the high-water mark backwards.
@@ -100,8 +108,7 @@ impl Prefetcher {
             Some(n) if near => n.max(end),
             _ => end,
         });
-        let first_at_zero = offset == 0 && self.streak == 1;
-        let sequential = self.streak >= 2 || first_at_zero;
+        let sequential = self.streak >= 3 || (self.from_zero && self.streak >= 1);
         let ahead = if sequential {
             let from = self.next.unwrap_or(end).min(size);
             from..(from + self.window()).min(size)

@@ -1,0 +1,397 @@
+#!/usr/bin/env bash
+# ferry's link benchmark: ferry side by side with the tools people use today, on emulated
+# links, from real kernel parts.
+#
+#   bench/run.sh [--quick] [--links 1gbit,wan,loopback] [--methods LIST] [--size-mib N]
+#                [--small-files N] [--fio-seconds N] [--out FILE]
+#
+# Links (all inside a network namespace this script creates; traffic stays on its loopback):
+#   loopback  unshaped
+#   1gbit     tbf qdisc on the namespace's loopback: 1 Gbit/s
+#   wan       1gbit plus toxiproxy on every connection: 20 ms latency each way and a cap of
+#             25 MB/s per TCP connection (how one stream with a limited window behaves on a
+#             long fat pipe)
+# Methods: ferry, nc-raw, nc-lz4, scp, rsync, sshfs, sshfs4 (max_conns=4), rclone (mount over
+#   sftp). Data sets (scripts/gen-data.py): db.dat (database-like, lz4 ratio ~11), mixed.bin
+#   (lz4 ratio ~2), random.bin, tree/ (many small files).
+# Every copy starts with the page cache dropped and is verified (cmp, diff -r). CPU seconds
+# are the whole machine's busy time during the copy (both ends, kernel included). fio random
+# reads (16 KiB, 4 jobs) run through each mount.
+#
+# Output: a markdown report (default docs/BENCHMARKS.md; --quick: bench/out/quick.md) with
+# the date and commit, one table per link, the fio results, and the issue's targets checked.
+# No namespace, mount or process is left behind, even on Ctrl-C.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+quick=0
+links=""
+methods=""
+size=1024
+small=10000
+fio_secs=15
+out=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) quick=1; shift ;;
+        --links) links=$2; shift 2 ;;
+        --methods) methods=$2; shift 2 ;;
+        --size-mib) size=$2; shift 2 ;;
+        --small-files) small=$2; shift 2 ;;
+        --fio-seconds) fio_secs=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        *) echo "bench/run.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+    esac
+done
+if [ "$quick" = 1 ]; then
+    size=${size_override:-128}; small=2000; fio_secs=5
+    links=${links:-1gbit,wan}
+    methods=${methods:-ferry,nc-raw,nc-lz4,sshfs}
+    out=${out:-bench/out/quick.md}
+fi
+links=${links:-loopback,1gbit,wan}
+methods=${methods:-ferry,nc-raw,nc-lz4,scp,rsync,sshfs,sshfs4,rclone}
+out=${out:-docs/BENCHMARKS.md}
+
+die() { echo "bench/run.sh: $*" >&2; exit 1; }
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+
+# ---------------------------------------------------------------- prerequisites
+[ "$(id -u)" -eq 0 ] || die "run as root: it creates a network namespace, shapes it with tc, mounts FUSE and drops caches"
+[ -e /dev/fuse ] || die "/dev/fuse is missing: FUSE is needed for the mount methods"
+bash scripts/prereqs.sh
+need=()
+for pair in sshd:openssh-server ssh:openssh-client sshfs:sshfs rclone:rclone fio:fio \
+            nc:netcat-openbsd ip:iproute2 tc:iproute2 nsenter:util-linux jq:jq curl:curl; do
+    cmd=${pair%%:*} pkg=${pair#*:}
+    command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+done
+[ -x /usr/bin/time ] || need+=(time)
+if [ ${#need[@]} -gt 0 ]; then
+    log "installing ${need[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null \
+        || die "could not install ${need[*]} with apt-get"
+fi
+nc -h 2>&1 | grep -q -- '-N' || die "nc must be netcat-openbsd (needs -N): apt-get install netcat-openbsd"
+BIN=$ROOT/bench/out/bin
+TOXI_VERSION=v2.12.0
+if [[ ",$links," == *",wan,"* ]] && { [ ! -x "$BIN/toxiproxy-server" ] || [ ! -x "$BIN/toxiproxy-cli" ]; }; then
+    command -v go >/dev/null 2>&1 || die "the wan link needs toxiproxy, built with Go: install Go or leave out --links wan"
+    log "building toxiproxy $TOXI_VERSION with go install"
+    mkdir -p "$BIN"
+    tmp=$(mktemp -d)
+    GOBIN=$tmp go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXI_VERSION" \
+        && GOBIN=$tmp go install "github.com/Shopify/toxiproxy/v2/cmd/cli@$TOXI_VERSION" \
+        || die "go install of toxiproxy $TOXI_VERSION failed"
+    mv "$tmp/server" "$BIN/toxiproxy-server"; mv "$tmp/cli" "$BIN/toxiproxy-cli"; rm -rf "$tmp"
+fi
+log "building ferry (release)"
+cargo build --release --bins -q
+# Quick runs use their own smaller data set, so switching modes does not regenerate files.
+DATA=$ROOT/bench/out/data
+[ "$quick" = 1 ] && DATA=$ROOT/bench/out/data-quick
+mkdir -p "$DATA" "$(dirname "$out")"
+log "data sets: ${size} MiB files, ${small} small files"
+python3 scripts/gen-data.py "$DATA" --size-mib "$size" --small-files "$small" >&2
+
+# ---------------------------------------------------------------- sandbox and cleanup
+NS=ferrybench-$$
+WORK=$(mktemp -d /tmp/ferry-bench.XXXXXX)
+mkdir -p "$WORK/mnt" "$WORK/dst" "$WORK/ssh" "$WORK/logs"
+: > "$WORK/pids"
+cleanup() {
+    set +e
+    for m in $(awk -v w="$WORK" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
+        fusermount3 -u -z "$m" 2>/dev/null || fusermount -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+    done
+    while read -r pid; do kill "$pid" 2>/dev/null; done < "$WORK/pids"
+    sleep 0.3
+    while read -r pid; do kill -9 "$pid" 2>/dev/null; done < "$WORK/pids"
+    # Processes started in the namespace that we did not track (daemonised mounts).
+    for pid in $(ip netns pids "$NS" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+    ip netns del "$NS" 2>/dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ip netns add "$NS"
+ip -n "$NS" link set lo up
+in_ns() { nsenter --net="/var/run/netns/$NS" "$@"; }
+bg_ns() { in_ns "$@" & echo $! >> "$WORK/pids"; }
+
+# sshd for scp, rsync, sshfs and rclone: its own keys and config, nothing global touched.
+ssh-keygen -q -t ed25519 -N '' -f "$WORK/ssh/host_key"
+ssh-keygen -q -t ed25519 -N '' -f "$WORK/ssh/id"
+cp "$WORK/ssh/id.pub" "$WORK/ssh/authorized_keys"
+cat > "$WORK/ssh/sshd_config" <<EOF
+ListenAddress 127.0.0.1:2222
+HostKey $WORK/ssh/host_key
+AuthorizedKeysFile $WORK/ssh/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+UsePAM no
+StrictModes no
+PidFile $WORK/ssh/sshd.pid
+Subsystem sftp internal-sftp
+EOF
+mkdir -p /run/sshd
+SSH_OPTS=(-i "$WORK/ssh/id" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
+bg_ns "$(command -v sshd)" -D -f "$WORK/ssh/sshd_config" -E "$WORK/logs/sshd.log"
+bg_ns "$ROOT/target/release/ferryd" --export "$DATA" --listen 127.0.0.1:7070 2>"$WORK/logs/ferryd.log"
+sleep 0.5
+ferryd_pid=$(pgrep -f -- "ferryd --export $DATA --listen 127.0.0.1:7070" | head -1)
+[ -n "$ferryd_pid" ] || die "ferryd did not start: $(cat "$WORK/logs/ferryd.log")"
+
+# ---------------------------------------------------------------- links
+TOXI=127.0.0.1:8474
+toxi() { in_ns "$BIN/toxiproxy-cli" -h "$TOXI" "$@" >/dev/null; }
+set_link() {
+    tc -n "$NS" qdisc del dev lo root 2>/dev/null || true
+    P_FERRY=7070 P_SSH=2222 P_NC=9000
+    case "$1" in
+        loopback) ;;
+        1gbit|wan) tc -n "$NS" qdisc add dev lo root tbf rate 1gbit burst 2mb latency 100ms ;;
+        *) die "unknown link '$1' (loopback, 1gbit, wan)" ;;
+    esac
+    if [ "$1" = wan ]; then
+        if ! in_ns curl -s "http://$TOXI/version" >/dev/null 2>&1; then
+            bg_ns "$BIN/toxiproxy-server" -host 127.0.0.1 -port 8474 >"$WORK/logs/toxiproxy.log" 2>&1
+            for _ in $(seq 50); do in_ns curl -s "http://$TOXI/version" >/dev/null 2>&1 && break; sleep 0.1; done
+        fi
+        for p in ferry:17070:7070 ssh:12222:2222 nc:19000:9000; do
+            IFS=: read -r name listen upstream <<<"$p"
+            toxi delete "$name" 2>/dev/null || true
+            toxi create -l "127.0.0.1:$listen" -u "127.0.0.1:$upstream" "$name"
+            for dir in -d -u; do
+                toxi toxic add -t latency -a latency=20 "$dir" -n "lat$dir" "$name"
+                # toxiproxy's bandwidth is in KB/s, per connection.
+                toxi toxic add -t bandwidth -a rate=25000 "$dir" -n "bw$dir" "$name"
+            done
+        done
+        P_FERRY=17070 P_SSH=12222 P_NC=19000
+    fi
+}
+
+# ---------------------------------------------------------------- measurement
+busy_jiffies() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+HZ=$(getconf CLK_TCK)
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+ROWS=$WORK/rows   # link|dataset|method|seconds|MBps|cpu
+: > "$ROWS"
+FIO=$WORK/fio     # link|method|iops
+: > "$FIO"
+RSS=$WORK/rss     # link|ferryd MiB|ferry MiB
+: > "$RSS"
+
+size_of() { if [ -d "$1" ]; then du -sb "$1" | cut -f1; else stat -c %s "$1"; fi; }
+
+# copy LINK DATASET METHOD COMMAND... : times one copy into $WORK/dst and verifies it.
+copy() {
+    local link=$1 ds=$2 method=$3; shift 3
+    rm -rf "${WORK:?}/dst/$ds"
+    drop_caches
+    local j0 t0 t1 j1 status=0
+    j0=$(busy_jiffies); t0=$(date +%s.%N)
+    "$@" >"$WORK/logs/copy.log" 2>&1 || status=$?
+    t1=$(date +%s.%N); j1=$(busy_jiffies)
+    # scp follows symlinks (and fails on dangling ones) and rclone skips them: for those
+    # two, the tree is verified without its links/ directory, and scp's exit status for the
+    # dangling links is expected.
+    local no_links=0
+    if [ -d "$DATA/$ds" ] && { [ "$method" = scp ] || [ "$method" = rclone ]; }; then
+        no_links=1
+        [ "$method" = scp ] && status=0
+    fi
+    if [ $status -ne 0 ]; then
+        local why; why=$(grep -v '^$' "$WORK/logs/copy.log" | head -1 | cut -c1-80 | tr '|' '/')
+        log "  $method $ds FAILED ($status): $why"
+        echo "$link|$ds|$method|failed ($why)||" >> "$ROWS"
+        return 0
+    fi
+    if [ -d "$DATA/$ds" ] && [ $no_links = 1 ]; then
+        diff -r -x links "$DATA/$ds" "$WORK/dst/$ds" >/dev/null || die "$method: copy of $ds differs from the source"
+    elif [ -d "$DATA/$ds" ]; then
+        diff -r --no-dereference "$DATA/$ds" "$WORK/dst/$ds" >/dev/null || die "$method: copy of $ds differs from the source"
+    else
+        cmp -s "$DATA/$ds" "$WORK/dst/$ds" || die "$method: copy of $ds differs from the source"
+    fi
+    local bytes; bytes=$(size_of "$DATA/$ds")
+    local row
+    row=$(awk -v b="$bytes" -v a="$t0" -v z="$t1" -v j="$((j1 - j0))" -v hz="$HZ" \
+        'BEGIN { s = z - a; printf "%.2f|%.1f|%.1f", s, b / s / 1e6, j / hz }')
+    echo "$link|$ds|$method|$row" >> "$ROWS"
+    log "  $(printf '%-8s %-10s' "$method" "$ds") ${row//|/  }  (s, MB/s, cpu s)"
+}
+
+# Mount methods: mount once per link, copy with cp, unmount.
+mount_method() {
+    local method=$1 mnt=$WORK/mnt/$1
+    mkdir -p "$mnt"
+    case "$method" in
+        ferry) in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY" "$mnt" \
+                   --log-file "$WORK/logs/ferry-$link.log" ;;
+        sshfs|sshfs4)
+            local extra=""; [ "$method" = sshfs4 ] && extra=",max_conns=4"
+            in_ns sshfs -p "$P_SSH" "root@127.0.0.1:$DATA" "$mnt" \
+                -o "ro,IdentityFile=$WORK/ssh/id,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null$extra" ;;
+        rclone)
+            RCLONE_CONFIG_BENCH_TYPE=sftp RCLONE_CONFIG_BENCH_HOST=127.0.0.1 RCLONE_CONFIG_BENCH_PORT=$P_SSH \
+            RCLONE_CONFIG_BENCH_USER=root RCLONE_CONFIG_BENCH_KEY_FILE=$WORK/ssh/id \
+            RCLONE_CONFIG_BENCH_KNOWN_HOSTS_FILE=/dev/null \
+                in_ns rclone mount "bench:$DATA" "$mnt" --read-only --daemon --config /dev/null \
+                    --log-file "$WORK/logs/rclone-$link.log" ;;
+    esac
+    for _ in $(seq 100); do grep -q " $mnt " /proc/self/mountinfo && break; sleep 0.1; done
+    grep -q " $mnt " /proc/self/mountinfo || die "$method did not mount"
+}
+unmount_method() {
+    local mnt=$WORK/mnt/$1
+    fusermount3 -u "$mnt" 2>/dev/null || fusermount -u "$mnt" 2>/dev/null || umount -l "$mnt"
+}
+
+cp_from() { local mnt=$1 ds=$2; cp -r "$mnt/$ds" "$WORK/dst/$ds"; }
+nc_copy() {  # nc_copy DATASET lz4|raw
+    local ds=$1 mode=$2 port=9000
+    if [ -d "$DATA/$ds" ]; then
+        mkdir -p "$WORK/dst/$ds"
+        if [ "$mode" = lz4 ]; then
+            in_ns sh -c "nc -l 127.0.0.1 $port | lz4 -d | tar -x -C '$WORK/dst/$ds'" &
+            local r=$!; sleep 0.2
+            tar -c -C "$DATA/$ds" . | lz4 -1 | in_ns nc -N 127.0.0.1 "$P_NC"
+        else
+            in_ns sh -c "nc -l 127.0.0.1 $port | tar -x -C '$WORK/dst/$ds'" &
+            local r=$!; sleep 0.2
+            tar -c -C "$DATA/$ds" . | in_ns nc -N 127.0.0.1 "$P_NC"
+        fi
+    else
+        if [ "$mode" = lz4 ]; then
+            in_ns sh -c "nc -l 127.0.0.1 $port | lz4 -d > '$WORK/dst/$ds'" &
+            local r=$!; sleep 0.2
+            lz4 -1 -c "$DATA/$ds" | in_ns nc -N 127.0.0.1 "$P_NC"
+        else
+            in_ns sh -c "nc -l 127.0.0.1 $port > '$WORK/dst/$ds'" &
+            local r=$!; sleep 0.2
+            in_ns nc -N 127.0.0.1 "$P_NC" < "$DATA/$ds"
+        fi
+    fi
+    wait "$r"
+}
+scp_copy() { in_ns scp -q -r -P "$P_SSH" "${SSH_OPTS[@]}" "root@127.0.0.1:$DATA/$1" "$WORK/dst/$1"; }
+rsync_copy() {
+    in_ns rsync -a -e "ssh -p $P_SSH ${SSH_OPTS[*]}" "root@127.0.0.1:$DATA/$1" "$WORK/dst/"
+}
+
+fio_run() {  # fio_run LINK METHOD MOUNT
+    local json=$WORK/logs/fio.json
+    fio --name=randread --filename="$3/random.bin" --readonly --rw=randread --bs=16k --numjobs=4 \
+        --ioengine=psync --fadvise_hint=random --invalidate=1 --time_based --runtime="$fio_secs" \
+        --group_reporting --output-format=json --output="$json" >/dev/null 2>&1 || {
+        log "  fio through $2 failed"; echo "$1|$2|failed" >> "$FIO"; return 0; }
+    local iops; iops=$(jq '.jobs[0].read.iops' "$json")
+    printf '%s|%s|%.1f\n' "$1" "$2" "$iops" >> "$FIO"
+    log "  fio 16k randread x4 via $2: $(printf '%.1f' "$iops") IOPS"
+}
+
+DATASETS=(db.dat mixed.bin random.bin tree)
+IFS=, read -ra LINKS <<<"$links"
+IFS=, read -ra METHODS <<<"$methods"
+for link in "${LINKS[@]}"; do
+    log "link: $link"
+    set_link "$link"
+    for method in "${METHODS[@]}"; do
+        case "$method" in
+            ferry|sshfs|sshfs4|rclone)
+                mount_method "$method"
+                for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" cp_from "$WORK/mnt/$method" "$ds"; done
+                fio_run "$link" "$method" "$WORK/mnt/$method"
+                if [ "$method" = ferry ]; then
+                    fpid=$(pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $WORK/mnt/ferry" | head -1)
+                    echo "$link|$(awk '/VmHWM/ {print int($2/1024)}' "/proc/$ferryd_pid/status")|$(awk '/VmHWM/ {print int($2/1024)}' "/proc/$fpid/status")" >> "$RSS"
+                fi
+                unmount_method "$method" ;;
+            nc-raw) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" nc_copy "$ds" raw; done ;;
+            nc-lz4) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" nc_copy "$ds" lz4; done ;;
+            scp) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" scp_copy "$ds"; done ;;
+            rsync) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" rsync_copy "$ds"; done ;;
+            *) die "unknown method '$method'" ;;
+        esac
+    done
+done
+
+# ---------------------------------------------------------------- report
+secs() { awk -F'|' -v l="$1" -v d="$2" -v m="$3" '$1 == l && $2 == d && $3 == m {print $4}' "$ROWS"; }
+ratio() {  # ratio LINK DATASET METHOD BASE: ferry's speed over BASE's (BASE seconds / ferry seconds)
+    local f b; f=$(secs "$1" "$2" ferry); b=$(secs "$1" "$2" "$3")
+    [ -n "$f" ] && [ -n "$b" ] && [ "$f" != failed ] && [ "$b" != failed ] \
+        && awk -v f="$f" -v b="$b" 'BEGIN { printf "%.2f", b / f }' || echo "n/a"
+}
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain 2>/dev/null)" ] || commit="$commit (+ uncommitted changes)"
+{
+    echo "# Benchmarks"
+    echo
+    echo "Produced by \`bench/run.sh$([ "$quick" = 1 ] && echo ' --quick')\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit,"
+    echo "$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r). Files of $size MiB; tree of $small small files"
+    echo "($(du -sh "$DATA/tree" | cut -f1)). Page cache dropped before every copy; every copy verified."
+    echo "CPU s: busy time of the whole machine during the copy (both ends and the kernel)."
+    echo "scp follows symlinks and rclone skips them: their tree copies are verified without tree/links/."
+    echo "vs ferry: that method's speed relative to ferry's (below 1: slower than ferry)."
+    for link in "${LINKS[@]}"; do
+        echo
+        case "$link" in
+            loopback) echo "## loopback (unshaped)" ;;
+            1gbit) echo "## 1gbit (tbf 1 Gbit/s)" ;;
+            wan) echo "## wan (1 Gbit/s, 20 ms each way, 25 MB/s per TCP connection via toxiproxy)" ;;
+        esac
+        echo
+        echo "| data set | method | seconds | MB/s | vs ferry | CPU s |"
+        echo "| --- | --- | ---: | ---: | ---: | ---: |"
+        for ds in "${DATASETS[@]}"; do
+            awk -F'|' -v l="$link" -v d="$ds" '$1 == l && $2 == d' "$ROWS" | while IFS='|' read -r _ _ m s mbps cpu; do
+                f=$(secs "$link" "$ds" ferry)
+                vs=$(awk -v f="$f" -v s="$s" 'BEGIN { if (f + 0 > 0 && s + 0 > 0) printf "%.2f", f / s; else print "n/a" }')
+                echo "| $ds | $m | $s | $mbps | $vs | $cpu |"
+            done
+        done
+        r=$(awk -F'|' -v l="$link" '$1 == l {print $2 " MiB ferryd + " $3 " MiB ferry"}' "$RSS")
+        [ -n "$r" ] && { echo; echo "Peak resident memory of ferry's processes on this link: $r."; }
+        if grep -q "^$link|" "$FIO"; then
+            echo
+            echo "fio random reads through the mounts (16 KiB, 4 jobs, ${fio_secs} s, random.bin):"
+            echo
+            echo "| mount | IOPS |"
+            echo "| --- | ---: |"
+            awk -F'|' -v l="$link" '$1 == l {print "| " $2 " | " $3 " |"}' "$FIO"
+        fi
+    done
+    echo
+    echo "## Targets"
+    echo
+    echo "| target | measured | met |"
+    echo "| --- | ---: | --- |"
+    target() {  # target LABEL VALUE MIN
+        local met; met=$(awk -v v="$2" -v m="$3" 'BEGIN { if (v == "n/a") print "n/a"; else if (v + 0 >= m) print "yes"; else print "**no**" }')
+        echo "| $1 | $2 | $met |"
+    }
+    if [[ " ${LINKS[*]} " == *" 1gbit "* ]]; then
+        target "1gbit: ferry ÷ nc raw, random (≥ 0.95)" "$(ratio 1gbit random.bin nc-raw)" 0.95
+        target "1gbit: ferry ÷ nc\|lz4, mixed (≥ 1.0)" "$(ratio 1gbit mixed.bin nc-lz4)" 1.0
+        target "1gbit: ferry ÷ nc\|lz4, db (≥ 1.0)" "$(ratio 1gbit db.dat nc-lz4)" 1.0
+    fi
+    if [[ " ${LINKS[*]} " == *" wan "* ]]; then
+        target "wan: ferry ÷ nc raw, random (≥ 4)" "$(ratio wan random.bin nc-raw)" 4
+        target "wan: ferry ÷ nc\|lz4, mixed (≥ 4)" "$(ratio wan mixed.bin nc-lz4)" 4
+        iops=$(awk -F'|' '$1 == "wan" && $2 == "ferry" {print $3}' "$FIO")
+        # Round-trip bound: 4 jobs, one 40 ms round trip per read.
+        target "wan: ferry fio IOPS ÷ round-trip bound 100 (≥ 0.95)" \
+            "$(awk -v i="${iops:-0}" 'BEGIN { printf "%.2f", i / 100 }')" 0.95
+    fi
+    if [[ " ${LINKS[*]} " == *" loopback "* ]]; then
+        target "loopback: ferry ÷ nc raw, random (≥ 0.8)" "$(ratio loopback random.bin nc-raw)" 0.8
+    fi
+} > "$out"
+log "report written to $out"
+cat "$out"
