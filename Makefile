@@ -11,7 +11,7 @@ ifeq ($(shell command -v $(CARGO) 2>/dev/null),)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help demo prereqs test build lint clean-mounts bench bench-quick
+.PHONY: help demo prereqs test build lint clean-mounts bench bench-quick bench-loopback
 
 help:
 	@echo "make demo          build, export generated data with ferryd, mount it, copy and verify (FERRY_DEMO_MIB=512)"
@@ -19,7 +19,9 @@ help:
 	@echo "make build         release build of ferryd and ferry"
 	@echo "make lint          cargo fmt --check and clippy -D warnings"
 	@echo "make clean-mounts  unmount leftover ferry mounts under /tmp and .demo"
-	@echo "make bench         cp from a loopback mount: MB/s and peak memory (bench-quick: smaller)"
+	@echo "make bench         ferry vs nc, scp, rsync, sshfs, rclone on emulated links -> docs/BENCHMARKS.md"
+	@echo "make bench-quick   a ~2-minute subset of it (bench/out/quick.md)"
+	@echo "make bench-loopback  cp from a loopback mount: MB/s and peak memory"
 
 demo:
 	bash scripts/demo.sh
@@ -57,9 +59,14 @@ clean-mounts:
 	done < <(tac /proc/mounts); \
 	echo "clean-mounts: $$n mount(s) unmounted"
 
-# The loopback cp benchmark (bench/cp-loopback.sh); the link-emulation harness comes later.
+# Link benchmark (bench/run.sh): ferry beside nc, scp, rsync, sshfs and rclone on emulated
+# links; writes docs/BENCHMARKS.md. bench-quick: a ~2-minute subset into bench/out/quick.md.
 bench:
-	bash bench/cp-loopback.sh --size-mib 1024 --runs 3 --kinds random,db,mixed
+	bash bench/run.sh --copy-timeout 180
 
 bench-quick:
-	bash bench/cp-loopback.sh --size-mib 256 --runs 1 --kinds random,db,mixed
+	bash bench/run.sh --quick
+
+# cp from a plain loopback mount: MB/s and peak memory of ferryd and ferry.
+bench-loopback:
+	bash bench/cp-loopback.sh --size-mib 1024 --runs 3 --kinds random,db,mixed
