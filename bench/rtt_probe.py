@@ -24,6 +24,10 @@ else:
     n = int(sys.argv[3]); ts = []
     for _ in range(n):
         t = time.perf_counter(); c.sendall(b"q" * 60); got = 0
-        while got < 16384: got += len(c.recv(65536))
+        while got < 16384:
+            d = c.recv(65536)
+            if not d:
+                sys.exit("rtt_probe: the connection closed")
+            got += len(d)
         ts.append(time.perf_counter() - t)
     ts.sort(); print("%.3f" % (sum(ts) / len(ts) * 1e3))

@@ -124,7 +124,9 @@ trap 'exit 130' INT TERM
 ip netns add "$NS"
 ip -n "$NS" link set lo up
 in_ns() { nsenter --net="/var/run/netns/$NS" "$@"; }
-bg_ns() { in_ns "$@" & echo $! >> "$WORK/pids"; }
+# nsenter called directly (not through in_ns): $! is then the program itself, as nsenter
+# execs it, so cleanup kills the right process.
+bg_ns() { nsenter --net="/var/run/netns/$NS" "$@" & echo $! >> "$WORK/pids"; }
 
 # sshd for scp, rsync, sshfs and rclone: its own keys and config, nothing global touched.
 ssh-keygen -q -t ed25519 -N '' -f "$WORK/ssh/host_key"
@@ -266,7 +268,6 @@ mount_method() {
         rclone)
             RCLONE_CONFIG_BENCH_TYPE=sftp RCLONE_CONFIG_BENCH_HOST=127.0.0.1 RCLONE_CONFIG_BENCH_PORT=$P_SSH \
             RCLONE_CONFIG_BENCH_USER=root RCLONE_CONFIG_BENCH_KEY_FILE=$WORK/ssh/id \
-            RCLONE_CONFIG_BENCH_KNOWN_HOSTS_FILE=/dev/null \
                 in_ns rclone mount "bench:$DATA" "$mnt" --read-only --daemon --config /dev/null \
                     --log-file "$WORK/logs/rclone-$link.log" ;;
     esac
@@ -387,7 +388,7 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
             done
         done
         r=$(awk -F'|' -v l="$link" '$1 == l {print $2 " MiB ferryd + " $3 " MiB ferry"}' "$RSS")
-        [ -n "$r" ] && { echo; echo "Peak resident memory of ferry's processes on this link: $r."; }
+        [ -n "$r" ] && { echo; echo "Peak resident memory of ferry's processes: $r (ferry: its mount for this link; ferryd serves every link, so its figure is the peak so far)."; }
         if grep -q "^$link|" "$FIO"; then
             echo
             echo "fio random reads through the mounts (16 KiB, 4 jobs, ${fio_secs} s, random.bin):"

@@ -449,7 +449,7 @@ impl Fs {
         let Some(parent) = lock(&self.inodes).by_path.get(&parent_path).copied() else {
             return;
         };
-        let candidates: Vec<DirItem> = {
+        let candidates: Vec<(usize, DirItem)> = {
             let mut ls = lock(&self.listings);
             let Some(l) = ls.by_dir.get_mut(&parent) else {
                 return;
@@ -465,11 +465,12 @@ impl Fs {
             l.pipelined_until = end;
             l.items[start..end]
                 .iter()
-                .filter(|it| it.attr.kind == FileKind::File && it.attr.size > 0)
-                .cloned()
+                .enumerate()
+                .filter(|(_, it)| it.attr.kind == FileKind::File && it.attr.size > 0)
+                .map(|(i, it)| (start + i, it.clone()))
                 .collect()
         };
-        for item in candidates {
+        for (pos, item) in candidates {
             let child = Bytes::from(join(&parent_path, &item.name));
             // Only files the kernel knows (readdirplus made their inodes): the chunk is
             // keyed by inode and version, and the open that follows uses the same.
@@ -482,6 +483,10 @@ impl Fs {
                 path: child,
             };
             if !self.store.prefetch(&key, 0) {
+                // Out of budget: the next open retries from this file on.
+                if let Some(l) = lock(&self.listings).by_dir.get_mut(&parent) {
+                    l.pipelined_until = l.pipelined_until.min(pos);
+                }
                 break;
             }
         }

@@ -73,10 +73,29 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Size of each sample [`looks_compressible`] compresses.
+const SAMPLE: usize = 8 << 10;
+
+/// A cheap guess whether `raw` is worth compressing: three samples (start, middle, end)
+/// are compressed, about 1/40 of the work for a 1 MiB chunk. Incompressible data (random,
+/// already compressed or encrypted files) then costs almost nothing; data that is only
+/// partly compressible is still compressed whole, and [`worth_compressing`] decides.
+pub fn looks_compressible(raw: &[u8]) -> bool {
+    if raw.len() < 4 * SAMPLE {
+        return true;
+    }
+    let mut scratch = vec![0u8; lz4_flex::block::get_maximum_output_size(SAMPLE)];
+    let mid = raw.len() / 2 - SAMPLE / 2;
+    [0, mid, raw.len() - SAMPLE].iter().any(|&at| {
+        lz4_flex::block::compress_into(&raw[at..at + SAMPLE], &mut scratch)
+            .is_ok_and(|n| worth_compressing(SAMPLE, n))
+    })
+}
+
 /// Encodes `raw` for the wire: lz4 when `allow_lz4` and it shrinks meaningfully, else raw.
 /// Returns the encoding and the bytes to send.
 pub fn encode(raw: Bytes, allow_lz4: bool) -> (Encoding, Bytes) {
-    if !allow_lz4 || raw.len() < 512 {
+    if !allow_lz4 || raw.len() < 512 || !looks_compressible(&raw) {
         return (Encoding::Raw, raw);
     }
     SCRATCH.with(|scratch| {

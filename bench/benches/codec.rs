@@ -1,0 +1,112 @@
+//! Codec and payload path: what ferryd does per chunk (checksum, lz4 or raw, frame header)
+//! and what the client does (frame parse, decode, lz4 decompress, checksum verify).
+
+#![allow(clippy::unwrap_used)] // benchmarks may panic on setup failures
+
+use bytes::{BufMut, Bytes, BytesMut};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ferry_bench::{db_chunk, mixed_chunk, random_chunk};
+use ferry_proto::{payload, Frame, ReadData, Request, Response, Version};
+
+const CHUNK: usize = 1 << 20;
+
+fn data_sets() -> Vec<(&'static str, Bytes)> {
+    vec![
+        ("db", db_chunk(CHUNK)),
+        ("mixed", mixed_chunk(CHUNK)),
+        ("random", random_chunk(CHUNK)),
+    ]
+}
+
+fn server_side(c: &mut Criterion) {
+    let mut g = c.benchmark_group("server_chunk");
+    g.throughput(Throughput::Bytes(CHUNK as u64));
+    for (name, data) in data_sets() {
+        g.bench_with_input(
+            BenchmarkId::new("checksum_lz4_encode", name),
+            &data,
+            |b, d| {
+                b.iter(|| {
+                    let sum = payload::checksum(d);
+                    let (enc, wire) = payload::encode(d.clone(), true);
+                    let resp = Response::Read(ReadData {
+                        version: Version::default(),
+                        encoding: enc,
+                        decoded_len: d.len() as u32,
+                        checksum: sum,
+                        data: wire,
+                    });
+                    let mut head = BytesMut::with_capacity(64);
+                    let tail = resp.encode(1, &mut head);
+                    (head, tail)
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+fn client_side(c: &mut Criterion) {
+    let mut g = c.benchmark_group("client_chunk");
+    g.throughput(Throughput::Bytes(CHUNK as u64));
+    for (name, data) in data_sets() {
+        let (enc, wire) = payload::encode(data.clone(), true);
+        let resp = Response::Read(ReadData {
+            version: Version::default(),
+            encoding: enc,
+            decoded_len: data.len() as u32,
+            checksum: payload::checksum(&data),
+            data: wire,
+        });
+        let mut frame = BytesMut::new();
+        let tail = resp.encode(1, &mut frame);
+        frame.put_slice(&tail);
+        let frame = frame.freeze();
+        g.bench_with_input(
+            BenchmarkId::new("parse_decode_verify", name),
+            &frame,
+            |b, f| {
+                b.iter(|| {
+                    let mut buf = BytesMut::from(&f[..]);
+                    let frame = Frame::parse(&mut buf, u32::MAX).unwrap().unwrap();
+                    match Response::decode(frame).unwrap() {
+                        Response::Read(r) => {
+                            payload::decode(r.encoding, r.decoded_len, r.checksum, r.data).unwrap()
+                        }
+                        _ => unreachable!(),
+                    }
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+fn small_frames(c: &mut Criterion) {
+    // 1,000 pipelined Stat requests: the per-request cost of framing on the server.
+    let mut stream = BytesMut::new();
+    for i in 1..=1000u32 {
+        Request::Stat {
+            path: Bytes::from(format!("dir/sub/file{i:05}.dat")),
+        }
+        .encode(i, &mut stream);
+    }
+    let stream = stream.freeze();
+    let mut g = c.benchmark_group("requests");
+    g.throughput(Throughput::Elements(1000));
+    g.bench_function("parse_decode_1000_stat", |b| {
+        b.iter(|| {
+            let mut buf = BytesMut::from(&stream[..]);
+            let mut n = 0;
+            while let Some(f) = Frame::parse(&mut buf, 1 << 20).unwrap() {
+                Request::decode(f).unwrap();
+                n += 1;
+            }
+            n
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, server_side, client_side, small_frames);
+criterion_main!(benches);
