@@ -203,10 +203,18 @@ RSS=$WORK/rss     # link|ferryd MiB|ferry MiB
 
 size_of() { if [ -d "$1" ]; then du -sb "$1" | cut -f1; else stat -c %s "$1"; fi; }
 
+# Kills a process and all its descendants (a copy runs as shell functions, nsenter and the
+# tool itself; killing only the top shell would leave the tool writing into dst/).
+kill_tree() {
+    local child
+    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+    kill -TERM "$1" 2>/dev/null || true
+}
+
 # copy LINK DATASET METHOD COMMAND... : times one copy into $WORK/dst and verifies it.
 copy() {
     local link=$1 ds=$2 method=$3; shift 3
-    rm -rf "${WORK:?}/dst/$ds"
+    rm -rf "${WORK:?}/dst/$ds" 2>/dev/null || { sleep 1; rm -rf "${WORK:?}/dst/$ds"; }
     drop_caches
     local j0 t0 t1 j1 status=0
     j0=$(busy_jiffies); t0=$(date +%s.%N)
@@ -214,10 +222,10 @@ copy() {
     # peers need tens of minutes for a tree over the WAN profile).
     "$@" >"$WORK/logs/copy.log" 2>&1 &
     local job=$!
-    ( sleep "$copy_timeout"; kill -TERM -- "$job" 2>/dev/null; pkill -TERM -P "$job" 2>/dev/null ) &
+    ( sleep "$copy_timeout"; kill_tree "$job" ) &
     local watchdog=$!
     wait "$job" || status=$?
-    kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null || true
+    kill_tree "$watchdog"; wait "$watchdog" 2>/dev/null || true
     t1=$(date +%s.%N); j1=$(busy_jiffies)
     if [ $status -ne 0 ] && awk -v a="$t0" -v z="$t1" -v l="$copy_timeout" 'BEGIN { exit !(z - a >= l) }'; then
         log "  $method $ds timed out after ${copy_timeout} s"
