@@ -19,7 +19,7 @@ use tokio::runtime::Handle;
 use tracing::{debug, warn};
 
 use crate::error::Error;
-use crate::fs::Fs;
+use crate::fs::{DirItem, Fs};
 
 /// The adapter handed to fuser.
 pub struct FerryFuse {
@@ -100,6 +100,27 @@ fn errno(e: &Error) -> Errno {
         debug!("{e}");
     }
     Errno::from_i32(e.errno)
+}
+
+/// A position of a directory listing as the kernel walks it: offset 0 is ".", 1 is "..",
+/// and 2 + i is entry i.
+enum DirPos<'a> {
+    Dot,
+    DotDot,
+    Entry(&'a DirItem),
+}
+
+/// The positions from `offset` on, each with the offset that resumes after it (what the
+/// kernel passes back on its next readdir call).
+fn dir_positions(items: &[DirItem], offset: u64) -> impl Iterator<Item = (u64, DirPos<'_>)> {
+    (offset..2 + items.len() as u64).map(move |pos| {
+        let at = match pos {
+            0 => DirPos::Dot,
+            1 => DirPos::DotDot,
+            p => DirPos::Entry(&items[(p - 2) as usize]),
+        };
+        (pos + 1, at)
+    })
 }
 
 impl Filesystem for FerryFuse {
@@ -242,33 +263,25 @@ impl Filesystem for FerryFuse {
         let Some(items) = self.fs.dir_items(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        // Offsets: 1 = after ".", 2 = after "..", 2 + i + 1 = after entry i.
-        let mut pos = offset;
-        while pos < 2 + items.len() as u64 {
-            let next = pos + 1;
-            let full = match pos {
-                0 => reply.add(ino, next, FileType::Directory, "."),
-                1 => reply.add(
+        for (next, at) in dir_positions(&items, offset) {
+            let full = match at {
+                DirPos::Dot => reply.add(ino, next, FileType::Directory, "."),
+                DirPos::DotDot => reply.add(
                     INodeNo(self.fs.parent_of(ino.0)),
                     next,
                     FileType::Directory,
                     "..",
                 ),
-                _ => {
-                    let item = &items[(pos - 2) as usize];
-                    let child = self.fs.peek_entry(ino.0, item);
-                    reply.add(
-                        INodeNo(child),
-                        next,
-                        file_type(item.attr.kind),
-                        OsStr::from_bytes(&item.name),
-                    )
-                }
+                DirPos::Entry(item) => reply.add(
+                    INodeNo(self.fs.peek_entry(ino.0, item)),
+                    next,
+                    file_type(item.attr.kind),
+                    OsStr::from_bytes(&item.name),
+                ),
             };
             if full {
                 break;
             }
-            pos = next;
         }
         reply.ok();
     }
@@ -286,63 +299,60 @@ impl Filesystem for FerryFuse {
         };
         let ttl = self.fs.ttl();
         let bs = self.fs.chunk_size();
-        let mut pos = offset;
-        while pos < 2 + items.len() as u64 {
-            let next = pos + 1;
-            let full = if pos < 2 {
-                // The kernel takes no reference for "." and ".." (it skips them), so they
-                // only need plausible attributes.
-                let (name, dir_ino) = if pos == 0 {
-                    (".", ino.0)
-                } else {
-                    ("..", self.fs.parent_of(ino.0))
-                };
-                let dir = Attr {
-                    ino: dir_ino,
-                    kind: FileKind::Directory,
-                    perm: 0o755,
-                    nlink: 2,
-                    uid: 0,
-                    gid: 0,
-                    rdev: 0,
-                    size: 0,
-                    blocks: 0,
-                    atime: Timestamp::default(),
-                    mtime: Timestamp::default(),
-                    ctime: Timestamp::default(),
-                };
-                reply.add(
-                    INodeNo(dir_ino),
-                    next,
-                    name,
-                    &ttl,
-                    &fuse_attr(dir_ino, &dir, bs),
-                    Generation(0),
-                )
-            } else {
-                let item = &items[(pos - 2) as usize];
-                let Some(child) = self.fs.remember_entry(ino.0, item) else {
-                    pos = next;
-                    continue;
-                };
-                let full = reply.add(
-                    INodeNo(child),
-                    next,
-                    OsStr::from_bytes(&item.name),
-                    &ttl,
-                    &fuse_attr(child, &item.attr, bs),
-                    Generation(0),
-                );
-                if full {
-                    // Not sent: the kernel holds no reference for it.
-                    self.fs.forget(child, 1);
+        for (next, at) in dir_positions(&items, offset) {
+            let full = match at {
+                DirPos::Dot | DirPos::DotDot => {
+                    // The kernel takes no reference for "." and ".." (it skips them), so
+                    // they only need plausible attributes.
+                    let (name, dir_ino) = match at {
+                        DirPos::Dot => (".", ino.0),
+                        _ => ("..", self.fs.parent_of(ino.0)),
+                    };
+                    let dir = Attr {
+                        ino: dir_ino,
+                        kind: FileKind::Directory,
+                        perm: 0o755,
+                        nlink: 2,
+                        uid: 0,
+                        gid: 0,
+                        rdev: 0,
+                        size: 0,
+                        blocks: 0,
+                        atime: Timestamp::default(),
+                        mtime: Timestamp::default(),
+                        ctime: Timestamp::default(),
+                    };
+                    reply.add(
+                        INodeNo(dir_ino),
+                        next,
+                        name,
+                        &ttl,
+                        &fuse_attr(dir_ino, &dir, bs),
+                        Generation(0),
+                    )
                 }
-                full
+                DirPos::Entry(item) => {
+                    let Some(child) = self.fs.remember_entry(ino.0, item) else {
+                        continue;
+                    };
+                    let full = reply.add(
+                        INodeNo(child),
+                        next,
+                        OsStr::from_bytes(&item.name),
+                        &ttl,
+                        &fuse_attr(child, &item.attr, bs),
+                        Generation(0),
+                    );
+                    if full {
+                        // Not sent: the kernel holds no reference for it.
+                        self.fs.forget(child, 1);
+                    }
+                    full
+                }
             };
             if full {
                 break;
             }
-            pos = next;
         }
         reply.ok();
     }
