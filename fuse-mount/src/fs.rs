@@ -25,6 +25,7 @@ use ferry_proto::name::{join, validate_name};
 use ferry_proto::{Attr, FileKind, StatFs, Version};
 
 use crate::error::Error;
+use tracing::debug;
 
 /// The root inode number.
 pub const ROOT_INO: u64 = 1;
@@ -91,6 +92,22 @@ struct Listings {
 struct Handle {
     key: FileKey,
     prefetcher: Mutex<Prefetcher>,
+    stats: Mutex<HandleStats>,
+    opened: Instant,
+}
+
+/// What one open file handle did, logged (debug) when it is released: enough to tell a
+/// sequential reader that fell back to exact-byte reads, or a window that kept stalling.
+#[derive(Debug, Default, Clone, Copy)]
+struct HandleStats {
+    reads: u64,
+    sequential: u64,
+    direct: u64,
+    unaligned: u64,
+    bytes: u64,
+    /// Reads that found a chunk they needed not yet arrived.
+    waited: u64,
+    wait: Duration,
 }
 
 /// One directory entry as the adapter hands it to the kernel.
@@ -428,6 +445,8 @@ impl Fs {
                 path,
             },
             prefetcher: Mutex::new(Prefetcher::new(self.cfg.prefetch)),
+            stats: Mutex::new(HandleStats::default()),
+            opened: Instant::now(),
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.handles).insert(fh, Arc::new(handle));
@@ -494,7 +513,27 @@ impl Fs {
 
     /// Closes a file handle.
     pub fn release(&self, fh: u64) {
-        lock(&self.handles).remove(&fh);
+        let Some(h) = lock(&self.handles).remove(&fh) else {
+            return;
+        };
+        let st = *lock(&h.stats);
+        if st.reads > 0 {
+            let chunks = self.store.stats();
+            debug!(
+                path = %String::from_utf8_lossy(&h.key.path),
+                secs = h.opened.elapsed().as_secs_f64(),
+                reads = st.reads,
+                sequential = st.sequential,
+                direct = st.direct,
+                unaligned = st.unaligned,
+                bytes = st.bytes,
+                waited = st.waited,
+                wait_ms = st.wait.as_millis() as u64,
+                store_fetched = chunks.fetched,
+                store_evicted = chunks.evicted,
+                "released"
+            );
+        }
     }
 
     /// Reads up to `size` bytes at `offset` through handle `fh`. Short only at end of file
@@ -517,6 +556,14 @@ impl Fs {
         let first = offset / cs;
         let last = (end - 1) / cs;
         let cached = (first..=last).all(|i| self.store.held(&h.key, i));
+        {
+            let mut st = lock(&h.stats);
+            st.reads += 1;
+            st.bytes += end - offset;
+            st.sequential += u64::from(plan.sequential);
+            st.direct += u64::from(!plan.sequential && !cached);
+            st.unaligned += u64::from(offset % cs != 0);
+        }
         if !plan.sequential && !cached {
             return self.read_direct(&h.key, offset, end).await;
         }
@@ -535,7 +582,14 @@ impl Fs {
         }
         let mut parts = Vec::with_capacity((last - first + 1) as usize);
         for i in first..=last {
+            let waiting = !self.store.contains(&h.key, i);
+            let t0 = Instant::now();
             let chunk = self.store.get(&h.key, i).await?;
+            if waiting {
+                let mut st = lock(&h.stats);
+                st.waited += 1;
+                st.wait += t0.elapsed();
+            }
             let start = i * cs;
             let lo = (offset.max(start) - start) as usize;
             let hi = ((end.min(start + cs) - start) as usize).min(chunk.len());
@@ -543,7 +597,10 @@ impl Fs {
                 break;
             }
             parts.push(chunk.slice(lo..hi));
-            if plan.sequential && end >= start + chunk.len() as u64 {
+            // Read to its end by a sequential reader, or whole by anyone: the page cache
+            // has those bytes now.
+            let to_end = end >= start + chunk.len() as u64;
+            if to_end && (plan.sequential || lo == 0) {
                 self.store.consumed(&h.key, i);
             }
         }

@@ -10,10 +10,9 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use ferry_proto::name::{validate_path, NameError};
 use ferry_proto::{Attr, DirEntry, DirPage, FileKind, StatFs, Status, Timestamp};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
@@ -262,23 +261,24 @@ pub fn read_at(file: &File, attr: Attr, offset: u64, len: usize) -> Result<(Byte
     let mut before = attr;
     for _ in 0..3 {
         let want = len.min(before.size.saturating_sub(offset) as usize);
-        let mut buf = BytesMut::zeroed(want);
-        let mut got = 0;
-        while got < want {
-            match file.read_at(&mut buf[got..], offset + got as u64) {
+        // Read straight into spare capacity: a 1 MiB buffer is not zeroed only to be
+        // overwritten.
+        let mut buf: Vec<u8> = Vec::with_capacity(want);
+        while buf.len() < want {
+            let at = offset + buf.len() as u64;
+            match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), at) {
                 Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(OpError::new(Status::Io, format!("read: {e}"))),
             }
         }
-        buf.truncate(got);
         let after = attr_of(
             &rustix::fs::fstat(file.as_fd())
                 .map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
         );
         if after.version() == before.version() {
-            return Ok((buf.freeze(), after));
+            return Ok((Bytes::from(buf), after));
         }
         before = after;
     }

@@ -575,9 +575,14 @@ async fn read_frame(
                     let mut own = BytesMut::with_capacity(total);
                     own.extend_from_slice(buf);
                     buf.clear();
-                    let have = own.len();
-                    own.resize(total, 0);
-                    rd.read_exact(&mut own[have..]).await?;
+                    // Straight into the spare capacity: no zeroing of a buffer about to
+                    // be overwritten.
+                    while own.len() < total {
+                        let want = (total - own.len()) as u64;
+                        if (&mut *rd).take(want).read_buf(&mut own).await? == 0 {
+                            return Err(std::io::ErrorKind::UnexpectedEof.into());
+                        }
+                    }
                     return Frame::parse(&mut own, max_frame).map_err(invalid);
                 }
             }

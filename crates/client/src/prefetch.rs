@@ -5,9 +5,11 @@
 //! 32 MiB it is 64 MiB. Random readers get no window at all, and the caller fetches only
 //! the bytes they ask for.
 //!
-//! The kernel delivers readahead requests concurrently and slightly out of order, so
-//! "sequential" tolerates jumps of up to `backward_slack` back and `forward_slack` ahead of
-//! where the previous read ended. A read that opens a file at offset 0 counts as
+//! The kernel delivers readahead requests concurrently and out of order (a mount with 8 MiB
+//! of kernel readahead and several FUSE threads sees a request arrive more than 8 MiB
+//! behind the furthest one), so "sequential" tolerates jumps of up to `backward_slack` back
+//! and `forward_slack` ahead of where the furthest read ended, and one stray read further
+//! away does not end a run: only a second one in a row does (then it was a seek). A read that opens a file at offset 0 counts as
 //! sequential at once; elsewhere three sequential reads in a row are needed, so a random
 //! reader that happens to land near its last read does not trigger read-ahead (which
 //! would fetch whole chunks where it asked for a few KiB).
@@ -32,7 +34,7 @@ impl Default for PrefetchConfig {
         PrefetchConfig {
             initial_window: 1 << 20,
             max_window: 64 << 20,
-            backward_slack: 4 << 20,
+            backward_slack: 16 << 20,
             forward_slack: 8 << 20,
         }
     }
@@ -59,6 +61,8 @@ pub struct Prefetcher {
     run_bytes: u64,
     /// The current run began at offset 0 (a whole-file reader): sequential from the start.
     from_zero: bool,
+    /// Where the previous read ended, if it was a stray (far from an established run).
+    stray: Option<u64>,
 }
 
 impl Prefetcher {
@@ -70,7 +74,12 @@ impl Prefetcher {
             streak: 0,
             run_bytes: 0,
             from_zero: false,
+            stray: None,
         }
+    }
+
+    fn established(&self) -> bool {
+        self.streak >= 3 || (self.from_zero && self.streak >= 1)
     }
 
     /// Current window in bytes (0 when random).
@@ -85,30 +94,40 @@ impl Prefetcher {
 
     /// Records a read of `len` bytes at `offset` in a file of `size` bytes, and plans it.
     pub fn on_read(&mut self, offset: u64, len: u64, size: u64) -> Plan {
+        let near_to = |mark: u64| {
+            offset + self.cfg.backward_slack >= mark && offset <= mark + self.cfg.forward_slack
+        };
         let near = match self.next {
             None => offset == 0,
-            Some(next) => {
-                offset + self.cfg.backward_slack >= next && offset <= next + self.cfg.forward_slack
-            }
+            Some(next) => near_to(next),
         };
+        let end = offset + len;
+        if !near && self.established() && self.stray.is_none() {
+            // A late readahead request from far behind, or the first read after a seek:
+            // planned on its own, and the run goes on unless the next read is far too.
+            self.stray = Some(end);
+            return Plan {
+                sequential: false,
+                ahead: end..end,
+            };
+        }
+        let stray = self.stray.take();
         if near {
             if self.streak == 0 {
                 self.from_zero = offset == 0;
             }
             self.streak = self.streak.saturating_add(1);
             self.run_bytes += len;
+            self.next = Some(self.next.map_or(end, |n| n.max(end)));
         } else {
-            self.streak = 0;
-            self.run_bytes = 0;
-            self.from_zero = false;
+            // A new run starts here; if it continues the stray read before it, that read
+            // was its first.
+            self.streak = if stray.is_some_and(near_to) { 2 } else { 1 };
+            self.run_bytes = len;
+            self.from_zero = offset == 0;
+            self.next = Some(end);
         }
-        let end = offset + len;
-        // Out-of-order arrivals must not move the high-water mark backwards.
-        self.next = Some(match self.next {
-            Some(n) if near => n.max(end),
-            _ => end,
-        });
-        let sequential = self.streak >= 3 || (self.from_zero && self.streak >= 1);
+        let sequential = self.established();
         let ahead = if sequential {
             let from = self.next.unwrap_or(end).min(size);
             from..(from + self.window()).min(size)
@@ -177,6 +196,33 @@ mod tests {
         for off in [0, 2, 1, 3, 5, 4, 6] {
             assert!(p.on_read(off * MIB, MIB, size).sequential, "offset {off}");
         }
+    }
+
+    #[test]
+    fn late_arrival_far_behind_keeps_the_run() {
+        let mut p = Prefetcher::new(PrefetchConfig::default());
+        let size = 1 << 30;
+        for off in 0..40 {
+            assert!(p.on_read(off * MIB, MIB, size).sequential);
+        }
+        // 30 MiB behind: not sequential itself, but the run survives it.
+        assert!(!p.on_read(10 * MIB, MIB, size).sequential);
+        let plan = p.on_read(40 * MIB, MIB, size);
+        assert!(plan.sequential);
+        assert_eq!(plan.ahead.end - plan.ahead.start, 64 * MIB);
+    }
+
+    #[test]
+    fn two_far_reads_in_a_row_end_the_run() {
+        let mut p = Prefetcher::new(PrefetchConfig::default());
+        let size = 1 << 30;
+        for off in 0..8 {
+            p.on_read(off * MIB, MIB, size);
+        }
+        assert!(!p.on_read(500 * MIB, MIB, size).sequential);
+        assert!(!p.on_read(501 * MIB, MIB, size).sequential);
+        // A new run, counted from the first far read: sequential at its third read.
+        assert!(p.on_read(502 * MIB, MIB, size).sequential);
     }
 
     #[test]

@@ -131,9 +131,10 @@ pub fn decode(
             data
         }
         Encoding::Lz4 => {
-            let mut out = vec![0u8; decoded_len as usize];
-            match lz4_flex::block::decompress_into(&data, &mut out) {
-                Ok(n) if n == decoded_len as usize => Bytes::from(out),
+            // Into fresh capacity (no zeroing first); the checked decoder never writes
+            // past `decoded_len`.
+            match lz4_flex::block::decompress(&data, decoded_len as usize) {
+                Ok(out) if out.len() == decoded_len as usize => Bytes::from(out),
                 _ => {
                     return Err(PayloadError::Lz4 {
                         expected: decoded_len,
