@@ -3,7 +3,8 @@
 # links, from real kernel parts.
 #
 #   bench/run.sh [--quick] [--links 1gbit,wan,loopback] [--methods LIST] [--size-mib N]
-#                [--small-files N] [--fio-seconds N] [--copy-timeout SECS] [--out FILE]
+#                [--small-files N] [--fio-seconds N] [--copy-timeout SECS] [--repeat N]
+#                [--out FILE]
 #   FERRY_ARGS="--streams 16" bench/run.sh ...   extra options for ferry mount
 #
 # Links (all inside a network namespace this script creates; traffic stays on its loopback):
@@ -16,7 +17,8 @@
 # Methods: ferry, nc-raw, nc-lz4, scp, rsync, sshfs, sshfs4 (max_conns=4), rclone (mount over
 #   sftp). Data sets (scripts/gen-data.py): db.dat (database-like, lz4 ratio ~11), mixed.bin
 #   (lz4 ratio ~2), random.bin, tree/ (many small files).
-# Every copy starts with the page cache dropped and is verified (cmp, diff -r). CPU seconds
+# Every copy starts with the page cache dropped and is verified (cmp, diff -r), and is run
+# --repeat times (default 3; once if it takes over 30 s); the median run is reported. CPU seconds
 # are the whole machine's busy time during the copy (both ends, kernel included). fio random
 # reads (16 KiB, 4 jobs) run through each mount.
 #
@@ -34,6 +36,7 @@ size=1024
 small=10000
 fio_secs=15
 copy_timeout=300
+repeat=3
 out=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -44,13 +47,14 @@ while [ $# -gt 0 ]; do
         --small-files) small=$2; shift 2 ;;
         --fio-seconds) fio_secs=$2; shift 2 ;;
         --copy-timeout) copy_timeout=$2; shift 2 ;;
+        --repeat) repeat=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "bench/run.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
 if [ "$quick" = 1 ]; then
-    size=64; small=1000; fio_secs=3
+    size=64; small=1000; fio_secs=3; repeat=1
     links=${links:-1gbit,wan}
     methods=${methods:-ferry,nc-raw,nc-lz4}
     out=${out:-bench/out/quick.md}
@@ -211,8 +215,9 @@ kill_tree() {
     kill -TERM "$1" 2>/dev/null || true
 }
 
-# copy LINK DATASET METHOD COMMAND... : times one copy into $WORK/dst and verifies it.
-copy() {
+# copy_once LINK DATASET METHOD COMMAND... : times one copy into $WORK/dst and verifies it.
+# Prints "SECONDS|CPU" or "failed (why)" or "timed out (> N s)".
+copy_once() {
     local link=$1 ds=$2 method=$3; shift 3
     rm -rf "${WORK:?}/dst/$ds" 2>/dev/null || { sleep 1; rm -rf "${WORK:?}/dst/$ds"; }
     drop_caches
@@ -228,8 +233,7 @@ copy() {
     kill_tree "$watchdog"; wait "$watchdog" 2>/dev/null || true
     t1=$(date +%s.%N); j1=$(busy_jiffies)
     if [ $status -ne 0 ] && awk -v a="$t0" -v z="$t1" -v l="$copy_timeout" 'BEGIN { exit !(z - a >= l) }'; then
-        log "  $method $ds timed out after ${copy_timeout} s"
-        echo "$link|$ds|$method|timed out (> ${copy_timeout} s)||" >> "$ROWS"
+        echo "timed out (> ${copy_timeout} s)"
         return 0
     fi
     # scp follows symlinks (and fails on dangling ones) and rclone skips them: for those
@@ -242,8 +246,7 @@ copy() {
     fi
     if [ $status -ne 0 ]; then
         local why; why=$(grep -v '^$' "$WORK/logs/copy.log" | head -1 | cut -c1-80 | tr '|' '/')
-        log "  $method $ds FAILED ($status): $why"
-        echo "$link|$ds|$method|failed ($why)||" >> "$ROWS"
+        echo "failed ($status: $why)"
         return 0
     fi
     if [ -d "$DATA/$ds" ] && [ $no_links = 1 ]; then
@@ -253,12 +256,35 @@ copy() {
     else
         cmp -s "$DATA/$ds" "$WORK/dst/$ds" || die "$method: copy of $ds differs from the source"
     fi
+    awk -v a="$t0" -v z="$t1" -v j="$((j1 - j0))" -v hz="$HZ" 'BEGIN { printf "%.2f|%.1f\n", z - a, j / hz }'
+}
+
+# copy LINK DATASET METHOD COMMAND... : runs the copy --repeat times (once when the first run
+# takes over $ONCE_ABOVE s: long copies vary little, and some take minutes) and records the
+# median run. Every run is verified.
+ONCE_ABOVE=30
+copy() {
+    local link=$1 ds=$2 method=$3
+    local runs=() r i
+    for ((i = 1; i <= repeat; i++)); do
+        r=$(copy_once "$@")
+        case "$r" in
+            failed*|timed*)
+                log "  $method $ds $r"
+                echo "$link|$ds|$method|$r||" >> "$ROWS"
+                return 0 ;;
+        esac
+        runs+=("$r")
+        awk -v s="${r%%|*}" -v l="$ONCE_ABOVE" 'BEGIN { exit !(s > l) }' && break
+    done
+    local med
+    med=$(printf '%s\n' "${runs[@]}" | sort -t'|' -k1,1g | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }')
     local bytes; bytes=$(size_of "$DATA/$ds")
     local row
-    row=$(awk -v b="$bytes" -v a="$t0" -v z="$t1" -v j="$((j1 - j0))" -v hz="$HZ" \
-        'BEGIN { s = z - a; printf "%.2f|%.1f|%.1f", s, b / s / 1e6, j / hz }')
+    row=$(awk -v b="$bytes" -v m="$med" 'BEGIN { split(m, x, "|"); printf "%.2f|%.1f|%.1f", x[1], b / x[1] / 1e6, x[2] }')
     echo "$link|$ds|$method|$row" >> "$ROWS"
-    log "  $(printf '%-8s %-10s' "$method" "$ds") ${row//|/  }  (s, MB/s, cpu s)"
+    local all; all=$(printf '%s ' "${runs[@]%%|*}")
+    log "  $(printf '%-8s %-10s' "$method" "$ds") ${row//|/  }  (s, MB/s, cpu s; median of: ${all% })"
 }
 
 # Mount methods: mount once per link, copy with cp, unmount.
@@ -375,6 +401,7 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     echo "Produced by \`bench/run.sh$([ "$quick" = 1 ] && echo ' --quick')\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit,"
     echo "$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r). Files of $size MiB; tree of $small small files"
     echo "($(du -sh "$DATA/tree" | cut -f1)). Page cache dropped before every copy; every copy verified."
+    echo "Each figure is the median of $repeat runs of the copy (one run when the first took over $ONCE_ABOVE s)."
     echo "CPU s: busy time of the whole machine during the copy (both ends and the kernel)."
     echo "scp follows symlinks and rclone skips them: their tree copies are verified without tree/links/."
     echo "vs ferry: that method's speed relative to ferry's (below 1: slower than ferry)."
