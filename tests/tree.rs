@@ -200,3 +200,58 @@ fn missing_names_are_enoent_and_writes_are_erofs() {
     assert_eq!(std::fs::read(src.path().join("file")).unwrap(), b"data");
     assert_eq!(std::fs::read_dir(src.path()).unwrap().count(), 2);
 }
+
+#[test]
+fn cp_r_of_a_deep_tree_equals_the_source() {
+    // cp -r walks directories in listing order: the path the directory read-ahead
+    // (subdirectory listings and first chunks fetched before cp gets there) serves.
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    for a in 0..6 {
+        for b in 0..6 {
+            let d = src.path().join(format!("d{a}/e{b}"));
+            std::fs::create_dir_all(&d).unwrap();
+            for f in 0..12 {
+                write_random(
+                    &d.join(format!("f{f}")),
+                    3000 + f * 777,
+                    (a * 1000 + b * 100 + f) as u64,
+                );
+            }
+        }
+        std::fs::write(src.path().join(format!("d{a}/empty")), b"").unwrap();
+    }
+    let dst = tempfile::tempdir().unwrap();
+    let server = TestServer::start(src.path());
+    let mount = TestMount::mount(&server.addr, &[]);
+    run(Command::new("cp")
+        .arg("-r")
+        .arg(mount.path())
+        .arg(dst.path().join("copy")));
+    run(Command::new("diff")
+        .arg("-r")
+        .arg(src.path())
+        .arg(dst.path().join("copy")));
+}
+
+#[test]
+fn a_subdirectory_listed_ahead_is_listed_afresh_after_the_ttl() {
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir(src.path().join("sub")).unwrap();
+    std::fs::write(src.path().join("sub/old"), b"old").unwrap();
+    let server = TestServer::start(src.path());
+    let mount = TestMount::mount(&server.addr, &["--attr-timeout", "1"]);
+    // Listing the root fetches sub's listing ahead.
+    let root: Vec<_> = std::fs::read_dir(mount.path()).unwrap().collect();
+    assert_eq!(root.len(), 1);
+    std::fs::write(src.path().join("sub/new"), b"new").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut names: Vec<String> = std::fs::read_dir(mount.path().join("sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["new", "old"]);
+    assert_eq!(std::fs::read(mount.path().join("sub/new")).unwrap(), b"new");
+}

@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ferry_client::{ChunkStore, Client, FileKey, PrefetchConfig, Prefetcher};
+use ferry_client::{ChunkStore, Client, ClientError, FileKey, PrefetchConfig, Prefetcher};
 use ferry_proto::name::{join, validate_name};
-use ferry_proto::{Attr, FileKind, StatFs, Version};
+use ferry_proto::{Attr, DirEntry, FileKind, StatFs, Version};
 
 use crate::error::Error;
 use tracing::debug;
@@ -70,7 +70,7 @@ struct Inodes {
 }
 
 /// How many files after the one being opened get their first chunk fetched ahead.
-const PIPELINE_FILES: usize = 32;
+const PIPELINE_FILES: usize = 128;
 /// Directory listings kept for small-file pipelining.
 const KEPT_LISTINGS: usize = 16;
 
@@ -82,6 +82,44 @@ struct Listing {
     /// Entries before this index have been handed to the prefetcher already.
     pipelined_until: usize,
 }
+
+/// Subdirectory listings fetched ahead, by path (see [`Fs::list_subdirs_ahead`]).
+#[derive(Default)]
+struct DirsAhead {
+    by_path: HashMap<Bytes, (Instant, ListingCell)>,
+    order: std::collections::VecDeque<Bytes>,
+}
+
+type ListingCell = Arc<tokio::sync::OnceCell<Result<Vec<DirEntry>, ClientError>>>;
+
+/// Files of a subdirectory listed ahead whose first chunk is fetched with its listing.
+const PIPELINE_FILES_AHEAD: usize = PIPELINE_FILES;
+
+/// The chunk store's id for the file at `path` (relative to the export): a hash of the
+/// path, so chunks can be fetched for files the kernel has not looked up yet.
+fn file_id(path: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(path)
+}
+
+/// Starts fetching chunk 0 of entry `name` of directory `dir` if it is a non-empty regular
+/// file. False when the chunk budget is spent.
+fn prefetch_first_chunk(store: &Arc<ChunkStore>, dir: &Bytes, name: &Bytes, attr: &Attr) -> bool {
+    if attr.kind != FileKind::File || attr.size == 0 {
+        return true;
+    }
+    let path = Bytes::from(join(dir, name));
+    let key = FileKey {
+        id: file_id(&path),
+        version: attr.version(),
+        path,
+    };
+    store.prefetch(&key, 0)
+}
+
+/// Subdirectory listings fetched ahead at most (in flight or waiting for their opendir).
+const DIRS_AHEAD: usize = 64;
+/// Larger directories (by their size on the server) are not listed ahead.
+const DIR_AHEAD_MAX_SIZE: u64 = 256 << 10;
 
 #[derive(Default)]
 struct Listings {
@@ -140,6 +178,7 @@ pub struct Fs {
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     dirs: Mutex<HashMap<u64, Arc<Vec<DirItem>>>>,
     listings: Mutex<Listings>,
+    dirs_ahead: Mutex<DirsAhead>,
     next_fh: AtomicU64,
 }
 
@@ -178,6 +217,7 @@ impl Fs {
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             listings: Mutex::new(Listings::default()),
+            dirs_ahead: Mutex::new(DirsAhead::default()),
             next_fh: AtomicU64::new(1),
         }
     }
@@ -270,7 +310,7 @@ impl Fs {
                 inodes.by_path.remove(&path);
             }
             drop(inodes);
-            self.store.invalidate(ino);
+            self.store.invalidate(file_id(&path));
         }
     }
 
@@ -311,8 +351,8 @@ impl Fs {
     /// As [`Fs::lookup`].
     pub async fn opendir(&self, ino: u64) -> Result<u64, Error> {
         let path = self.path_of(ino)?;
-        let listed = Instant::now();
-        let entries = self.client.read_dir(path).await?;
+        let (entries, listed) = self.listing(&path).await?;
+        self.list_subdirs_ahead(&path, &entries);
         let items: Arc<Vec<DirItem>> = Arc::new(
             entries
                 .into_iter()
@@ -334,16 +374,101 @@ impl Fs {
             items,
             pipelined_until: 0,
         };
-        let mut ls = lock(&self.listings);
-        if ls.by_dir.insert(ino, listing).is_none() {
-            ls.order.push_back(ino);
-            while ls.order.len() > KEPT_LISTINGS {
-                if let Some(old) = ls.order.pop_front() {
-                    ls.by_dir.remove(&old);
+        {
+            let mut ls = lock(&self.listings);
+            if ls.by_dir.insert(ino, listing).is_none() {
+                ls.order.push_back(ino);
+                while ls.order.len() > KEPT_LISTINGS {
+                    if let Some(old) = ls.order.pop_front() {
+                        ls.by_dir.remove(&old);
+                    }
                 }
             }
         }
+        // The first files of the directory are on their way before the first is opened.
+        self.pipeline_files(ino, &path, 0);
         Ok(fh)
+    }
+
+    /// The entries of directory `path` and when they were listed: the listing fetched
+    /// ahead for it if there is a recent one (used once), else fetched now.
+    async fn listing(&self, path: &Bytes) -> Result<(Vec<DirEntry>, Instant), Error> {
+        let ahead = {
+            let mut a = lock(&self.dirs_ahead);
+            let hit = a.by_path.remove(path);
+            a.order.retain(|p| p != path);
+            hit
+        };
+        if let Some((started, cell)) = ahead {
+            if started.elapsed() < self.cfg.attr_ttl {
+                let client = self.client.clone();
+                let p = path.clone();
+                let got = cell
+                    .get_or_init(|| async move { client.read_dir(p).await })
+                    .await;
+                if let Ok(entries) = got {
+                    return Ok((entries.clone(), started));
+                }
+                // A failed listing ahead is retried now, and its error reported if it
+                // fails again.
+            }
+        }
+        let listed = Instant::now();
+        Ok((self.client.read_dir(path.clone()).await?, listed))
+    }
+
+    /// Directory read-ahead: a tree copy opens the subdirectories of a directory it has
+    /// listed, one after another, each costing a round trip for its listing. Their
+    /// listings (up to [`DIRS_AHEAD`] in all, of directories up to [`DIR_AHEAD_MAX_SIZE`]
+    /// bytes) are fetched now, in the background, for their `opendir` to take.
+    fn list_subdirs_ahead(&self, path: &Bytes, entries: &[DirEntry]) {
+        if self.cfg.attr_ttl.is_zero() {
+            return; // every opendir lists afresh
+        }
+        let mut a = lock(&self.dirs_ahead);
+        for e in entries {
+            if a.by_path.len() >= DIRS_AHEAD {
+                break;
+            }
+            if e.attr.kind != FileKind::Directory || e.attr.size > DIR_AHEAD_MAX_SIZE {
+                continue;
+            }
+            let child = Bytes::from(join(path, &e.name));
+            if a.by_path.contains_key(&child) {
+                continue;
+            }
+            let cell = Arc::new(tokio::sync::OnceCell::new());
+            a.by_path
+                .insert(child.clone(), (Instant::now(), cell.clone()));
+            a.order.push_back(child.clone());
+            let client = self.client.clone();
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                let path = child.clone();
+                let got = cell
+                    .get_or_init(|| async move { client.read_dir(child).await })
+                    .await;
+                // And the first bytes of its first files, for when the copy gets there.
+                if let Ok(entries) = got {
+                    for e in entries.iter().take(PIPELINE_FILES_AHEAD) {
+                        if !prefetch_first_chunk(&store, &path, &e.name, &e.attr) {
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+        // Listings nobody opened within the TTL are dropped.
+        while let Some(front) = a.order.front() {
+            match a.by_path.get(front) {
+                Some((t, _)) if t.elapsed() < self.cfg.attr_ttl => break,
+                _ => {
+                    if let Some(p) = a.order.pop_front() {
+                        a.by_path.remove(&p);
+                    }
+                }
+            }
+        }
     }
 
     /// The listing held by directory handle `fh`.
@@ -436,11 +561,11 @@ impl Fs {
         // Chunks held from an earlier version go; on a first open, chunks fetched ahead
         // for this very version (small-file pipelining) stay.
         if changed {
-            self.store.invalidate(ino);
+            self.store.invalidate(file_id(&path));
         }
         let handle = Handle {
             key: FileKey {
-                id: ino,
+                id: file_id(&path),
                 version,
                 path,
             },
@@ -468,46 +593,41 @@ impl Fs {
         let Some(parent) = lock(&self.inodes).by_path.get(&parent_path).copied() else {
             return;
         };
-        let candidates: Vec<(usize, DirItem)> = {
-            let mut ls = lock(&self.listings);
-            let Some(l) = ls.by_dir.get_mut(&parent) else {
+        let at = {
+            let ls = lock(&self.listings);
+            let Some(&at) = ls.by_dir.get(&parent).and_then(|l| l.index.get(&name)) else {
                 return;
             };
-            let Some(&at) = l.index.get(&name) else {
+            at
+        };
+        self.pipeline_files(parent, &parent_path, at + 1);
+    }
+
+    /// Fetches chunk 0 of the regular files of `parent`'s listing from position `from` up
+    /// to `from + PIPELINE_FILES`, skipping those already handed out, stopping when the
+    /// chunk budget is spent (a later call resumes there).
+    fn pipeline_files(&self, parent: u64, parent_path: &Bytes, from: usize) {
+        let (start, items) = {
+            let ls = lock(&self.listings);
+            let Some(l) = ls.by_dir.get(&parent) else {
                 return;
             };
-            let start = (at + 1).max(l.pipelined_until);
-            let end = (at + 1 + PIPELINE_FILES).min(l.items.len());
+            let start = from.max(l.pipelined_until);
+            let end = (from + PIPELINE_FILES).min(l.items.len());
             if start >= end {
                 return;
             }
-            l.pipelined_until = end;
-            l.items[start..end]
-                .iter()
-                .enumerate()
-                .filter(|(_, it)| it.attr.kind == FileKind::File && it.attr.size > 0)
-                .map(|(i, it)| (start + i, it.clone()))
-                .collect()
+            (start, l.items[start..end].to_vec())
         };
-        for (pos, item) in candidates {
-            let child = Bytes::from(join(&parent_path, &item.name));
-            // Only files the kernel knows (readdirplus made their inodes): the chunk is
-            // keyed by inode and version, and the open that follows uses the same.
-            let Some(child_ino) = lock(&self.inodes).by_path.get(&child).copied() else {
-                continue;
-            };
-            let key = FileKey {
-                id: child_ino,
-                version: item.attr.version(),
-                path: child,
-            };
-            if !self.store.prefetch(&key, 0) {
-                // Out of budget: the next open retries from this file on.
-                if let Some(l) = lock(&self.listings).by_dir.get_mut(&parent) {
-                    l.pipelined_until = l.pipelined_until.min(pos);
-                }
+        let mut done = start;
+        for item in &items {
+            if !prefetch_first_chunk(&self.store, parent_path, &item.name, &item.attr) {
                 break;
             }
+            done += 1;
+        }
+        if let Some(l) = lock(&self.listings).by_dir.get_mut(&parent) {
+            l.pipelined_until = l.pipelined_until.max(done);
         }
     }
 

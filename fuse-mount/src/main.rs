@@ -104,6 +104,13 @@ fn init_logging(verbose: u8, file: Option<&PathBuf>) -> anyhow::Result<()> {
         }
         None => b.with_writer(std::io::stderr).init(),
     }
+    // A panic in a FUSE or runtime thread ends the mount; in daemon mode stderr goes
+    // nowhere, so it is logged where the operator looks.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        tracing::error!("panic: {info}");
+        default_hook(info);
+    }));
     Ok(())
 }
 
