@@ -3,82 +3,10 @@
 
 #![allow(clippy::unwrap_used)] // tests may panic on setup failures
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, PermissionsExt};
-use std::path::Path;
 use std::process::Command;
 
-use ferry_tests::{require_fuse, run, walk, write_random, TestMount, TestServer};
-
-/// Sets atime/mtime to the nanosecond, without following a final symlink.
-fn set_mtime(p: &Path, sec: i64, nsec: i64) {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let ts = [
-        libc::timespec {
-            tv_sec: sec,
-            tv_nsec: nsec,
-        },
-        libc::timespec {
-            tv_sec: sec,
-            tv_nsec: nsec,
-        },
-    ];
-    // SAFETY: valid path and two timespecs, as utimensat requires.
-    let rc = unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            ts.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    assert_eq!(rc, 0, "utimensat {}", p.display());
-}
-
-fn build_tree(root: &Path) {
-    let d = |p: &str| std::fs::create_dir_all(root.join(p)).unwrap();
-    d("a/b/c");
-    d("empty");
-    d("a/empty2");
-    d("big");
-    for (i, size) in [0usize, 1, 4095, 4096, 65537, (1 << 20) - 1, (1 << 20) + 1]
-        .iter()
-        .enumerate()
-    {
-        write_random(&root.join(format!("a/f{size}")), *size, i as u64);
-    }
-    std::fs::write(root.join("a/b/c/deep.txt"), b"deep\n").unwrap();
-    std::fs::write(root.join("name with spaces & ünïcode"), b"x").unwrap();
-    symlink("b/c/deep.txt", root.join("a/rel_link")).unwrap();
-    symlink("../../nowhere", root.join("a/dangling")).unwrap();
-    symlink("/etc/hostname", root.join("abs_link")).unwrap();
-    symlink("a/b", root.join("dir_link")).unwrap();
-    for i in 0..20_000 {
-        std::fs::write(root.join(format!("big/entry{i:05}")), b"").unwrap();
-    }
-    let mode = |p: &str, m: u32| {
-        std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(m)).unwrap()
-    };
-    mode("a/f0", 0o600);
-    mode("a/f1", 0o755);
-    mode("a/f4095", 0o4751);
-    mode("a/f4096", 0o444);
-    mode("empty", 0o1777);
-    mode("a/empty2", 0o700);
-    // Distinct nanosecond mtimes everywhere, set last (children before parents).
-    let mut n = 0;
-    let all = walk(root);
-    for m in all.iter().rev() {
-        n += 1;
-        set_mtime(
-            &root.join(&m.rel),
-            1_600_000_000 + n,
-            (n * 7_777_777) % 1_000_000_000,
-        );
-    }
-    set_mtime(root, 1_500_000_000, 123_456_789);
-}
+use ferry_tests::{build_tree, require_fuse, run, walk, write_random, TestMount, TestServer};
 
 #[test]
 fn listing_and_metadata_equal_the_source() {

@@ -1,4 +1,5 @@
-//! ferry-mount: `ferry mount` mounts a ferryd export with FUSE, read-only.
+//! ferry-mount: `ferry mount` mounts a ferryd export with FUSE, read-only; `ferry mirror`
+//! copies a whole export into a local directory; `ferry status` reports on one.
 //!
 //! - [`target`]: parsing `HOST[:PORT][:/PATH]`.
 //! - [`fs`]: the file system itself, async and free of fuser types (so it can be tested
@@ -10,9 +11,12 @@
 //! - [`error`]: [`error::Error`] and the errno each failure becomes.
 //! - [`mount`]: session setup: mount options, stale-mount recovery, the kernel readahead
 //!   of the mount's bdi, signals, clean unmount.
+//! - [`mirror_cli`]: `ferry mirror` (the ferry-cache engine without FUSE, with a progress
+//!   bar) and `ferry status`.
 
 pub mod error;
 pub mod fs;
 pub mod fuse;
+pub mod mirror_cli;
 pub mod mount;
 pub mod target;

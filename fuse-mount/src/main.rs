@@ -1,4 +1,5 @@
-//! `ferry`: mount a ferryd export (`ferry mount`).
+//! `ferry`: mount a ferryd export (`ferry mount`), mirror one into a local directory
+//! (`ferry mirror`), report on a mirror (`ferry status`).
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -32,6 +33,71 @@ enum Command {
     ///   ferry mount db1:7070 /mnt/db1 --streams 16 --allow-other
     #[command(verbatim_doc_comment)]
     Mount(MountArgs),
+    /// Copy a ferryd export into a local directory: complete, verified, resumable.
+    ///
+    /// Big files are split into chunks fetched in parallel over several streams, many
+    /// small files are in flight at once, every file is checked against the server's
+    /// BLAKE3. Run it again after an interruption: only missing or changed chunks move.
+    /// Exits 0 only when the whole tree is complete and verified.
+    ///
+    /// Examples:
+    ///   ferry mirror db1:/u01/oradata /restore/oradata
+    ///   ferry mirror db1:7070 /data/copy --streams 16 --bwlimit 200M
+    #[command(verbatim_doc_comment)]
+    Mirror(MirrorArgs),
+    /// Report on a mirror directory: bytes and files done, rate, ETA, verification, errors.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct MirrorArgs {
+    /// Server and directory: HOST[:PORT][:/PATH] (default port 7070).
+    remote: String,
+    /// Local directory to fill (created if missing; its state goes in DIR/.ferry/).
+    dir: PathBuf,
+    /// TCP connections used together.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    streams: usize,
+    /// Chunk size to request, in KiB (the server may choose smaller).
+    #[arg(long, value_name = "KIB", default_value_t = 1024)]
+    chunk_size: u32,
+    /// Files copied at once.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    files: usize,
+    /// Memory for chunks in flight, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    chunk_memory: usize,
+    /// Cap on the transfer rate, bytes per second on the wire, with K, M, G (powers of
+    /// 1024), e.g. 100M.
+    #[arg(long, value_name = "RATE", value_parser = ferry_mount::mirror_cli::parse_rate)]
+    bwlimit: Option<u64>,
+    /// Never ask for lz4-compressed data.
+    #[arg(long)]
+    no_compression: bool,
+    /// Do not compare each file's BLAKE3 with the server's.
+    #[arg(long)]
+    no_verify: bool,
+    /// No progress bar.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Seconds to wait for the server when connecting.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    connect_timeout: u64,
+    /// Write the log here instead of stderr.
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+    /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+#[derive(Debug, clap::Args)]
+struct StatusArgs {
+    /// A `ferry mirror` directory.
+    path: PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -83,8 +149,12 @@ struct MountArgs {
 }
 
 fn init_logging(verbose: u8, file: Option<&PathBuf>) -> anyhow::Result<()> {
+    init_logging_at(verbose, file, "info")
+}
+
+fn init_logging_at(verbose: u8, file: Option<&PathBuf>, quiet: &str) -> anyhow::Result<()> {
     let default = match verbose {
-        0 => "info",
+        0 => quiet,
         1 => "debug",
         _ => "trace",
     };
@@ -128,11 +198,47 @@ fn limit_malloc_arenas() {
 fn main() {
     limit_malloc_arenas();
     let cli = Cli::parse();
-    let Command::Mount(args) = cli.command;
-    if let Err(e) = mount(args) {
+    let r = match cli.command {
+        Command::Mount(args) => mount(args),
+        Command::Mirror(args) => mirror(args),
+        Command::Status(args) => ferry_mount::mirror_cli::status(&args.path, args.json),
+    };
+    if let Err(e) = r {
         eprintln!("ferry: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
+    let target = Target::parse(&a.remote).map_err(|e| anyhow::anyhow!(e))?;
+    anyhow::ensure!(
+        (4..=16 * 1024).contains(&a.chunk_size),
+        "--chunk-size {} KiB is out of range: use 4 to 16384",
+        a.chunk_size
+    );
+    anyhow::ensure!((1..=256).contains(&a.streams), "--streams must be 1 to 256");
+    anyhow::ensure!((1..=4096).contains(&a.files), "--files must be 1 to 4096");
+    init_logging_at(a.verbose, a.log_file.as_ref(), "warn")?;
+    ferry_mount::mirror_cli::run(ferry_mount::mirror_cli::MirrorOptions {
+        target,
+        dir: a.dir,
+        client: ClientConfig {
+            streams: a.streams,
+            chunk_size: a.chunk_size * 1024,
+            compression: !a.no_compression,
+            connect_timeout: Duration::from_secs(a.connect_timeout.max(1)),
+            client_name: format!("ferry {} mirror", env!("CARGO_PKG_VERSION")),
+            ..ClientConfig::default()
+        },
+        engine: ferry_cache::MirrorConfig {
+            files_in_flight: a.files,
+            chunk_memory: a.chunk_memory.max(1) << 20,
+            verify: !a.no_verify,
+            bwlimit: a.bwlimit,
+            ..ferry_cache::MirrorConfig::default()
+        },
+        progress: !a.quiet,
+    })
 }
 
 fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {

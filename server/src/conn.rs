@@ -18,8 +18,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use ferry_proto::preamble::{self, Refusal, Transport, PREAMBLE_LEN};
 use ferry_proto::{
-    features, payload, AuthMethod, Frame, Handshake, ReadData, Request, Response, Status, Welcome,
-    FRAME_OVERHEAD, HANDSHAKE_MAX_FRAME, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, PROTOCOL_VERSION,
+    features, payload, AuthMethod, FileHash, Frame, Handshake, ReadData, Request, Response, Status,
+    Welcome, FRAME_OVERHEAD, HANDSHAKE_MAX_FRAME, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -320,6 +320,35 @@ async fn handle(
         Request::StatFs => blocking(move || sh.export.statfs())
             .await
             .map(Response::StatFs),
+        Request::Hash { path } => {
+            // At most two files hashed at once; the wait is bounded by the client's own
+            // request timeout.
+            let Ok(_slot) = shared.hash_slots.clone().acquire_owned().await else {
+                return error_response(OpError::new(Status::Busy, "server busy"));
+            };
+            blocking(move || {
+                let (file, attr) = sh.export.open_file(&path)?;
+                let cached = sh
+                    .hashes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&path, attr.version());
+                if let Some(blake3) = cached {
+                    return Ok(FileHash {
+                        version: attr.version(),
+                        blake3,
+                    });
+                }
+                let (version, blake3) = export::hash_file(&file, attr, chunk_size as usize)?;
+                sh.hashes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(path, version, blake3);
+                Ok(FileHash { version, blake3 })
+            })
+            .await
+            .map(Response::Hash)
+        }
         Request::ReadDir {
             path,
             cookie,

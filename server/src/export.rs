@@ -14,7 +14,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use ferry_proto::name::{validate_path, NameError};
-use ferry_proto::{Attr, DirEntry, DirPage, FileKind, StatFs, Status, Timestamp};
+use ferry_proto::{Attr, DirEntry, DirPage, FileKind, StatFs, Status, Timestamp, Version};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
@@ -285,6 +285,45 @@ pub fn read_at(file: &File, attr: Attr, offset: u64, len: usize) -> Result<(Byte
     Err(OpError::new(
         Status::Busy,
         "file kept changing while being read",
+    ))
+}
+
+/// BLAKE3 of the whole file, read in chunks of `buf_len` bytes. The version must be the same
+/// before and after (else the file is hashed again, up to three times), so the hash belongs
+/// to exactly the version it is reported with.
+///
+/// # Errors
+/// I/O errors, or a file that keeps changing.
+pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u8; 32]), OpError> {
+    let mut before = attr;
+    let mut buf: Vec<u8> = Vec::with_capacity(buf_len);
+    for _ in 0..3 {
+        let mut hasher = blake3::Hasher::new();
+        let mut offset = 0u64;
+        loop {
+            buf.clear();
+            match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), offset) {
+                Ok(0) => break,
+                Ok(n) => {
+                    hasher.update(&buf[..n]);
+                    offset += n as u64;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(OpError::new(Status::Io, format!("read: {e}"))),
+            }
+        }
+        let after = attr_of(
+            &rustix::fs::fstat(file.as_fd())
+                .map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
+        );
+        if after.version() == before.version() && offset == after.size {
+            return Ok((after.version(), *hasher.finalize().as_bytes()));
+        }
+        before = after;
+    }
+    Err(OpError::new(
+        Status::Busy,
+        "file kept changing while being hashed",
     ))
 }
 

@@ -66,6 +66,36 @@ pub(crate) struct Shared {
     /// Total units of `read_budget`.
     pub(crate) read_budget_units: u32,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// Whole-file hashes computed, by path and version (a mirror asks once per file).
+    pub(crate) hashes: std::sync::Mutex<HashCache>,
+    /// Hashes computed at once: each reads a whole file, so they must not crowd out reads.
+    pub(crate) hash_slots: Arc<Semaphore>,
+}
+
+/// Recently computed whole-file hashes, least recently inserted dropped first.
+#[derive(Default)]
+pub(crate) struct HashCache {
+    map: std::collections::HashMap<(bytes::Bytes, ferry_proto::Version), [u8; 32]>,
+    order: std::collections::VecDeque<(bytes::Bytes, ferry_proto::Version)>,
+}
+
+impl HashCache {
+    const KEEP: usize = 4096;
+
+    pub(crate) fn get(&self, path: &bytes::Bytes, v: ferry_proto::Version) -> Option<[u8; 32]> {
+        self.map.get(&(path.clone(), v)).copied()
+    }
+
+    pub(crate) fn insert(&mut self, path: bytes::Bytes, v: ferry_proto::Version, h: [u8; 32]) {
+        if self.map.insert((path.clone(), v), h).is_none() {
+            self.order.push_back((path, v));
+            while self.order.len() > Self::KEEP {
+                if let Some(k) = self.order.pop_front() {
+                    self.map.remove(&k);
+                }
+            }
+        }
+    }
 }
 
 /// Serves `listener` until `shutdown` completes, then stops accepting, lets in-flight
@@ -92,6 +122,8 @@ pub async fn run(
         instance_id,
         shutdown: stop_rx,
         config,
+        hashes: std::sync::Mutex::new(HashCache::default()),
+        hash_slots: Arc::new(Semaphore::new(2)),
     });
     let limit = Arc::new(Semaphore::new(shared.config.max_connections));
     let mut tasks = tokio::task::JoinSet::new();

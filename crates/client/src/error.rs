@@ -54,4 +54,14 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// Whether trying the same request again may succeed: a corrupt payload, a lost
+    /// connection, a timeout, or a busy server.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Payload(_) | ClientError::ConnectionLost | ClientError::Timeout(_) => true,
+            ClientError::Remote { status, .. } => *status == Status::Busy,
+            _ => false,
+        }
+    }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use ferry_proto::preamble::{self, Transport, PREAMBLE_LEN};
 use ferry_proto::{
-    features, payload, Attr, DirEntry, Frame, Handshake, Hello, Request, Response, StatFs, Version,
-    Welcome, DEFAULT_CHUNK_SIZE, HANDSHAKE_MAX_FRAME, PROTOCOL_VERSION,
+    features, payload, Attr, DirEntry, FileHash, Frame, Handshake, Hello, Request, Response,
+    StatFs, Version, Welcome, DEFAULT_CHUNK_SIZE, HANDSHAKE_MAX_FRAME, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -341,6 +341,22 @@ impl Client {
         }
     }
 
+    /// BLAKE3 of the whole regular file at `path`, with the version it was computed over.
+    ///
+    /// # Errors
+    /// As [`Client::call`]; [`ClientError::Protocol`] if the server lacks the HASH feature.
+    pub async fn hash(&self, path: Bytes) -> Result<FileHash, ClientError> {
+        if self.session().features & features::HASH == 0 {
+            return Err(ClientError::Protocol(
+                "the server cannot hash files (ferryd too old): upgrade ferryd".into(),
+            ));
+        }
+        match self.call(Request::Hash { path }).await? {
+            Response::Hash(h) => Ok(h),
+            r => Err(unexpected(&r)),
+        }
+    }
+
     /// Target of the symlink at `path`.
     ///
     /// # Errors
@@ -414,6 +430,21 @@ impl Client {
         offset: u64,
         len: u32,
     ) -> Result<(Bytes, Version), ClientError> {
+        let (data, version, _) = self.read_counted(path, offset, len).await?;
+        Ok((data, version))
+    }
+
+    /// As [`Client::read`], also returning the payload's size on the wire (for bandwidth
+    /// accounting).
+    ///
+    /// # Errors
+    /// As [`Client::read`].
+    pub async fn read_counted(
+        &self,
+        path: Bytes,
+        offset: u64,
+        len: u32,
+    ) -> Result<(Bytes, Version, usize), ClientError> {
         let r = match self
             .call(Request::Read {
                 path,
@@ -439,8 +470,9 @@ impl Client {
             .fetch_add(u64::from(r.decoded_len), Ordering::Relaxed);
         c.reads.fetch_add(1, Ordering::Relaxed);
         let version = r.version;
+        let wire = r.data.len();
         let data = payload::decode(r.encoding, r.decoded_len, r.checksum, r.data)?;
-        Ok((data, version))
+        Ok((data, version, wire))
     }
 }
 

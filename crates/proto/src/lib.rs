@@ -30,8 +30,8 @@ pub use attr::{Attr, FileKind, Timestamp, Version};
 pub use codec::DecodeError;
 pub use frame::{Frame, FrameError, FRAME_HEADER_LEN};
 pub use message::{
-    AuthMethod, AuthOk, AuthProof, DirEntry, DirPage, Handshake, Hello, ReadData, Request,
-    Response, StatFs, Welcome,
+    AuthMethod, AuthOk, AuthProof, DirEntry, DirPage, FileHash, Handshake, Hello, ReadData,
+    Request, Response, StatFs, Welcome,
 };
 pub use payload::{Encoding, PayloadError};
 pub use status::Status;
@@ -43,8 +43,10 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub mod features {
     /// Read payloads may be lz4-compressed (block format, see [`crate::payload`]).
     pub const LZ4: u64 = 1 << 0;
+    /// The server answers [`crate::Request::Hash`] (whole-file BLAKE3).
+    pub const HASH: u64 = 1 << 1;
     /// All features this build understands.
-    pub const ALL: u64 = LZ4;
+    pub const ALL: u64 = LZ4 | HASH;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

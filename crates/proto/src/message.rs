@@ -8,8 +8,8 @@
 //! | 0x02 | [`Welcome`] | server → client |
 //! | 0x03 | [`AuthProof`] | client → server |
 //! | 0x04 | [`AuthOk`] | server → client |
-//! | 0x10..=0x15 | [`Request`] | client → server |
-//! | 0x90..=0x95 | [`Response`] (success) | server → client |
+//! | 0x10..=0x16 | [`Request`] | client → server |
+//! | 0x90..=0x96 | [`Response`] (success) | server → client |
 //! | 0xff | [`Response::Error`] (also a failed handshake) | server → client |
 //!
 //! Request kinds stay below 0x7f so that `kind | 0x80` never collides with 0xff. Request
@@ -37,6 +37,7 @@ const K_READDIR: u8 = 0x12;
 const K_READ: u8 = 0x13;
 const K_READLINK: u8 = 0x14;
 const K_STATFS: u8 = 0x15;
+const K_HASH: u8 = 0x16;
 const RESPONSE_BIT: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
 
@@ -161,6 +162,21 @@ pub enum Request {
     },
     /// File system statistics of the export. Answer: [`Response::StatFs`].
     StatFs,
+    /// BLAKE3 of a whole regular file, to verify a complete copy (requires the HASH
+    /// feature). Answer: [`Response::Hash`].
+    Hash {
+        /// The file.
+        path: Bytes,
+    },
+}
+
+/// The BLAKE3 of a whole file and the version it was computed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileHash {
+    /// The file's version while it was hashed (unchanged from start to end).
+    pub version: Version,
+    /// BLAKE3-256 of all its bytes.
+    pub blake3: [u8; 32],
 }
 
 /// One directory entry with its attributes.
@@ -234,6 +250,8 @@ pub enum Response {
     Link(Bytes),
     /// Answer to [`Request::StatFs`].
     StatFs(StatFs),
+    /// Answer to [`Request::Hash`].
+    Hash(FileHash),
     /// Any request failed.
     Error {
         /// Why.
@@ -379,6 +397,7 @@ impl Request {
             Request::Read { .. } => K_READ,
             Request::ReadLink { .. } => K_READLINK,
             Request::StatFs => K_STATFS,
+            Request::Hash { .. } => K_HASH,
         }
     }
 
@@ -387,7 +406,9 @@ impl Request {
         let mut b = BytesMut::new();
         match self {
             Request::Ping | Request::StatFs => {}
-            Request::Stat { path } | Request::ReadLink { path } => put_bytes16(&mut b, path),
+            Request::Stat { path } | Request::ReadLink { path } | Request::Hash { path } => {
+                put_bytes16(&mut b, path)
+            }
             Request::ReadDir {
                 path,
                 cookie,
@@ -422,6 +443,9 @@ impl Request {
                 path: get_bytes16(&mut b, "path")?,
             },
             K_READLINK => Request::ReadLink {
+                path: get_bytes16(&mut b, "path")?,
+            },
+            K_HASH => Request::Hash {
                 path: get_bytes16(&mut b, "path")?,
             },
             K_READDIR => Request::ReadDir {
@@ -465,6 +489,7 @@ impl Response {
             Response::Read(_) => K_READ | RESPONSE_BIT,
             Response::Link(_) => K_READLINK | RESPONSE_BIT,
             Response::StatFs(_) => K_STATFS | RESPONSE_BIT,
+            Response::Hash(_) => K_HASH | RESPONSE_BIT,
             Response::Error { .. } => K_ERROR,
         }
     }
@@ -508,6 +533,10 @@ impl Response {
                 for v in [s.bsize, s.namelen, s.frsize] {
                     b.put_u32(v);
                 }
+            }
+            Response::Hash(h) => {
+                h.version.encode(&mut b);
+                b.put_slice(&h.blake3);
             }
             Response::Error { status, message } => {
                 encode_error(head, request_id, *status, message);
@@ -573,6 +602,14 @@ impl Response {
                 bsize: get_u32(&mut b, "statfs")?,
                 namelen: get_u32(&mut b, "statfs")?,
                 frsize: get_u32(&mut b, "statfs")?,
+            }),
+            k if k == K_HASH | RESPONSE_BIT => Response::Hash(FileHash {
+                version: Version::decode(&mut b)?,
+                blake3: get_array(&mut b, "blake3")?,
+            }),
+            k if k == K_HASH | RESPONSE_BIT => Response::Hash(FileHash {
+                version: Version::decode(&mut b)?,
+                blake3: get_array(&mut b, "blake3")?,
             }),
             K_ERROR => {
                 let (status, message) = decode_error(b)?;

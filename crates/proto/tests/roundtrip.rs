@@ -70,6 +70,7 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::StatFs),
         bytes16().prop_map(|path| Request::Stat { path }),
         bytes16().prop_map(|path| Request::ReadLink { path }),
+        bytes16().prop_map(|path| Request::Hash { path }),
         (bytes16(), any::<u64>(), any::<u32>()).prop_map(|(path, cookie, max_entries)| {
             Request::ReadDir {
                 path,
@@ -120,6 +121,10 @@ fn response() -> impl Strategy<Value = Response> {
                 })
             ),
         bytes16().prop_map(Response::Link),
+        (attr(), any::<[u8; 32]>()).prop_map(|(a, blake3)| Response::Hash(FileHash {
+            version: a.version(),
+            blake3
+        })),
         any::<[u64; 5]>().prop_map(|v| Response::StatFs(StatFs {
             blocks: v[0],
             bfree: v[1],

@@ -1,0 +1,26 @@
+//! ferry's local copy of an export.
+//!
+//! A cache directory holds the copy laid out exactly as the export (plain files, sparse
+//! while they fill; directories, symlinks, modes and nanosecond mtimes as the source) plus
+//! a state folder, `.ferry/`, whose journal records for every file the remote version the
+//! local bytes belong to, which chunks of it are present (durable on disk), and whether the
+//! whole file was verified against the server's BLAKE3.
+//!
+//! - [`journal`]: the on-disk record format (checksummed, append-only, replayed on open,
+//!   compacted).
+//! - [`state`]: per-file state and the [`CacheDir`] that owns the directory.
+//! - [`mirror`]: the engine that walks the export and fills the copy ([`mirror::Mirror`]).
+//! - [`progress`]: counters, and the status file `ferry status` reads.
+
+pub mod journal;
+pub mod mirror;
+pub mod progress;
+pub mod state;
+
+pub use mirror::{Mirror, MirrorConfig, MirrorError};
+pub use progress::{Progress, Status};
+pub use state::{CacheDir, FileState};
+
+/// Name of the state folder inside a cache directory. An export entry of this name at the
+/// top level is not mirrored.
+pub const STATE_DIR: &str = ".ferry";

@@ -1,0 +1,229 @@
+//! Progress counters of a mirror run and the status file `ferry status` reads
+//! (`DIR/.ferry/status.json`, replaced atomically about once a second).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors kept for the status file (the most recent ones).
+const KEPT_ERRORS: usize = 20;
+
+/// Live counters of one run. Shared by the engine's tasks.
+#[derive(Debug)]
+pub struct Progress {
+    started: Instant,
+    started_unix: u64,
+    /// Bytes of all files found so far.
+    pub bytes_total: AtomicU64,
+    /// Bytes present locally (already there, or fetched this run).
+    pub bytes_done: AtomicU64,
+    /// Bytes fetched from the server this run (decoded).
+    pub bytes_fetched: AtomicU64,
+    /// Regular files found so far.
+    pub files_total: AtomicU64,
+    /// Files complete and verified.
+    pub files_done: AtomicU64,
+    /// Files verified this run (hash compared).
+    pub files_verified: AtomicU64,
+    /// Chunks fetched this run.
+    pub chunks_fetched: AtomicU64,
+    /// Chunks fetched again after a failed attempt (checksum, I/O).
+    pub chunks_refetched: AtomicU64,
+    /// Whole files fetched again because the hash did not match.
+    pub hash_mismatches: AtomicU64,
+    /// Files that changed on the server while being copied (then copied again).
+    pub files_changed: AtomicU64,
+    /// Directories, symlinks and other entries created.
+    pub others_done: AtomicU64,
+    /// The whole tree has been listed.
+    pub walk_done: AtomicBool,
+    errors: Mutex<Vec<String>>,
+    error_count: AtomicU64,
+    rate: Mutex<RateWindow>,
+}
+
+#[derive(Debug, Default)]
+struct RateWindow {
+    samples: std::collections::VecDeque<(Instant, u64)>,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress {
+            started: Instant::now(),
+            started_unix: unix_now(),
+            bytes_total: AtomicU64::new(0),
+            bytes_done: AtomicU64::new(0),
+            bytes_fetched: AtomicU64::new(0),
+            files_total: AtomicU64::new(0),
+            files_done: AtomicU64::new(0),
+            files_verified: AtomicU64::new(0),
+            chunks_fetched: AtomicU64::new(0),
+            chunks_refetched: AtomicU64::new(0),
+            hash_mismatches: AtomicU64::new(0),
+            files_changed: AtomicU64::new(0),
+            others_done: AtomicU64::new(0),
+            walk_done: AtomicBool::new(false),
+            errors: Mutex::new(Vec::new()),
+            error_count: AtomicU64::new(0),
+            rate: Mutex::new(RateWindow::default()),
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Progress {
+    /// Records an error (kept for the status file, counted).
+    pub fn error(&self, msg: String) {
+        tracing::warn!("{msg}");
+        self.error_count.fetch_add(1, Ordering::Relaxed);
+        let mut e = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        if e.len() == KEPT_ERRORS {
+            e.remove(0);
+        }
+        e.push(msg);
+    }
+
+    /// Errors so far.
+    pub fn error_count(&self) -> u64 {
+        self.error_count.load(Ordering::Relaxed)
+    }
+
+    /// Seconds since the run started.
+    pub fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// Fetch rate over the last ~5 s (bytes/s); the run's average before that.
+    pub fn rate(&self) -> f64 {
+        let now = Instant::now();
+        let fetched = self.bytes_fetched.load(Ordering::Relaxed);
+        let mut w = self.rate.lock().unwrap_or_else(|e| e.into_inner());
+        w.samples.push_back((now, fetched));
+        while w.samples.len() > 2
+            && w.samples
+                .front()
+                .is_some_and(|(t, _)| now.duration_since(*t).as_secs_f64() > 5.0)
+        {
+            w.samples.pop_front();
+        }
+        match w.samples.front() {
+            Some((t, b)) if now.duration_since(*t).as_secs_f64() > 0.5 => {
+                (fetched - b) as f64 / now.duration_since(*t).as_secs_f64()
+            }
+            _ => fetched as f64 / self.elapsed().max(1e-3),
+        }
+    }
+
+    /// A snapshot for the status file.
+    pub fn snapshot(&self, state: &str, remote: &str) -> Status {
+        let rate = self.rate();
+        let total = self.bytes_total.load(Ordering::Relaxed);
+        let done = self.bytes_done.load(Ordering::Relaxed);
+        let walk_done = self.walk_done.load(Ordering::Relaxed);
+        Status {
+            state: state.to_string(),
+            pid: std::process::id(),
+            remote: remote.to_string(),
+            started_unix: self.started_unix,
+            updated_unix: unix_now(),
+            elapsed_secs: self.elapsed(),
+            walk_done,
+            bytes_total: total,
+            bytes_done: done,
+            bytes_fetched: self.bytes_fetched.load(Ordering::Relaxed),
+            files_total: self.files_total.load(Ordering::Relaxed),
+            files_done: self.files_done.load(Ordering::Relaxed),
+            files_verified: self.files_verified.load(Ordering::Relaxed),
+            chunks_fetched: self.chunks_fetched.load(Ordering::Relaxed),
+            chunks_refetched: self.chunks_refetched.load(Ordering::Relaxed),
+            hash_mismatches: self.hash_mismatches.load(Ordering::Relaxed),
+            files_changed: self.files_changed.load(Ordering::Relaxed),
+            rate_bytes_per_sec: rate,
+            eta_secs: (walk_done && rate > 0.0).then(|| total.saturating_sub(done) as f64 / rate),
+            error_count: self.error_count(),
+            errors: self
+                .errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+}
+
+/// What `ferry status` shows: the state of the last or running mirror of a directory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// "running", "complete", "incomplete" (ended with errors) or "interrupted".
+    pub state: String,
+    /// Process that wrote it.
+    pub pid: u32,
+    /// What is mirrored (HOST:PORT:/PATH).
+    pub remote: String,
+    /// When the run started (Unix seconds).
+    pub started_unix: u64,
+    /// When this was written (Unix seconds).
+    pub updated_unix: u64,
+    /// Seconds the run has taken.
+    pub elapsed_secs: f64,
+    /// The whole export has been listed (totals are final).
+    pub walk_done: bool,
+    /// Bytes of all regular files.
+    pub bytes_total: u64,
+    /// Bytes present locally.
+    pub bytes_done: u64,
+    /// Bytes fetched this run.
+    pub bytes_fetched: u64,
+    /// Regular files.
+    pub files_total: u64,
+    /// Files complete and verified.
+    pub files_done: u64,
+    /// Files whose hash was compared this run.
+    pub files_verified: u64,
+    /// Chunks fetched this run.
+    pub chunks_fetched: u64,
+    /// Chunks fetched again after a failed attempt.
+    pub chunks_refetched: u64,
+    /// Files fetched again after a hash mismatch.
+    pub hash_mismatches: u64,
+    /// Files that changed on the server while being copied.
+    pub files_changed: u64,
+    /// Recent fetch rate.
+    pub rate_bytes_per_sec: f64,
+    /// Estimated seconds left (once the walk is done).
+    pub eta_secs: Option<f64>,
+    /// Errors so far.
+    pub error_count: u64,
+    /// The most recent errors.
+    pub errors: Vec<String>,
+}
+
+impl Status {
+    /// Writes `status.json` into state folder `meta` (atomically: temp file, rename).
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn write(&self, meta: &Path) -> std::io::Result<()> {
+        let tmp = meta.join("status.json.tmp");
+        let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(&tmp, json)?;
+        std::fs::rename(&tmp, meta.join("status.json"))
+    }
+
+    /// Reads `status.json` from state folder `meta`.
+    ///
+    /// # Errors
+    /// Missing or unreadable file.
+    pub fn read(meta: &Path) -> std::io::Result<Status> {
+        let raw = std::fs::read(meta.join("status.json"))?;
+        serde_json::from_slice(&raw).map_err(std::io::Error::other)
+    }
+}

@@ -1,0 +1,460 @@
+//! Per-file state and the cache directory that owns it.
+
+use std::collections::HashMap;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use ferry_proto::Version;
+
+use crate::journal::{Journal, Record};
+use crate::STATE_DIR;
+
+/// What the cache knows of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileState {
+    /// The remote version the local bytes belong to.
+    pub version: Version,
+    /// Chunk size of `present`'s indexes.
+    pub chunk_size: u32,
+    present: Vec<u64>,
+    present_count: u64,
+    /// The server's BLAKE3 the whole local file matched, once verified.
+    pub verified: Option<[u8; 32]>,
+}
+
+impl FileState {
+    /// A file of `version` with no chunk present.
+    pub fn new(version: Version, chunk_size: u32) -> FileState {
+        let chunks = version.size.div_ceil(u64::from(chunk_size.max(1)));
+        FileState {
+            version,
+            chunk_size,
+            present: vec![0; chunks.div_ceil(64) as usize],
+            present_count: 0,
+            verified: None,
+        }
+    }
+
+    /// Number of chunks of the file.
+    pub fn chunks(&self) -> u64 {
+        self.version
+            .size
+            .div_ceil(u64::from(self.chunk_size.max(1)))
+    }
+
+    /// Whether chunk `i` is present.
+    pub fn has(&self, i: u64) -> bool {
+        i < self.chunks() && self.present[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    fn set(&mut self, i: u64) {
+        if i < self.chunks() && !self.has(i) {
+            self.present[(i / 64) as usize] |= 1 << (i % 64);
+            self.present_count += 1;
+        }
+    }
+
+    /// Chunks present.
+    pub fn present_count(&self) -> u64 {
+        self.present_count
+    }
+
+    /// Bytes present (the last chunk may be short).
+    pub fn present_bytes(&self) -> u64 {
+        let cs = u64::from(self.chunk_size);
+        let n = self.chunks();
+        if n == 0 {
+            return 0;
+        }
+        let last = self.version.size - (n - 1) * cs;
+        self.present_count * cs - if self.has(n - 1) { cs - last } else { 0 }
+    }
+
+    /// Whether every chunk is present.
+    pub fn complete(&self) -> bool {
+        self.present_count == self.chunks()
+    }
+
+    /// Indexes of the chunks not present, in order.
+    pub fn missing(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.chunks()).filter(|&i| !self.has(i))
+    }
+
+    /// Present chunks as `(first, count)` runs, for compaction.
+    fn runs(&self) -> Vec<(u64, u32)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        let n = self.chunks();
+        while i < n {
+            if self.has(i) {
+                let start = i;
+                while i < n && self.has(i) && i - start < u64::from(u32::MAX) {
+                    i += 1;
+                }
+                out.push((start, (i - start) as u32));
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    fn apply(&mut self, rec: &Record) {
+        match rec {
+            Record::Chunks { first, count, .. } => {
+                for i in *first..first.saturating_add(u64::from(*count)) {
+                    self.set(i);
+                }
+            }
+            Record::Verified { blake3, .. } => {
+                if self.complete() {
+                    self.verified = Some(*blake3);
+                }
+            }
+            Record::Version { .. } | Record::Forget { .. } => {}
+        }
+    }
+}
+
+/// Applies replayed records to a state map.
+pub fn replay(records: &[Record]) -> HashMap<Bytes, FileState> {
+    let mut files: HashMap<Bytes, FileState> = HashMap::new();
+    for r in records {
+        match r {
+            Record::Version {
+                path,
+                version,
+                chunk_size,
+            } => {
+                files.insert(path.clone(), FileState::new(*version, *chunk_size));
+            }
+            Record::Forget { path } => {
+                files.remove(path);
+            }
+            other => {
+                if let Some(st) = files.get_mut(other.path()) {
+                    st.apply(other);
+                }
+            }
+        }
+    }
+    files
+}
+
+/// Errors opening a cache directory.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// Creating or reading the directory failed.
+    #[error("cache directory {path}: {source}")]
+    Io {
+        /// The path concerned.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Another process uses the directory.
+    #[error("cache directory {0} is in use by another ferry process (its lock is held); stop it or choose another directory")]
+    Locked(PathBuf),
+}
+
+/// A cache directory: the local copy plus its `.ferry/` state. One process at a time
+/// (an exclusive lock on `.ferry/lock`).
+pub struct CacheDir {
+    root: PathBuf,
+    meta: PathBuf,
+    inner: Mutex<Inner>,
+    _lock: std::fs::File,
+}
+
+struct Inner {
+    journal: Journal,
+    files: HashMap<Bytes, FileState>,
+    /// Records appended since the last compaction.
+    since_compaction: u64,
+}
+
+impl std::fmt::Debug for CacheDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheDir")
+            .field("root", &self.root)
+            .finish()
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CacheError + '_ {
+    move |source| CacheError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl CacheDir {
+    /// Opens (creating if needed) the cache directory `root`, takes its lock and replays
+    /// its journal.
+    ///
+    /// # Errors
+    /// I/O errors; the directory is locked by another process.
+    pub fn open(root: &Path) -> Result<CacheDir, CacheError> {
+        std::fs::create_dir_all(root).map_err(io_err(root))?;
+        let meta = root.join(STATE_DIR);
+        std::fs::create_dir_all(&meta).map_err(io_err(&meta))?;
+        let lock_path = meta.join("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_err(&lock_path))?;
+        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(CacheError::Locked(root.to_path_buf()))
+            }
+            Err(e) => return Err(io_err(&lock_path)(e.into())),
+        }
+        let jpath = meta.join("journal");
+        let (journal, records) = Journal::open(&jpath).map_err(io_err(&jpath))?;
+        let files = replay(&records);
+        Ok(CacheDir {
+            root: root.to_path_buf(),
+            meta,
+            inner: Mutex::new(Inner {
+                journal,
+                files,
+                since_compaction: records.len() as u64,
+            }),
+            _lock: lock,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The local copy's root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The state folder.
+    pub fn meta(&self) -> &Path {
+        &self.meta
+    }
+
+    /// Local path of export-relative `rel` (empty: the root).
+    pub fn local_path(&self, rel: &[u8]) -> PathBuf {
+        if rel.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(std::ffi::OsStr::from_bytes(rel))
+        }
+    }
+
+    /// What is known of `rel`.
+    pub fn state(&self, rel: &Bytes) -> Option<FileState> {
+        self.lock().files.get(rel).cloned()
+    }
+
+    /// Every tracked file's state.
+    pub fn all(&self) -> Vec<(Bytes, FileState)> {
+        self.lock()
+            .files
+            .iter()
+            .map(|(p, s)| (p.clone(), s.clone()))
+            .collect()
+    }
+
+    /// `rel` now stands for `version`, with no chunk present (the caller has truncated or
+    /// created the local file accordingly). Durable at the next [`CacheDir::commit`].
+    pub fn begin(&self, rel: &Bytes, version: Version, chunk_size: u32) {
+        let mut g = self.lock();
+        g.files
+            .insert(rel.clone(), FileState::new(version, chunk_size));
+        g.journal.push(&Record::Version {
+            path: rel.clone(),
+            version,
+            chunk_size,
+        });
+        g.since_compaction += 1;
+    }
+
+    /// Chunks `first..first + count` of `rel` are durable on disk (the caller synced
+    /// them). Ignored if `rel` moved to another version meanwhile.
+    pub fn mark_present(&self, rel: &Bytes, version: Version, first: u64, count: u32) {
+        let mut g = self.lock();
+        let Some(st) = g.files.get_mut(rel) else {
+            return;
+        };
+        if st.version != version {
+            return;
+        }
+        let rec = Record::Chunks {
+            path: rel.clone(),
+            first,
+            count,
+        };
+        st.apply(&rec);
+        g.journal.push(&rec);
+        g.since_compaction += 1;
+    }
+
+    /// The complete local copy of `rel` matched the server's hash.
+    pub fn mark_verified(&self, rel: &Bytes, version: Version, blake3: [u8; 32]) {
+        let mut g = self.lock();
+        let Some(st) = g.files.get_mut(rel) else {
+            return;
+        };
+        if st.version != version || !st.complete() {
+            return;
+        }
+        let rec = Record::Verified {
+            path: rel.clone(),
+            blake3,
+        };
+        st.apply(&rec);
+        g.journal.push(&rec);
+        g.since_compaction += 1;
+    }
+
+    /// `rel` is no longer tracked.
+    pub fn forget(&self, rel: &Bytes) {
+        let mut g = self.lock();
+        if g.files.remove(rel).is_some() {
+            g.journal.push(&Record::Forget { path: rel.clone() });
+            g.since_compaction += 1;
+        }
+    }
+
+    /// Makes the records so far durable.
+    ///
+    /// # Errors
+    /// I/O errors writing or syncing the journal.
+    pub fn commit(&self) -> std::io::Result<()> {
+        self.lock().journal.commit()
+    }
+
+    /// Rewrites the journal as the current state when it has grown well past it.
+    ///
+    /// # Errors
+    /// I/O errors (the old journal then stays in use).
+    pub fn compact_if_large(&self) -> std::io::Result<()> {
+        let mut g = self.lock();
+        let live = g.files.len() as u64 * 3;
+        if g.since_compaction < 10_000 || g.since_compaction < 4 * live {
+            return Ok(());
+        }
+        g.journal.commit()?;
+        let mut records = Vec::with_capacity(g.files.len() * 3);
+        for (path, st) in &g.files {
+            records.push(Record::Version {
+                path: path.clone(),
+                version: st.version,
+                chunk_size: st.chunk_size,
+            });
+            for (first, count) in st.runs() {
+                records.push(Record::Chunks {
+                    path: path.clone(),
+                    first,
+                    count,
+                });
+            }
+            if let Some(h) = st.verified {
+                records.push(Record::Verified {
+                    path: path.clone(),
+                    blake3: h,
+                });
+            }
+        }
+        g.journal = Journal::rewrite(&self.meta.join("journal"), &records)?;
+        g.since_compaction = records.len() as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_proto::Timestamp;
+
+    fn v(size: u64) -> Version {
+        Version {
+            ino: 1,
+            size,
+            mtime: Timestamp { sec: 1, nsec: 2 },
+        }
+    }
+
+    #[test]
+    fn bitmap_counts_and_short_last_chunk() {
+        let mut s = FileState::new(v(2 * 1024 + 10), 1024);
+        assert_eq!(s.chunks(), 3);
+        assert_eq!(s.missing().collect::<Vec<_>>(), [0, 1, 2]);
+        s.apply(&Record::Chunks {
+            path: Bytes::new(),
+            first: 2,
+            count: 1,
+        });
+        assert_eq!(s.present_bytes(), 10);
+        s.apply(&Record::Chunks {
+            path: Bytes::new(),
+            first: 0,
+            count: 2,
+        });
+        assert!(s.complete());
+        assert_eq!(s.present_bytes(), 2 * 1024 + 10);
+        assert_eq!(s.runs(), [(0, 3)]);
+        // Out-of-range chunks are ignored.
+        s.apply(&Record::Chunks {
+            path: Bytes::new(),
+            first: 5,
+            count: 9,
+        });
+        assert_eq!(s.present_count(), 3);
+    }
+
+    #[test]
+    fn empty_file_is_complete() {
+        let s = FileState::new(v(0), 1024);
+        assert!(s.complete());
+        assert_eq!(s.present_bytes(), 0);
+    }
+
+    #[test]
+    fn state_survives_reopen_and_compaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Bytes::from_static(b"x/y");
+        {
+            let c = CacheDir::open(dir.path()).unwrap();
+            c.begin(&p, v(5000), 1024);
+            c.mark_present(&p, v(5000), 0, 3);
+            c.mark_present(&p, v(4999), 3, 2); // another version: ignored
+            c.commit().unwrap();
+        }
+        {
+            let c = CacheDir::open(dir.path()).unwrap();
+            let s = c.state(&p).unwrap();
+            assert_eq!(s.present_count(), 3);
+            c.mark_present(&p, v(5000), 3, 2);
+            c.mark_verified(&p, v(5000), [9; 32]);
+            c.commit().unwrap();
+            let mut g = c.lock();
+            g.since_compaction = 1_000_000;
+            drop(g);
+            c.compact_if_large().unwrap();
+        }
+        let c = CacheDir::open(dir.path()).unwrap();
+        let s = c.state(&p).unwrap();
+        assert!(s.complete());
+        assert_eq!(s.verified, Some([9; 32]));
+    }
+
+    #[test]
+    fn a_second_process_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _a = CacheDir::open(dir.path()).unwrap();
+        let err = CacheDir::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("in use by another ferry process"));
+    }
+}

@@ -1,0 +1,245 @@
+//! `ferry mirror` and `ferry status`: the mirror engine without FUSE, and the report of a
+//! cache directory's state.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use ferry_cache::{CacheDir, Mirror, MirrorConfig, Status, STATE_DIR};
+use ferry_client::{Client, ClientConfig};
+
+use crate::target::Target;
+
+/// Everything `ferry mirror` needs.
+#[derive(Debug, Clone)]
+pub struct MirrorOptions {
+    /// The remote directory.
+    pub target: Target,
+    /// The local directory to fill.
+    pub dir: PathBuf,
+    /// Connection settings.
+    pub client: ClientConfig,
+    /// Engine settings.
+    pub engine: MirrorConfig,
+    /// Show a progress bar (when stderr is a terminal).
+    pub progress: bool,
+}
+
+/// Parses a rate such as `100M`, `1.5G`, `750K` or `12345` (bytes per second; K, M, G, T
+/// are powers of 1024).
+///
+/// # Errors
+/// Anything else, with a one-line explanation.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => {
+                    return Err(format!(
+                        "--bwlimit {s}: unknown unit '{c}' (use K, M, G or T, e.g. 100M)"
+                    ))
+                }
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok((v * mult as f64) as u64),
+        _ => Err(format!(
+            "--bwlimit {s}: not a rate; give bytes per second with K, M, G or T, e.g. 100M"
+        )),
+    }
+}
+
+/// Runs a mirror to the end. Exit status 0 only when the tree is complete and verified.
+///
+/// # Errors
+/// Connection, cache directory or copy failures, as one line each.
+pub fn run(opts: MirrorOptions) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(64)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(run_async(opts))
+}
+
+async fn run_async(opts: MirrorOptions) -> anyhow::Result<()> {
+    let cache = Arc::new(CacheDir::open(&opts.dir)?);
+    let client = Client::connect(ClientConfig {
+        addr: opts.target.addr(),
+        ..opts.client.clone()
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let label = opts.target.addr();
+    let mirror = Mirror::new(
+        client,
+        cache.clone(),
+        opts.target.path.clone(),
+        label.clone(),
+        opts.engine.clone(),
+    );
+    let progress = mirror.progress();
+    let bar = (opts.progress && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bytes:>10}/{total_bytes:<10} {bar:30} {percent:>3}% {binary_bytes_per_sec:>12} ETA {eta:<5} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let ticker = bar.clone().map(|b| {
+        let p = progress.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tick.tick().await;
+                b.set_length(p.bytes_total.load(Ordering::Relaxed));
+                b.set_position(p.bytes_done.load(Ordering::Relaxed));
+                b.set_message(format!(
+                    "files {}/{}{}",
+                    p.files_done.load(Ordering::Relaxed),
+                    p.files_total.load(Ordering::Relaxed),
+                    if p.walk_done.load(Ordering::Relaxed) {
+                        ""
+                    } else {
+                        "+"
+                    }
+                ));
+            }
+        })
+    });
+    let result = tokio::select! {
+        r = mirror.run() => r,
+        _ = tokio::signal::ctrl_c() => {
+            if let Some(b) = &bar {
+                b.abandon();
+            }
+            // What was recorded so far stays; the next run resumes from it.
+            let _ = progress.snapshot("interrupted", &label).write(cache.meta());
+            bail!("interrupted: run the same command again to resume");
+        }
+    };
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let s = result?;
+    let secs = progress.elapsed();
+    eprintln!(
+        "ferry mirror: {} files, {} complete and verified in {}; {} fetched in {:.1} s ({}/s)",
+        s.files,
+        human_bytes(s.bytes),
+        opts.dir.display(),
+        human_bytes(s.fetched),
+        secs,
+        human_bytes((s.fetched as f64 / secs.max(1e-3)) as u64),
+    );
+    Ok(())
+}
+
+/// `1.5 GiB` style.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// `ferry status PATH [--json]`.
+///
+/// # Errors
+/// PATH holds no ferry state.
+pub fn status(path: &Path, json: bool) -> anyhow::Result<()> {
+    let meta = path.join(STATE_DIR);
+    if !meta.is_dir() {
+        bail!(
+            "{} holds no ferry state ({STATE_DIR}/ is missing): give the directory of a `ferry mirror`",
+            path.display()
+        );
+    }
+    let mut s = Status::read(&meta).with_context(|| {
+        format!(
+            "{}: no status yet (no mirror has run there)",
+            meta.join("status.json").display()
+        )
+    })?;
+    if s.state == "running" && !pid_alive(s.pid) {
+        s.state = "interrupted".into();
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(());
+    }
+    let pct = if s.bytes_total > 0 {
+        100.0 * s.bytes_done as f64 / s.bytes_total as f64
+    } else {
+        100.0
+    };
+    println!(
+        "{}: {} (mirror of {}, pid {}, {:.0} s{})",
+        path.display(),
+        s.state,
+        s.remote,
+        s.pid,
+        s.elapsed_secs,
+        if s.state == "running" { " so far" } else { "" }
+    );
+    println!(
+        "  files   {} of {}{} complete and verified ({} verified by this run)",
+        s.files_done,
+        s.files_total,
+        if s.walk_done { "" } else { "+ (still listing)" },
+        s.files_verified
+    );
+    println!(
+        "  bytes   {} of {} ({pct:.1} %), {} fetched by this run",
+        human_bytes(s.bytes_done),
+        human_bytes(s.bytes_total),
+        human_bytes(s.bytes_fetched)
+    );
+    if s.state == "running" {
+        println!(
+            "  rate    {}/s, ETA {}",
+            human_bytes(s.rate_bytes_per_sec as u64),
+            s.eta_secs
+                .map_or_else(|| "unknown".to_string(), |e| format!("{e:.0} s"))
+        );
+    }
+    println!(
+        "  checks  {} chunks fetched again, {} hash mismatches, {} files changed during the copy",
+        s.chunks_refetched, s.hash_mismatches, s.files_changed
+    );
+    println!("  errors  {}", s.error_count);
+    for e in &s.errors {
+        println!("    {e}");
+    }
+    Ok(())
+}
