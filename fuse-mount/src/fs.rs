@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ferry_client::{ChunkStore, Client, ClientError, FileKey, PrefetchConfig, Prefetcher};
+use ferry_client::{
+    ChunkBacking, ChunkStore, Client, ClientError, FileKey, PrefetchConfig, Prefetcher,
+};
 use ferry_proto::name::{join, validate_name};
 use ferry_proto::{Attr, DirEntry, FileKind, StatFs, Version};
 
@@ -195,7 +197,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Fs {
     /// A file system over `client`, rooted at `cfg.root`, whose attributes are `root_attr`.
     pub fn new(client: Client, cfg: FsConfig, root_attr: Attr) -> Fs {
-        let store = ChunkStore::new(client.clone(), cfg.chunk_memory);
+        Self::with_backing(client, cfg, root_attr, None)
+    }
+
+    /// As [`Fs::new`], with a local copy behind the chunk store (`--cache-dir`).
+    pub fn with_backing(
+        client: Client,
+        cfg: FsConfig,
+        root_attr: Attr,
+        backing: Option<Arc<dyn ChunkBacking>>,
+    ) -> Fs {
+        let store = ChunkStore::with_backing(client.clone(), cfg.chunk_memory, backing);
         let mut inodes = Inodes::default();
         inodes.nodes.insert(
             ROOT_INO,
@@ -730,6 +742,31 @@ impl Fs {
     /// A random read: exactly the bytes asked for, in chunk-sized requests sent together.
     async fn read_direct(&self, key: &FileKey, offset: u64, end: u64) -> Result<Bytes, Error> {
         let cs = self.store.chunk_size();
+        if let Some(b) = self.store.backing() {
+            // A random read whose chunks the local copy holds never touches the network.
+            let (b, k) = (b.clone(), key.clone());
+            let size = key.version.size;
+            let local = tokio::task::spawn_blocking(move || {
+                let mut parts = Vec::new();
+                let mut pos = offset;
+                while pos < end {
+                    let i = pos / cs;
+                    let len = (size - i * cs).min(cs) as usize;
+                    let chunk = b.load(&k, i, len)?;
+                    let lo = (pos - i * cs) as usize;
+                    let hi = ((end - i * cs) as usize).min(chunk.len());
+                    parts.push(chunk.slice(lo..hi));
+                    pos = i * cs + hi as u64;
+                }
+                Some(parts)
+            })
+            .await
+            .ok()
+            .flatten();
+            if let Some(parts) = local {
+                return Ok(concat(parts));
+            }
+        }
         let mut tasks = Vec::new();
         let mut pos = offset;
         while pos < end {
@@ -741,10 +778,20 @@ impl Fs {
             pos += len;
         }
         let mut parts = Vec::with_capacity(tasks.len());
+        let mut at = offset;
         for (len, t) in tasks {
-            let (data, _version) = t
+            let (data, version) = t
                 .await
                 .map_err(|e| Error::errno(libc::EIO, &format!("read task failed: {e}")))??;
+            // A whole chunk of the opened version goes into the local copy too.
+            if let Some(b) = self.store.backing() {
+                let whole = (key.version.size - at).min(cs);
+                if at % cs == 0 && data.len() as u64 == whole && version == key.version {
+                    let (b, k, d) = (b.clone(), key.clone(), data.clone());
+                    tokio::task::spawn_blocking(move || b.store(&k, at / cs, &d));
+                }
+            }
+            at += len;
             // A different version than at open means the file changed on the server: the
             // bytes are still one consistent version (what a local reader would see now).
             let short = (data.len() as u64) < len;

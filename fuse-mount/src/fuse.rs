@@ -228,6 +228,18 @@ impl Filesystem for FerryFuse {
         });
     }
 
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Read-only: nothing to write back at close.
+        reply.ok();
+    }
+
     fn release(
         &self,
         _req: &Request,

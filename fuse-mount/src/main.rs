@@ -143,6 +143,11 @@ struct MountArgs {
     /// Write the log here (in the background the log is otherwise discarded).
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
+    /// Keep a local copy here: every chunk read through the mount is written into it, and
+    /// read from it (not the network) afterwards, also after a remount. Same layout and
+    /// state as `ferry mirror` (DIR/.ferry/).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -277,6 +282,7 @@ fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
         allow_other: a.allow_other,
         threads: a.threads.max(1),
         read_ahead_kb: a.read_ahead_kb,
+        cache_dir: a.cache_dir.clone(),
         ..MountConfig::default()
     })
 }

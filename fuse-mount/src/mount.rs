@@ -35,6 +35,8 @@ pub struct MountConfig {
     pub read_ahead_kb: u32,
     /// Tokio worker threads.
     pub io_threads: usize,
+    /// Local copy: chunks read through the mount are kept here and read locally later.
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for MountConfig {
@@ -52,6 +54,7 @@ impl Default for MountConfig {
             threads: 2,
             read_ahead_kb: 8192,
             io_threads: 2,
+            cache_dir: None,
         }
     }
 }
@@ -225,7 +228,34 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
         session.chunk_size / 1024
     );
 
-    let fs = Arc::new(Fs::new(client, cfg.fs.clone(), root_attr));
+    // The cache directory is opened (and locked) before mounting, so a bad one is a
+    // one-line error and nothing is mounted.
+    let local = match &cfg.cache_dir {
+        Some(dir) => {
+            let cache = Arc::new(ferry_cache::CacheDir::open(dir)?);
+            let (syncer, task) = {
+                let _rt = rt.enter();
+                ferry_cache::Syncer::start(
+                    cache.clone(),
+                    Duration::from_secs(1),
+                    Arc::new(|m| warn!("{m}")),
+                )
+            };
+            let local = Arc::new(ferry_cache::LocalCopy::new(
+                cache,
+                cfg.fs.root.clone(),
+                session.chunk_size,
+                syncer.clone(),
+            ));
+            info!("local copy in {}", dir.display());
+            Some((local, syncer, task))
+        }
+        None => None,
+    };
+    let backing = local
+        .as_ref()
+        .map(|(l, _, _)| l.clone() as Arc<dyn ferry_client::ChunkBacking>);
+    let fs = Arc::new(Fs::with_backing(client, cfg.fs.clone(), root_attr, backing));
     let (destroyed_tx, mut destroyed_rx) = tokio::sync::mpsc::unbounded_channel();
     let adapter = FerryFuse::new(fs, rt.handle().clone(), destroyed_tx);
     let mut fcfg = Config::default();
@@ -288,6 +318,23 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
         // Busy (a reader still has files open): detach now, the kernel finishes later.
         warn!("unmount: {e}; detaching lazily");
         detach(&cfg.mountpoint)?;
+    }
+    if let Some((local, syncer, task)) = local {
+        // What was written is recorded before the process ends.
+        rt.block_on(async {
+            syncer.flush().await;
+            drop(syncer);
+        });
+        info!(
+            "local copy: {} chunks served locally, {} stored, {} store errors",
+            local.served.load(std::sync::atomic::Ordering::Relaxed),
+            local.stored.load(std::sync::atomic::Ordering::Relaxed),
+            local
+                .store_errors
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
+        drop(local);
+        drop(task);
     }
     rt.shutdown_timeout(Duration::from_secs(1));
     info!("stopped");

@@ -387,7 +387,7 @@ pub fn walk(root: &Path) -> Vec<Meta> {
 
 /// Sets atime/mtime to the nanosecond, without following a final symlink.
 pub fn set_mtime(p: &Path, sec: i64, nsec: i64) {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let c = CString::new(p.as_os_str().as_bytes()).expect("building the test tree");
     let ts = [
         libc::timespec {
             tv_sec: sec,
@@ -411,7 +411,7 @@ pub fn set_mtime(p: &Path, sec: i64, nsec: i64) {
 }
 
 pub fn build_tree(root: &Path) {
-    let d = |p: &str| std::fs::create_dir_all(root.join(p)).unwrap();
+    let d = |p: &str| std::fs::create_dir_all(root.join(p)).expect("building the test tree");
     d("a/b/c");
     d("empty");
     d("a/empty2");
@@ -422,17 +422,17 @@ pub fn build_tree(root: &Path) {
     {
         write_random(&root.join(format!("a/f{size}")), *size, i as u64);
     }
-    std::fs::write(root.join("a/b/c/deep.txt"), b"deep\n").unwrap();
-    std::fs::write(root.join("name with spaces & ünïcode"), b"x").unwrap();
-    symlink("b/c/deep.txt", root.join("a/rel_link")).unwrap();
-    symlink("../../nowhere", root.join("a/dangling")).unwrap();
-    symlink("/etc/hostname", root.join("abs_link")).unwrap();
-    symlink("a/b", root.join("dir_link")).unwrap();
+    std::fs::write(root.join("a/b/c/deep.txt"), b"deep\n").expect("building the test tree");
+    std::fs::write(root.join("name with spaces & ünïcode"), b"x").expect("building the test tree");
+    symlink("b/c/deep.txt", root.join("a/rel_link")).expect("building the test tree");
+    symlink("../../nowhere", root.join("a/dangling")).expect("building the test tree");
+    symlink("/etc/hostname", root.join("abs_link")).expect("building the test tree");
+    symlink("a/b", root.join("dir_link")).expect("building the test tree");
     for i in 0..20_000 {
-        std::fs::write(root.join(format!("big/entry{i:05}")), b"").unwrap();
+        std::fs::write(root.join(format!("big/entry{i:05}")), b"").expect("building the test tree");
     }
     let mode = |p: &str, m: u32| {
-        std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(m)).unwrap()
+        std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(m)).expect("building the test tree")
     };
     mode("a/f0", 0o600);
     mode("a/f1", 0o755);

@@ -11,15 +11,21 @@
 //! - [`state`]: per-file state and the [`CacheDir`] that owns the directory.
 //! - [`mirror`]: the engine that walks the export and fills the copy ([`mirror::Mirror`]).
 //! - [`progress`]: counters, and the status file `ferry status` reads.
+//! - [`syncer`]: group commit of written chunks (durable first, recorded second).
+//! - [`local`]: [`LocalCopy`], the mount's read-through use of a cache directory.
 
 pub mod journal;
+pub mod local;
 pub mod mirror;
 pub mod progress;
 pub mod state;
+pub mod syncer;
 
+pub use local::LocalCopy;
 pub use mirror::{Mirror, MirrorConfig, MirrorError};
 pub use progress::{Progress, Status};
 pub use state::{CacheDir, FileState};
+pub use syncer::Syncer;
 
 /// Name of the state folder inside a cache directory. An export entry of this name at the
 /// top level is not mirrored.

@@ -19,7 +19,6 @@
 //! - **Metadata.** Modes and nanosecond access/modification times as the source, for files,
 //!   symlinks (times only) and directories (after their contents). Ownership is not copied.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -31,11 +30,12 @@ use bytes::Bytes;
 use ferry_client::{Client, ClientError};
 use ferry_proto::name::join;
 use ferry_proto::{Attr, FileKind, Status, Version};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::Semaphore;
 use tracing::{debug, info};
 
 use crate::progress::Progress;
 use crate::state::{CacheDir, CacheError};
+use crate::syncer::Syncer;
 use crate::STATE_DIR;
 
 /// Tunables of a mirror run.
@@ -122,25 +122,6 @@ pub struct Mirror {
     progress: Arc<Progress>,
 }
 
-/// Events for the syncer, in the order the file tasks produce them.
-enum SyncEvent {
-    /// Chunk `index` of `rel` at `version` was written to `file`.
-    Written {
-        rel: Bytes,
-        version: Version,
-        index: u64,
-        file: Arc<File>,
-    },
-    /// `rel` at `version` matched the server's hash (recorded after its chunks).
-    Verified {
-        rel: Bytes,
-        version: Version,
-        blake3: [u8; 32],
-    },
-    /// Reply once everything sent before is recorded and durable.
-    Flush(oneshot::Sender<()>),
-}
-
 #[derive(Debug)]
 enum FileOutcome {
     Done,
@@ -159,7 +140,7 @@ struct Ctx {
     cfg: MirrorConfig,
     progress: Arc<Progress>,
     chunk_units: Arc<Semaphore>,
-    sync: mpsc::UnboundedSender<SyncEvent>,
+    sync: Syncer,
     limiter: Option<Limiter>,
 }
 
@@ -210,7 +191,12 @@ impl Mirror {
         if root_attr.kind != FileKind::Directory {
             return Err(MirrorError::NotADirectory(root_name));
         }
-        let (sync_tx, sync_rx) = mpsc::unbounded_channel();
+        let errors = self.progress.clone();
+        let (sync, syncer) = Syncer::start(
+            self.cache.clone(),
+            self.cfg.sync_interval,
+            Arc::new(move |m| errors.error(m)),
+        );
         let units = (self.cfg.chunk_memory / UNIT).max(1);
         let ctx = Arc::new(Ctx {
             client: self.client.clone(),
@@ -219,15 +205,9 @@ impl Mirror {
             cfg: self.cfg.clone(),
             progress: self.progress.clone(),
             chunk_units: Arc::new(Semaphore::new(units)),
-            sync: sync_tx,
+            sync,
             limiter: self.cfg.bwlimit.map(Limiter::new),
         });
-        let syncer = tokio::spawn(syncer(
-            self.cache.clone(),
-            sync_rx,
-            self.cfg.sync_interval,
-            self.progress.clone(),
-        ));
         let status = tokio::spawn(status_writer(
             self.cache.clone(),
             self.progress.clone(),
@@ -253,9 +233,7 @@ impl Mirror {
         }
 
         // Everything written is recorded before the run reports.
-        let (tx, rx) = oneshot::channel();
-        let _ = ctx.sync.send(SyncEvent::Flush(tx));
-        let _ = rx.await;
+        ctx.sync.flush().await;
         drop(ctx);
         let journal = syncer.await.unwrap_or(Ok(()));
         status.abort();
@@ -545,10 +523,7 @@ async fn copy_file(ctx: &Arc<Ctx>, rel: Bytes, mut attr: Attr) {
 }
 
 async fn flush(ctx: &Ctx) {
-    let (tx, rx) = oneshot::channel();
-    if ctx.sync.send(SyncEvent::Flush(tx)).is_ok() {
-        let _ = rx.await;
-    }
+    ctx.sync.flush().await;
 }
 
 /// Opens the local file for `rel` at `attr`'s version: reuses it when the state says it
@@ -651,12 +626,7 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
                         .and_then(|r| r);
                     match w {
                         Ok(()) => {
-                            let _ = c.sync.send(SyncEvent::Written {
-                                rel,
-                                version,
-                                index,
-                                file,
-                            });
+                            c.sync.written(rel, version, index, file);
                             c.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
                             Ok(n)
                         }
@@ -752,11 +722,7 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
             return Ok(FileOutcome::Mismatch);
         }
         ctx.progress.files_verified.fetch_add(1, Ordering::Relaxed);
-        let _ = ctx.sync.send(SyncEvent::Verified {
-            rel: rel.clone(),
-            version,
-            blake3: expected,
-        });
+        ctx.sync.verified(rel.clone(), version, expected);
     }
     let (local, a) = (ctx.cache.local_path(rel), *attr);
     tokio::task::spawn_blocking(move || set_metadata(&local, &a, true))
@@ -825,123 +791,6 @@ async fn fetch_chunk(
             }
             Err(e) => return Err(ChunkError::Remote(e)),
         }
-    }
-}
-
-/// Makes written chunks durable and records them, in batches.
-async fn syncer(
-    cache: Arc<CacheDir>,
-    mut rx: mpsc::UnboundedReceiver<SyncEvent>,
-    interval: Duration,
-    progress: Arc<Progress>,
-) -> std::io::Result<()> {
-    let mut batch: Vec<SyncEvent> = Vec::new();
-    let mut first_at: Option<Instant> = None;
-    let mut result = Ok(());
-    loop {
-        let deadline = first_at.map(|t| t + interval);
-        let ev = match deadline {
-            Some(d) => match tokio::time::timeout_at(d.into(), rx.recv()).await {
-                Ok(ev) => ev,
-                Err(_) => {
-                    commit_batch(&cache, &mut batch, &progress, &mut result).await;
-                    first_at = None;
-                    continue;
-                }
-            },
-            None => rx.recv().await,
-        };
-        let Some(ev) = ev else {
-            commit_batch(&cache, &mut batch, &progress, &mut result).await;
-            return result;
-        };
-        let flush = matches!(ev, SyncEvent::Flush(_));
-        batch.push(ev);
-        first_at.get_or_insert_with(Instant::now);
-        if flush || batch.len() >= 4096 {
-            // Take whatever else is already queued into the same commit.
-            while let Ok(ev) = rx.try_recv() {
-                batch.push(ev);
-            }
-            commit_batch(&cache, &mut batch, &progress, &mut result).await;
-            first_at = None;
-        }
-    }
-}
-
-async fn commit_batch(
-    cache: &Arc<CacheDir>,
-    batch: &mut Vec<SyncEvent>,
-    progress: &Arc<Progress>,
-    result: &mut std::io::Result<()>,
-) {
-    if batch.is_empty() {
-        return;
-    }
-    let events = std::mem::take(batch);
-    let c = cache.clone();
-    let r =
-        tokio::task::spawn_blocking(move || -> (std::io::Result<()>, Vec<oneshot::Sender<()>>) {
-            // 1. Data durable: each written file, or the whole file system at once when many
-            //    files are involved (many small files).
-            let mut files: HashMap<*const File, Arc<File>> = HashMap::new();
-            for ev in &events {
-                if let SyncEvent::Written { file, .. } = ev {
-                    files
-                        .entry(Arc::as_ptr(file))
-                        .or_insert_with(|| file.clone());
-                }
-            }
-            let synced = if files.len() > 8 {
-                File::open(c.root()).and_then(|d| rustix::fs::syncfs(&d).map_err(Into::into))
-            } else {
-                files.values().try_for_each(|f| f.sync_data())
-            };
-            let mut waiters = Vec::new();
-            if let Err(e) = synced {
-                for ev in events {
-                    if let SyncEvent::Flush(w) = ev {
-                        waiters.push(w);
-                    }
-                }
-                return (Err(e), waiters);
-            }
-            // 2. Then recorded, in order: chunks before the verification that needs them.
-            for ev in events {
-                match ev {
-                    SyncEvent::Written {
-                        rel,
-                        version,
-                        index,
-                        ..
-                    } => c.mark_present(&rel, version, index, 1),
-                    SyncEvent::Verified {
-                        rel,
-                        version,
-                        blake3,
-                    } => c.mark_verified(&rel, version, blake3),
-                    SyncEvent::Flush(w) => waiters.push(w),
-                }
-            }
-            (c.commit(), waiters)
-        })
-        .await;
-    match r {
-        Ok((r, waiters)) => {
-            if let Err(e) = r {
-                progress.error(format!(
-                    "cannot make the copy durable in {}: {e}",
-                    cache.root().display()
-                ));
-                if result.is_ok() {
-                    *result = Err(e);
-                }
-            }
-            for w in waiters {
-                let _ = w.send(());
-            }
-        }
-        Err(e) => progress.error(format!("sync task failed: {e}")),
     }
 }
 

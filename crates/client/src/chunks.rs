@@ -49,11 +49,24 @@ struct State {
     tick: u64,
 }
 
+/// A local copy behind the store (ferry-cache's): consulted before the network, and
+/// given every chunk fetched. Its methods block (local disk I/O); the store calls them on
+/// the blocking pool.
+pub trait ChunkBacking: Send + Sync + 'static {
+    /// Chunk `index` (`len` bytes) of `key`, if the local copy holds it for exactly
+    /// `key.version`.
+    fn load(&self, key: &FileKey, index: u64, len: usize) -> Option<Bytes>;
+    /// Chunk `index` of `key`, just fetched, of `key.version`.
+    fn store(&self, key: &FileKey, index: u64, data: &Bytes);
+}
+
 /// Statistics for tests and benchmarks.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ChunkStats {
     /// Chunks fetched from the server.
     pub fetched: u64,
+    /// Chunks read from the local copy.
+    pub local: u64,
     /// `get` calls answered by a chunk present or already in flight.
     pub shared: u64,
     /// Chunks evicted.
@@ -67,6 +80,7 @@ pub struct ChunkStore {
     budget: usize,
     state: Mutex<State>,
     stats: Mutex<ChunkStats>,
+    backing: Option<Arc<dyn ChunkBacking>>,
 }
 
 impl std::fmt::Debug for ChunkStore {
@@ -81,6 +95,16 @@ impl std::fmt::Debug for ChunkStore {
 impl ChunkStore {
     /// A store over `client` holding at most about `budget` bytes.
     pub fn new(client: Client, budget: usize) -> Arc<ChunkStore> {
+        Self::with_backing(client, budget, None)
+    }
+
+    /// A store with a local copy behind it: chunks it holds are read from it, and every
+    /// chunk fetched is handed to it.
+    pub fn with_backing(
+        client: Client,
+        budget: usize,
+        backing: Option<Arc<dyn ChunkBacking>>,
+    ) -> Arc<ChunkStore> {
         let chunk_size = u64::from(client.session().chunk_size);
         Arc::new(ChunkStore {
             client,
@@ -92,7 +116,13 @@ impl ChunkStore {
                 tick: 1,
             }),
             stats: Mutex::new(ChunkStats::default()),
+            backing,
         })
+    }
+
+    /// The local copy behind the store, if any.
+    pub fn backing(&self) -> Option<&Arc<dyn ChunkBacking>> {
+        self.backing.as_ref()
     }
 
     /// Chunk size in bytes.
@@ -175,12 +205,30 @@ impl ChunkStore {
                 if slot.len == 0 {
                     return Ok((Bytes::new(), key.version));
                 }
+                if let Some(b) = &self.backing {
+                    let (b, k, len) = (b.clone(), key.clone(), slot.len);
+                    let local = tokio::task::spawn_blocking(move || b.load(&k, index, len))
+                        .await
+                        .ok()
+                        .flatten();
+                    if let Some(data) = local {
+                        self.stats.lock().unwrap_or_else(|e| e.into_inner()).local += 1;
+                        return Ok((data, key.version));
+                    }
+                }
                 self.stats.lock().unwrap_or_else(|e| e.into_inner()).fetched += 1;
                 let offset = index * self.chunk_size;
                 let (data, version) = self
                     .client
                     .read(key.path.clone(), offset, slot.len as u32)
                     .await?;
+                if let Some(b) = &self.backing {
+                    if version == key.version {
+                        // Written in the background: the reader does not wait for the disk.
+                        let (b, k, d) = (b.clone(), key.clone(), data.clone());
+                        tokio::task::spawn_blocking(move || b.store(&k, index, &d));
+                    }
+                }
                 Ok((data, version))
             })
             .await

@@ -18,7 +18,7 @@ pub mod error;
 pub mod pool;
 pub mod prefetch;
 
-pub use chunks::{ChunkStore, FileKey};
+pub use chunks::{ChunkBacking, ChunkStats, ChunkStore, FileKey};
 pub use error::ClientError;
 pub use pool::{Client, ClientConfig, SessionInfo};
 pub use prefetch::{PrefetchConfig, Prefetcher};

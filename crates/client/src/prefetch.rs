@@ -98,7 +98,10 @@ impl Prefetcher {
             offset + self.cfg.backward_slack >= mark && offset <= mark + self.cfg.forward_slack
         };
         let near = match self.next {
-            None => offset == 0,
+            // A whole-file reader's first requests can arrive out of order too (the kernel
+            // sends its first readahead window at once): a first read within the forward
+            // slack of offset 0 counts as the start of the file.
+            None => offset < self.cfg.forward_slack,
             Some(next) => near_to(next),
         };
         let end = offset + len;
@@ -114,7 +117,7 @@ impl Prefetcher {
         let stray = self.stray.take();
         if near {
             if self.streak == 0 {
-                self.from_zero = offset == 0;
+                self.from_zero = self.next.is_none() || offset == 0;
             }
             self.streak = self.streak.saturating_add(1);
             self.run_bytes += len;
@@ -223,6 +226,17 @@ mod tests {
         assert!(!p.on_read(501 * MIB, MIB, size).sequential);
         // A new run, counted from the first far read: sequential at its third read.
         assert!(p.on_read(502 * MIB, MIB, size).sequential);
+    }
+
+    #[test]
+    fn a_first_read_just_after_the_start_is_a_whole_file_reader() {
+        // The kernel sent the second MiB before the first.
+        let mut p = Prefetcher::new(PrefetchConfig::default());
+        let size = 1 << 30;
+        assert!(p.on_read(MIB, MIB, size).sequential);
+        assert!(p.on_read(0, MIB, size).sequential);
+        let mut q = Prefetcher::new(PrefetchConfig::default());
+        assert!(!q.on_read(20 * MIB, 4096, size).sequential);
     }
 
     #[test]

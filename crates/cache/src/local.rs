@@ -1,0 +1,217 @@
+//! The mount's read-through use of a cache directory: every chunk fetched for a reader is
+//! written into the local copy (and recorded once durable), and chunks the copy holds for
+//! the version a reader opened are read from it without touching the network.
+//!
+//! The local copy is laid out as the mounted directory. A file is (re)started at a version
+//! the first time a chunk of that version is stored: created or truncated to its size
+//! (sparse), parents created as needed. Chunks of a version other than the one a reader
+//! opened are never stored or served. If the cache's disk fails (full, read-only), storing
+//! stops being attempted for a while and reads go on from the network.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_client::{ChunkBacking, FileKey};
+
+use crate::state::CacheDir;
+use crate::syncer::Syncer;
+
+/// Open local files kept (by export-relative path).
+const OPEN_FILES: usize = 64;
+/// After a failure to store, how long storing pauses.
+const STORE_PAUSE: Duration = Duration::from_secs(30);
+
+/// A cache directory behind a mount's chunk store.
+pub struct LocalCopy {
+    cache: Arc<CacheDir>,
+    /// The mounted directory's path beneath the export (stripped from request paths).
+    root: Bytes,
+    chunk_size: u32,
+    syncer: Syncer,
+    files: Mutex<OpenFiles>,
+    /// Held while deciding whether a file starts over, so two chunks of a new version
+    /// arriving together do not both truncate it.
+    begin: Mutex<()>,
+    paused_until: Mutex<Option<Instant>>,
+    /// Chunks served from the local copy.
+    pub served: AtomicU64,
+    /// Chunks written into the local copy.
+    pub stored: AtomicU64,
+    /// Failures to store.
+    pub store_errors: AtomicU64,
+}
+
+impl std::fmt::Debug for LocalCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalCopy")
+            .field("root", &self.cache.root())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct OpenFiles {
+    map: HashMap<Bytes, Arc<File>>,
+    order: VecDeque<Bytes>,
+}
+
+impl LocalCopy {
+    /// Uses `cache` for a mount of `root` (export-relative) with chunks of `chunk_size`.
+    pub fn new(cache: Arc<CacheDir>, root: Bytes, chunk_size: u32, syncer: Syncer) -> LocalCopy {
+        LocalCopy {
+            cache,
+            root,
+            chunk_size,
+            syncer,
+            files: Mutex::new(OpenFiles::default()),
+            begin: Mutex::new(()),
+            paused_until: Mutex::new(None),
+            served: AtomicU64::new(0),
+            stored: AtomicU64::new(0),
+            store_errors: AtomicU64::new(0),
+        }
+    }
+
+    /// The cache directory.
+    pub fn cache(&self) -> &Arc<CacheDir> {
+        &self.cache
+    }
+
+    fn rel(&self, path: &Bytes) -> Option<Bytes> {
+        if self.root.is_empty() {
+            return Some(path.clone());
+        }
+        let rest = path.strip_prefix(self.root.as_ref())?;
+        match rest.first() {
+            None => Some(Bytes::new()),
+            Some(b'/') => Some(path.slice(self.root.len() + 1..)),
+            Some(_) => None,
+        }
+    }
+
+    fn open(&self, rel: &Bytes, create: Option<u64>) -> std::io::Result<Arc<File>> {
+        let mut g = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        if create.is_none() {
+            if let Some(f) = g.map.get(rel) {
+                return Ok(f.clone());
+            }
+        }
+        let local = self.cache.local_path(rel);
+        let f = match create {
+            Some(size) => {
+                if let Some(parent) = local.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&local)?;
+                f.set_len(size)?;
+                f
+            }
+            None => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&local)?,
+        };
+        let f = Arc::new(f);
+        if g.map.insert(rel.clone(), f.clone()).is_none() {
+            g.order.push_back(rel.clone());
+            while g.order.len() > OPEN_FILES {
+                if let Some(old) = g.order.pop_front() {
+                    g.map.remove(&old);
+                }
+            }
+        }
+        Ok(f)
+    }
+
+    fn paused(&self) -> bool {
+        let g = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
+        g.is_some_and(|t| Instant::now() < t)
+    }
+
+    fn try_store(&self, key: &FileKey, index: u64, data: &Bytes) -> std::io::Result<()> {
+        let Some(rel) = self.rel(&key.path) else {
+            return Ok(());
+        };
+        let file = {
+            let _one_at_a_time = self.begin.lock().unwrap_or_else(|e| e.into_inner());
+            match self.cache.state(&rel) {
+                Some(s) if s.version == key.version && s.chunk_size == self.chunk_size => {
+                    if s.has(index) {
+                        return Ok(());
+                    }
+                    self.open(&rel, None)?
+                }
+                _ => {
+                    // First chunk of this version: the local file starts over.
+                    let f = self.open(&rel, Some(key.version.size))?;
+                    self.cache.begin(&rel, key.version, self.chunk_size);
+                    f
+                }
+            }
+        };
+        file.write_all_at(data, index * u64::from(self.chunk_size))?;
+        self.syncer.written(rel, key.version, index, file);
+        Ok(())
+    }
+}
+
+impl ChunkBacking for LocalCopy {
+    fn load(&self, key: &FileKey, index: u64, len: usize) -> Option<Bytes> {
+        let rel = self.rel(&key.path)?;
+        let st = self.cache.state(&rel)?;
+        if st.version != key.version || st.chunk_size != self.chunk_size || !st.has(index) {
+            return None;
+        }
+        let file = self.open(&rel, None).ok()?;
+        let mut buf: Vec<u8> = Vec::with_capacity(len);
+        let offset = index * u64::from(self.chunk_size);
+        while buf.len() < len {
+            let at = offset + buf.len() as u64;
+            match rustix::io::pread(&*file, rustix::buffer::spare_capacity(&mut buf), at) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    tracing::warn!(
+                        "local copy {}: {e}; reading from the server",
+                        self.cache.local_path(&rel).display()
+                    );
+                    return None;
+                }
+            }
+        }
+        self.served.fetch_add(1, Ordering::Relaxed);
+        Some(Bytes::from(buf))
+    }
+
+    fn store(&self, key: &FileKey, index: u64, data: &Bytes) {
+        if self.paused() {
+            return;
+        }
+        match self.try_store(key, index, data) {
+            Ok(()) => {
+                self.stored.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "cache directory {}: {e}; reads go on from the server, storing paused for {} s",
+                    self.cache.root().display(),
+                    STORE_PAUSE.as_secs()
+                );
+                *self.paused_until.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Instant::now() + STORE_PAUSE);
+            }
+        }
+    }
+}

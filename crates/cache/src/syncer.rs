@@ -1,0 +1,210 @@
+//! The syncer: makes written chunks durable, then records them in the journal, in
+//! batches (group commit). Shared by the mirror engine and the mount's local copy.
+//!
+//! A batch is committed at least every `interval`, when it grows large, and whenever
+//! someone asks ([`Syncer::flush`]). Committing a batch: `fdatasync` of each file written
+//! (or one `syncfs` of the cache's file system when more than 8 files are involved), then
+//! the chunk and verification records in the order they were sent, then one journal sync.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_proto::Version;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::state::CacheDir;
+
+/// Reports an error (the mirror counts it; the mount logs it).
+pub type OnError = Arc<dyn Fn(String) + Send + Sync>;
+
+/// Events for the syncer, in the order the file tasks produce them.
+pub(crate) enum SyncEvent {
+    /// Chunk `index` of `rel` at `version` was written to `file`.
+    Written {
+        rel: Bytes,
+        version: Version,
+        index: u64,
+        file: Arc<File>,
+    },
+    /// `rel` at `version` matched the server's hash (recorded after its chunks).
+    Verified {
+        rel: Bytes,
+        version: Version,
+        blake3: [u8; 32],
+    },
+    /// Reply once everything sent before is recorded and durable.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Handle to a running syncer. Dropping every handle ends it after a last commit.
+#[derive(Clone)]
+pub struct Syncer {
+    tx: mpsc::UnboundedSender<SyncEvent>,
+}
+
+impl std::fmt::Debug for Syncer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Syncer").finish()
+    }
+}
+
+impl Syncer {
+    /// Starts a syncer for `cache` on the current runtime. The returned task ends, with
+    /// the first commit error if any, once every handle is dropped.
+    pub fn start(
+        cache: Arc<CacheDir>,
+        interval: Duration,
+        on_error: OnError,
+    ) -> (Syncer, tokio::task::JoinHandle<std::io::Result<()>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(syncer(cache, rx, interval, on_error));
+        (Syncer { tx }, task)
+    }
+
+    /// Chunk `index` of `rel` at `version` was written to `file`.
+    pub fn written(&self, rel: Bytes, version: Version, index: u64, file: Arc<File>) {
+        let _ = self.tx.send(SyncEvent::Written {
+            rel,
+            version,
+            index,
+            file,
+        });
+    }
+
+    /// `rel` at `version` matched the server's hash.
+    pub fn verified(&self, rel: Bytes, version: Version, blake3: [u8; 32]) {
+        let _ = self.tx.send(SyncEvent::Verified {
+            rel,
+            version,
+            blake3,
+        });
+    }
+
+    /// Waits until everything sent before is durable and recorded.
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(SyncEvent::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+/// Makes written chunks durable and records them, in batches.
+async fn syncer(
+    cache: Arc<CacheDir>,
+    mut rx: mpsc::UnboundedReceiver<SyncEvent>,
+    interval: Duration,
+    on_error: OnError,
+) -> std::io::Result<()> {
+    let mut batch: Vec<SyncEvent> = Vec::new();
+    let mut first_at: Option<Instant> = None;
+    let mut result = Ok(());
+    loop {
+        let deadline = first_at.map(|t| t + interval);
+        let ev = match deadline {
+            Some(d) => match tokio::time::timeout_at(d.into(), rx.recv()).await {
+                Ok(ev) => ev,
+                Err(_) => {
+                    commit_batch(&cache, &mut batch, &on_error, &mut result).await;
+                    first_at = None;
+                    continue;
+                }
+            },
+            None => rx.recv().await,
+        };
+        let Some(ev) = ev else {
+            commit_batch(&cache, &mut batch, &on_error, &mut result).await;
+            return result;
+        };
+        let flush = matches!(ev, SyncEvent::Flush(_));
+        batch.push(ev);
+        first_at.get_or_insert_with(Instant::now);
+        if flush || batch.len() >= 4096 {
+            // Take whatever else is already queued into the same commit.
+            while let Ok(ev) = rx.try_recv() {
+                batch.push(ev);
+            }
+            commit_batch(&cache, &mut batch, &on_error, &mut result).await;
+            first_at = None;
+        }
+    }
+}
+
+async fn commit_batch(
+    cache: &Arc<CacheDir>,
+    batch: &mut Vec<SyncEvent>,
+    on_error: &OnError,
+    result: &mut std::io::Result<()>,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    let events = std::mem::take(batch);
+    let c = cache.clone();
+    let r =
+        tokio::task::spawn_blocking(move || -> (std::io::Result<()>, Vec<oneshot::Sender<()>>) {
+            // 1. Data durable: each written file, or the whole file system at once when many
+            //    files are involved (many small files).
+            let mut files: HashMap<*const File, Arc<File>> = HashMap::new();
+            for ev in &events {
+                if let SyncEvent::Written { file, .. } = ev {
+                    files
+                        .entry(Arc::as_ptr(file))
+                        .or_insert_with(|| file.clone());
+                }
+            }
+            let synced = if files.len() > 8 {
+                File::open(c.root()).and_then(|d| rustix::fs::syncfs(&d).map_err(Into::into))
+            } else {
+                files.values().try_for_each(|f| f.sync_data())
+            };
+            let mut waiters = Vec::new();
+            if let Err(e) = synced {
+                for ev in events {
+                    if let SyncEvent::Flush(w) = ev {
+                        waiters.push(w);
+                    }
+                }
+                return (Err(e), waiters);
+            }
+            // 2. Then recorded, in order: chunks before the verification that needs them.
+            for ev in events {
+                match ev {
+                    SyncEvent::Written {
+                        rel,
+                        version,
+                        index,
+                        ..
+                    } => c.mark_present(&rel, version, index, 1),
+                    SyncEvent::Verified {
+                        rel,
+                        version,
+                        blake3,
+                    } => c.mark_verified(&rel, version, blake3),
+                    SyncEvent::Flush(w) => waiters.push(w),
+                }
+            }
+            (c.commit(), waiters)
+        })
+        .await;
+    match r {
+        Ok((r, waiters)) => {
+            if let Err(e) = r {
+                on_error(format!(
+                    "cannot make the copy durable in {}: {e}",
+                    cache.root().display()
+                ));
+                if result.is_ok() {
+                    *result = Err(e);
+                }
+            }
+            for w in waiters {
+                let _ = w.send(());
+            }
+        }
+        Err(e) => on_error(format!("sync task failed: {e}")),
+    }
+}
