@@ -171,3 +171,45 @@ fn a_cache_dir_that_fills_up_does_not_break_reads() {
         assert!(!st.complete());
     }
 }
+
+#[test]
+fn a_complete_verified_file_is_opened_with_passthrough() {
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f.bin"), (2 << 20) + 99, 12);
+    let cache = tempfile::tempdir().unwrap();
+    let cache_arg = cache.path().to_str().unwrap().to_string();
+    let server = TestServer::start(src.path());
+    let mut mount = TestMount::mount(&server.addr, &["--cache-dir", &cache_arg, "-v"]);
+    let dst = tempfile::tempdir().unwrap();
+    run(Command::new("cp")
+        .arg(mount.path().join("f.bin"))
+        .arg(dst.path()));
+    cmp(&src.path().join("f.bin"), &dst.path().join("f.bin"));
+    // Recorded complete, verified against the server's BLAKE3, recorded verified.
+    let c = ferry_cache::CacheDir::open(cache.path());
+    assert!(c.is_err(), "the mount holds the cache directory's lock");
+    std::thread::sleep(Duration::from_millis(3000));
+    // The next open reads the local file in the kernel.
+    let again = tempfile::tempdir().unwrap();
+    run(Command::new("cp")
+        .arg(mount.path().join("f.bin"))
+        .arg(again.path()));
+    cmp(&src.path().join("f.bin"), &again.path().join("f.bin"));
+    mount.signal_and_wait(libc::SIGTERM);
+    let log = mount.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("local copy:"))
+        .unwrap_or_else(|| panic!("no summary in the log:\n{log}"));
+    assert!(line.contains("1 files verified"), "{line}");
+    if is_root() {
+        assert!(
+            line.contains("1 passthrough opens") && log.contains("FUSE passthrough on"),
+            "{line}\n{log}"
+        );
+    }
+    let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+    let st = c.state(&bytes::Bytes::from_static(b"f.bin")).unwrap();
+    assert!(st.complete() && st.verified.is_some(), "{st:?}");
+}

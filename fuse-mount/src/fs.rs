@@ -43,6 +43,8 @@ pub struct FsConfig {
     pub chunk_memory: usize,
     /// Read-ahead policy.
     pub prefetch: PrefetchConfig,
+    /// Open complete, verified files of the local copy with FUSE passthrough.
+    pub passthrough: bool,
 }
 
 impl Default for FsConfig {
@@ -52,6 +54,7 @@ impl Default for FsConfig {
             attr_ttl: Duration::from_secs(10),
             chunk_memory: 64 << 20,
             prefetch: PrefetchConfig::default(),
+            passthrough: false,
         }
     }
 }
@@ -134,6 +137,8 @@ struct Handle {
     prefetcher: Mutex<Prefetcher>,
     stats: Mutex<HandleStats>,
     opened: Instant,
+    /// Reads of this handle go to the local copy in the kernel (FUSE passthrough).
+    passthrough: std::sync::atomic::AtomicBool,
 }
 
 /// What one open file handle did, logged (debug) when it is released: enough to tell a
@@ -162,12 +167,14 @@ pub struct DirItem {
 }
 
 /// The result of an open.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Opened {
     /// File handle to pass back on read/release.
     pub fh: u64,
     /// The kernel may keep its page cache from earlier opens.
     pub keep_cache: bool,
+    /// The complete, verified local copy, for a passthrough open (`--cache-dir`).
+    pub local: Option<std::fs::File>,
 }
 
 /// The file system.
@@ -182,6 +189,7 @@ pub struct Fs {
     listings: Mutex<Listings>,
     dirs_ahead: Mutex<DirsAhead>,
     next_fh: AtomicU64,
+    passthrough_opens: AtomicU64,
 }
 
 impl std::fmt::Debug for Fs {
@@ -230,6 +238,7 @@ impl Fs {
             dirs: Mutex::new(HashMap::new()),
             listings: Mutex::new(Listings::default()),
             dirs_ahead: Mutex::new(DirsAhead::default()),
+            passthrough_opens: AtomicU64::new(0),
             next_fh: AtomicU64::new(1),
         }
     }
@@ -584,11 +593,56 @@ impl Fs {
             prefetcher: Mutex::new(Prefetcher::new(self.cfg.prefetch)),
             stats: Mutex::new(HandleStats::default()),
             opened: Instant::now(),
+            passthrough: std::sync::atomic::AtomicBool::new(false),
         };
+        // Passthrough when the local copy holds this version complete and verified, and no
+        // handle of the file is open in the normal (cached) mode: the kernel refuses to mix
+        // the two on one inode.
+        let local = match self.store.backing() {
+            Some(b) if self.cfg.passthrough => {
+                let cached_open = lock(&self.handles)
+                    .values()
+                    .any(|o| o.key.id == handle.key.id && !o.passthrough.load(Ordering::Relaxed));
+                if cached_open {
+                    None
+                } else {
+                    let (b, k) = (b.clone(), handle.key.clone());
+                    tokio::task::spawn_blocking(move || b.complete_file(&k))
+                        .await
+                        .ok()
+                        .flatten()
+                }
+            }
+            _ => None,
+        };
+        handle.passthrough.store(local.is_some(), Ordering::Relaxed);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.handles).insert(fh, Arc::new(handle));
-        self.pipeline_next_files(ino);
-        Ok(Opened { fh, keep_cache })
+        if local.is_none() {
+            self.pipeline_next_files(ino);
+        }
+        Ok(Opened {
+            fh,
+            keep_cache,
+            local,
+        })
+    }
+
+    /// Counts an open the kernel took in passthrough mode.
+    pub fn count_passthrough_open(&self) {
+        self.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Opens served with passthrough so far.
+    pub fn passthrough_opens(&self) -> u64 {
+        self.passthrough_opens.load(Ordering::Relaxed)
+    }
+
+    /// The kernel did not take handle `fh` in passthrough mode: it is served normally.
+    pub fn passthrough_refused(&self, fh: u64) {
+        if let Some(h) = lock(&self.handles).get(&fh) {
+            h.passthrough.store(false, Ordering::Relaxed);
+        }
     }
 
     /// Small-file pipelining: tools that copy trees open files one after another in

@@ -27,6 +27,19 @@ pub struct FerryFuse {
     rt: Handle,
     /// Told when the kernel ends the session (unmount from outside).
     on_destroy: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+    /// Ask the kernel for passthrough (a local copy is configured).
+    want_passthrough: bool,
+    /// The kernel agreed to passthrough.
+    passthrough: Arc<std::sync::atomic::AtomicBool>,
+    backing: Arc<std::sync::Mutex<Backing>>,
+}
+
+/// Backing files handed to the kernel: one per inode at a time (a second one for the same
+/// inode is refused), kept alive by the handles that use it.
+#[derive(Default)]
+struct Backing {
+    by_inode: std::collections::HashMap<u64, std::sync::Weak<fuser::BackingId>>,
+    by_handle: std::collections::HashMap<u64, Arc<fuser::BackingId>>,
 }
 
 impl std::fmt::Debug for FerryFuse {
@@ -46,8 +59,21 @@ impl FerryFuse {
             fs,
             rt,
             on_destroy: Some(on_destroy),
+            want_passthrough: false,
+            passthrough: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            backing: Arc::new(std::sync::Mutex::new(Backing::default())),
         }
     }
+
+    /// Asks the kernel for FUSE passthrough at init, for complete local copies.
+    pub fn with_passthrough(mut self, on: bool) -> Self {
+        self.want_passthrough = on;
+        self
+    }
+}
+
+fn lock_backing(b: &std::sync::Mutex<Backing>) -> std::sync::MutexGuard<'_, Backing> {
+    b.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn time(t: Timestamp) -> SystemTime {
@@ -141,6 +167,19 @@ impl Filesystem for FerryFuse {
         // Many readahead requests in flight at once.
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
+        if self.want_passthrough {
+            // Passthrough needs kernel ≥ 6.9 and CAP_SYS_ADMIN; without it, complete local
+            // copies are still read locally, through ferry.
+            let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(2).is_ok();
+            self.passthrough
+                .store(ok, std::sync::atomic::Ordering::Relaxed);
+            if ok {
+                tracing::info!("FUSE passthrough on: complete, verified files are read from the local copy by the kernel");
+            } else {
+                tracing::info!("FUSE passthrough unavailable (kernel ≥ 6.9 and CAP_SYS_ADMIN needed): complete files are served from the local copy through ferry");
+            }
+        }
         Ok(())
     }
 
@@ -193,9 +232,45 @@ impl Filesystem for FerryFuse {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND | libc::O_CREAT) != 0;
         let fs = self.fs.clone();
+        let passthrough = self.passthrough.load(std::sync::atomic::Ordering::Relaxed);
+        let backing = self.backing.clone();
         self.rt.spawn(async move {
             match fs.open(ino.0, write).await {
                 Ok(o) => {
+                    if let (Some(file), true) = (o.local.as_ref(), passthrough) {
+                        let id = {
+                            let mut b = lock_backing(&backing);
+                            let existing =
+                                b.by_inode.get(&ino.0).and_then(std::sync::Weak::upgrade);
+                            match existing {
+                                Some(id) => Ok(id),
+                                None => reply.open_backing(file).map(|id| {
+                                    let id = Arc::new(id);
+                                    b.by_inode.insert(ino.0, Arc::downgrade(&id));
+                                    id
+                                }),
+                            }
+                        };
+                        match id {
+                            Ok(id) => {
+                                lock_backing(&backing).by_handle.insert(o.fh, id.clone());
+                                fs.count_passthrough_open();
+                                debug!("open of inode {} with passthrough", ino.0);
+                                // No KEEP_CACHE: the kernel refuses it with passthrough.
+                                return reply.opened_passthrough(
+                                    FileHandle(o.fh),
+                                    FopenFlags::empty(),
+                                    &id,
+                                );
+                            }
+                            Err(e) => {
+                                debug!("passthrough refused for inode {}: {e}", ino.0);
+                                fs.passthrough_refused(o.fh);
+                            }
+                        }
+                    } else if o.local.is_some() {
+                        fs.passthrough_refused(o.fh);
+                    }
                     let f = if o.keep_cache {
                         FopenFlags::FOPEN_KEEP_CACHE
                     } else {
@@ -251,6 +326,7 @@ impl Filesystem for FerryFuse {
         reply: ReplyEmpty,
     ) {
         self.fs.release(fh.0);
+        lock_backing(&self.backing).by_handle.remove(&fh.0);
         reply.ok();
     }
 

@@ -233,12 +233,14 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
     let local = match &cfg.cache_dir {
         Some(dir) => {
             let cache = Arc::new(ferry_cache::CacheDir::open(dir)?);
+            let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel();
             let (syncer, task) = {
                 let _rt = rt.enter();
-                ferry_cache::Syncer::start(
+                ferry_cache::Syncer::start_with(
                     cache.clone(),
                     Duration::from_secs(1),
                     Arc::new(|m| warn!("{m}")),
+                    Some(done_tx),
                 )
             };
             let local = Arc::new(ferry_cache::LocalCopy::new(
@@ -247,6 +249,8 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
                 session.chunk_size,
                 syncer.clone(),
             ));
+            // Files completed through the mount are verified, then opened with passthrough.
+            rt.spawn(local.clone().verify_completed(client.clone(), done_rx));
             info!("local copy in {}", dir.display());
             Some((local, syncer, task))
         }
@@ -255,9 +259,12 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
     let backing = local
         .as_ref()
         .map(|(l, _, _)| l.clone() as Arc<dyn ferry_client::ChunkBacking>);
-    let fs = Arc::new(Fs::with_backing(client, cfg.fs.clone(), root_attr, backing));
+    let mut fs_cfg = cfg.fs.clone();
+    fs_cfg.passthrough = local.is_some();
+    let fs = Arc::new(Fs::with_backing(client, fs_cfg, root_attr, backing));
     let (destroyed_tx, mut destroyed_rx) = tokio::sync::mpsc::unbounded_channel();
-    let adapter = FerryFuse::new(fs, rt.handle().clone(), destroyed_tx);
+    let adapter = FerryFuse::new(fs.clone(), rt.handle().clone(), destroyed_tx)
+        .with_passthrough(local.is_some());
     let mut fcfg = Config::default();
     let fsname = format!(
         "ferry:{}:/{}",
@@ -325,13 +332,15 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
             syncer.flush().await;
             drop(syncer);
         });
+        use std::sync::atomic::Ordering::Relaxed;
         info!(
-            "local copy: {} chunks served locally, {} stored, {} store errors",
-            local.served.load(std::sync::atomic::Ordering::Relaxed),
-            local.stored.load(std::sync::atomic::Ordering::Relaxed),
-            local
-                .store_errors
-                .load(std::sync::atomic::Ordering::Relaxed)
+            "local copy: {} chunks served locally, {} stored, {} store errors, {} files verified, {} mismatches, {} passthrough opens",
+            local.served.load(Relaxed),
+            local.stored.load(Relaxed),
+            local.store_errors.load(Relaxed),
+            local.verified.load(Relaxed),
+            local.mismatches.load(Relaxed),
+            fs.passthrough_opens()
         );
         drop(local);
         drop(task);

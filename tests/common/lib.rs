@@ -432,7 +432,8 @@ pub fn build_tree(root: &Path) {
         std::fs::write(root.join(format!("big/entry{i:05}")), b"").expect("building the test tree");
     }
     let mode = |p: &str, m: u32| {
-        std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(m)).expect("building the test tree")
+        std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(m))
+            .expect("building the test tree")
     };
     mode("a/f0", 0o600);
     mode("a/f1", 0o755);

@@ -44,6 +44,10 @@ pub struct LocalCopy {
     pub stored: AtomicU64,
     /// Failures to store.
     pub store_errors: AtomicU64,
+    /// Files verified complete (BLAKE3 equal to the server's).
+    pub verified: AtomicU64,
+    /// Complete files whose hash differed (dropped from the state, fetched again later).
+    pub mismatches: AtomicU64,
 }
 
 impl std::fmt::Debug for LocalCopy {
@@ -74,6 +78,63 @@ impl LocalCopy {
             served: AtomicU64::new(0),
             stored: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
+            verified: AtomicU64::new(0),
+            mismatches: AtomicU64::new(0),
+        }
+    }
+
+    /// Verifies the files the syncer reports complete (`completed`, from
+    /// [`Syncer::start_with`]): the BLAKE3 of the local file against the server's, over the
+    /// same version. A match is recorded (the file may then be opened with passthrough); a
+    /// mismatch drops the file's state so its chunks are fetched again. Runs until the
+    /// channel closes.
+    pub async fn verify_completed(
+        self: Arc<Self>,
+        client: ferry_client::Client,
+        mut completed: tokio::sync::mpsc::UnboundedReceiver<(Bytes, ferry_proto::Version)>,
+    ) {
+        while let Some((rel, version)) = completed.recv().await {
+            let remote = if self.root.is_empty() {
+                rel.clone()
+            } else {
+                Bytes::from(ferry_proto::name::join(&self.root, &rel))
+            };
+            let local = self.cache.local_path(&rel);
+            let mine = tokio::task::spawn_blocking(move || -> std::io::Result<[u8; 32]> {
+                let mut h = blake3::Hasher::new();
+                h.update_reader(File::open(local)?)?;
+                Ok(*h.finalize().as_bytes())
+            });
+            let theirs = client.hash(remote).await;
+            let mine = match mine.await {
+                Ok(Ok(h)) => h,
+                Ok(Err(e)) => {
+                    tracing::warn!(
+                        "verifying the local copy of /{}: {e}",
+                        String::from_utf8_lossy(&rel)
+                    );
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            match theirs {
+                Ok(h) if h.version == version && h.blake3 == mine => {
+                    self.syncer.verified(rel, version, mine);
+                    self.verified.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(h) if h.version == version => {
+                    self.mismatches.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        "local copy of /{} differs from the server's (BLAKE3): dropped, it is fetched again",
+                        String::from_utf8_lossy(&rel)
+                    );
+                    self.syncer.flush().await;
+                    self.cache.forget(&rel);
+                }
+                // The file changed on the server: its next open starts it over.
+                Ok(_) => {}
+                Err(e) => tracing::debug!("hash of /{}: {e}", String::from_utf8_lossy(&rel)),
+            }
         }
     }
 
@@ -192,6 +253,15 @@ impl ChunkBacking for LocalCopy {
         }
         self.served.fetch_add(1, Ordering::Relaxed);
         Some(Bytes::from(buf))
+    }
+
+    fn complete_file(&self, key: &FileKey) -> Option<File> {
+        let rel = self.rel(&key.path)?;
+        let st = self.cache.state(&rel)?;
+        if st.version != key.version || !st.complete() || st.verified.is_none() {
+            return None;
+        }
+        File::open(self.cache.local_path(&rel)).ok()
     }
 
     fn store(&self, key: &FileKey, index: u64, data: &Bytes) {

@@ -282,22 +282,26 @@ impl CacheDir {
 
     /// Chunks `first..first + count` of `rel` are durable on disk (the caller synced
     /// them). Ignored if `rel` moved to another version meanwhile.
-    pub fn mark_present(&self, rel: &Bytes, version: Version, first: u64, count: u32) {
+    /// Returns whether this completed the file.
+    pub fn mark_present(&self, rel: &Bytes, version: Version, first: u64, count: u32) -> bool {
         let mut g = self.lock();
         let Some(st) = g.files.get_mut(rel) else {
-            return;
+            return false;
         };
         if st.version != version {
-            return;
+            return false;
         }
+        let was = st.complete();
         let rec = Record::Chunks {
             path: rel.clone(),
             first,
             count,
         };
         st.apply(&rec);
+        let now = st.complete();
         g.journal.push(&rec);
         g.since_compaction += 1;
+        !was && now
     }
 
     /// The complete local copy of `rel` matched the server's hash.

@@ -20,6 +20,9 @@ use crate::state::CacheDir;
 /// Reports an error (the mirror counts it; the mount logs it).
 pub type OnError = Arc<dyn Fn(String) + Send + Sync>;
 
+/// Where files completed by a commit are announced (path, version).
+pub type Completed = mpsc::UnboundedSender<(Bytes, Version)>;
+
 /// Events for the syncer, in the order the file tasks produce them.
 pub(crate) enum SyncEvent {
     /// Chunk `index` of `rel` at `version` was written to `file`.
@@ -59,8 +62,19 @@ impl Syncer {
         interval: Duration,
         on_error: OnError,
     ) -> (Syncer, tokio::task::JoinHandle<std::io::Result<()>>) {
+        Self::start_with(cache, interval, on_error, None)
+    }
+
+    /// As [`Syncer::start`]; files whose last chunk it records are sent to `completed`
+    /// (path and version), e.g. to be verified.
+    pub fn start_with(
+        cache: Arc<CacheDir>,
+        interval: Duration,
+        on_error: OnError,
+        completed: Option<Completed>,
+    ) -> (Syncer, tokio::task::JoinHandle<std::io::Result<()>>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(syncer(cache, rx, interval, on_error));
+        let task = tokio::spawn(syncer(cache, rx, interval, on_error, completed));
         (Syncer { tx }, task)
     }
 
@@ -98,6 +112,7 @@ async fn syncer(
     mut rx: mpsc::UnboundedReceiver<SyncEvent>,
     interval: Duration,
     on_error: OnError,
+    completed: Option<Completed>,
 ) -> std::io::Result<()> {
     let mut batch: Vec<SyncEvent> = Vec::new();
     let mut first_at: Option<Instant> = None;
@@ -108,7 +123,14 @@ async fn syncer(
             Some(d) => match tokio::time::timeout_at(d.into(), rx.recv()).await {
                 Ok(ev) => ev,
                 Err(_) => {
-                    commit_batch(&cache, &mut batch, &on_error, &mut result).await;
+                    commit_batch(
+                        &cache,
+                        &mut batch,
+                        &on_error,
+                        completed.as_ref(),
+                        &mut result,
+                    )
+                    .await;
                     first_at = None;
                     continue;
                 }
@@ -116,7 +138,14 @@ async fn syncer(
             None => rx.recv().await,
         };
         let Some(ev) = ev else {
-            commit_batch(&cache, &mut batch, &on_error, &mut result).await;
+            commit_batch(
+                &cache,
+                &mut batch,
+                &on_error,
+                completed.as_ref(),
+                &mut result,
+            )
+            .await;
             return result;
         };
         let flush = matches!(ev, SyncEvent::Flush(_));
@@ -127,16 +156,30 @@ async fn syncer(
             while let Ok(ev) = rx.try_recv() {
                 batch.push(ev);
             }
-            commit_batch(&cache, &mut batch, &on_error, &mut result).await;
+            commit_batch(
+                &cache,
+                &mut batch,
+                &on_error,
+                completed.as_ref(),
+                &mut result,
+            )
+            .await;
             first_at = None;
         }
     }
 }
 
+type Committed = (
+    std::io::Result<()>,
+    Vec<oneshot::Sender<()>>,
+    Vec<(Bytes, Version)>,
+);
+
 async fn commit_batch(
     cache: &Arc<CacheDir>,
     batch: &mut Vec<SyncEvent>,
     on_error: &OnError,
+    completed: Option<&Completed>,
     result: &mut std::io::Result<()>,
 ) {
     if batch.is_empty() {
@@ -144,61 +187,74 @@ async fn commit_batch(
     }
     let events = std::mem::take(batch);
     let c = cache.clone();
-    let r =
-        tokio::task::spawn_blocking(move || -> (std::io::Result<()>, Vec<oneshot::Sender<()>>) {
-            // 1. Data durable: each written file, or the whole file system at once when many
-            //    files are involved (many small files).
-            let mut files: HashMap<*const File, Arc<File>> = HashMap::new();
-            for ev in &events {
-                if let SyncEvent::Written { file, .. } = ev {
-                    files
-                        .entry(Arc::as_ptr(file))
-                        .or_insert_with(|| file.clone());
+    let r = tokio::task::spawn_blocking(move || -> Committed {
+        // 1. Data durable: each written file, or the whole file system at once when many
+        //    files are involved (many small files).
+        let mut files: HashMap<*const File, Arc<File>> = HashMap::new();
+        for ev in &events {
+            if let SyncEvent::Written { file, .. } = ev {
+                files
+                    .entry(Arc::as_ptr(file))
+                    .or_insert_with(|| file.clone());
+            }
+        }
+        let synced = if files.len() > 8 {
+            File::open(c.root()).and_then(|d| rustix::fs::syncfs(&d).map_err(Into::into))
+        } else {
+            files.values().try_for_each(|f| f.sync_data())
+        };
+        let mut waiters = Vec::new();
+        let mut done = Vec::new();
+        if let Err(e) = synced {
+            for ev in events {
+                if let SyncEvent::Flush(w) = ev {
+                    waiters.push(w);
                 }
             }
-            let synced = if files.len() > 8 {
-                File::open(c.root()).and_then(|d| rustix::fs::syncfs(&d).map_err(Into::into))
-            } else {
-                files.values().try_for_each(|f| f.sync_data())
-            };
-            let mut waiters = Vec::new();
-            if let Err(e) = synced {
-                for ev in events {
-                    if let SyncEvent::Flush(w) = ev {
-                        waiters.push(w);
+            return (Err(e), waiters, done);
+        }
+        // 2. Then recorded, in order: chunks before the verification that needs them.
+        for ev in events {
+            match ev {
+                SyncEvent::Written {
+                    rel,
+                    version,
+                    index,
+                    ..
+                } => {
+                    if c.mark_present(&rel, version, index, 1) {
+                        done.push((rel, version));
                     }
                 }
-                return (Err(e), waiters);
+                SyncEvent::Verified {
+                    rel,
+                    version,
+                    blake3,
+                } => c.mark_verified(&rel, version, blake3),
+                SyncEvent::Flush(w) => waiters.push(w),
             }
-            // 2. Then recorded, in order: chunks before the verification that needs them.
-            for ev in events {
-                match ev {
-                    SyncEvent::Written {
-                        rel,
-                        version,
-                        index,
-                        ..
-                    } => c.mark_present(&rel, version, index, 1),
-                    SyncEvent::Verified {
-                        rel,
-                        version,
-                        blake3,
-                    } => c.mark_verified(&rel, version, blake3),
-                    SyncEvent::Flush(w) => waiters.push(w),
-                }
-            }
-            (c.commit(), waiters)
-        })
-        .await;
+        }
+        (c.commit(), waiters, done)
+    })
+    .await;
     match r {
-        Ok((r, waiters)) => {
-            if let Err(e) = r {
-                on_error(format!(
-                    "cannot make the copy durable in {}: {e}",
-                    cache.root().display()
-                ));
-                if result.is_ok() {
-                    *result = Err(e);
+        Ok((r, waiters, done)) => {
+            match r {
+                Ok(()) => {
+                    if let Some(tx) = completed {
+                        for d in done {
+                            let _ = tx.send(d);
+                        }
+                    }
+                }
+                Err(e) => {
+                    on_error(format!(
+                        "cannot make the copy durable in {}: {e}",
+                        cache.root().display()
+                    ));
+                    if result.is_ok() {
+                        *result = Err(e);
+                    }
                 }
             }
             for w in waiters {

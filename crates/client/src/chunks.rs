@@ -58,6 +58,11 @@ pub trait ChunkBacking: Send + Sync + 'static {
     fn load(&self, key: &FileKey, index: u64, len: usize) -> Option<Bytes>;
     /// Chunk `index` of `key`, just fetched, of `key.version`.
     fn store(&self, key: &FileKey, index: u64, data: &Bytes);
+    /// The local file of `key`, opened for reading, if the copy holds all of
+    /// `key.version` and verified it (then the kernel may read it directly).
+    fn complete_file(&self, _key: &FileKey) -> Option<std::fs::File> {
+        None
+    }
 }
 
 /// Statistics for tests and benchmarks.
