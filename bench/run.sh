@@ -2,7 +2,7 @@
 # ferry's link benchmark: ferry side by side with the tools people use today, on emulated
 # links, from real kernel parts.
 #
-#   bench/run.sh [--quick] [--links 1gbit,wan,loopback] [--methods LIST] [--size-mib N]
+#   bench/run.sh [--quick] [--links 1gbit,wan,loopback] [--methods LIST] [--datasets LIST] [--size-mib N]
 #                [--small-files N] [--fio-seconds N] [--copy-timeout SECS] [--repeat N]
 #                [--out FILE]
 #   FERRY_ARGS="--streams 16" bench/run.sh ...   extra options for ferry mount
@@ -15,8 +15,11 @@
 #             behaves on a long fat pipe). The tbf rate is 2 Gbit/s because every byte crosses
 #             the loopback twice, once on each side of the proxy.
 # Methods: ferry, nc-raw, nc-lz4, scp, rsync, sshfs, sshfs4 (max_conns=4), rclone (mount over
-#   sftp). Data sets (scripts/gen-data.py): db.dat (database-like, lz4 ratio ~11), mixed.bin
-#   (lz4 ratio ~2), random.bin, tree/ (many small files).
+#   sftp); for directory data sets also mirror (`ferry mirror`) and rsync8 (fpart + 8 parallel
+#   rsync over ssh). Data sets (scripts/gen-data.py): db.dat (database-like, lz4 ratio ~11),
+#   mixed.bin (lz4 ratio ~2), random.bin, tree/ (many small files); dbdir/ (a PostgreSQL-like
+#   data directory) when asked for with --datasets.
+#   Issue-4 comparison: --links 1gbit,wan --methods mirror,nc-lz4,rsync,rsync8 --datasets tree,dbdir
 # Every copy starts with the page cache dropped and is verified (cmp, diff -r), and is run
 # --repeat times (default 3; once if it takes over 30 s); the median run is reported. CPU seconds
 # are the whole machine's busy time during the copy (both ends, kernel included). fio random
@@ -37,6 +40,7 @@ small=10000
 fio_secs=15
 copy_timeout=300
 repeat=3
+datasets=db.dat,mixed.bin,random.bin,tree
 out=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -48,8 +52,9 @@ while [ $# -gt 0 ]; do
         --fio-seconds) fio_secs=$2; shift 2 ;;
         --copy-timeout) copy_timeout=$2; shift 2 ;;
         --repeat) repeat=$2; shift 2 ;;
+        --datasets) datasets=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "bench/run.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -64,6 +69,10 @@ methods=${methods:-ferry,nc-raw,nc-lz4,scp,rsync,sshfs,sshfs4,rclone}
 out=${out:-docs/BENCHMARKS.md}
 
 die() { echo "bench/run.sh: $*" >&2; exit 1; }
+# The code measured is the code at the start (the tree may change during a long run).
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain 2>/dev/null)" ] || commit="$commit (+ uncommitted changes)"
+started=$(date -u '+%Y-%m-%d %H:%M')
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
 
 # ---------------------------------------------------------------- prerequisites
@@ -77,6 +86,7 @@ for pair in sshd:openssh-server ssh:openssh-client sshfs:sshfs rclone:rclone fio
     command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done
 [ -x /usr/bin/time ] || need+=(time)
+[[ ",$methods," == *",rsync8,"* ]] && ! command -v fpart >/dev/null 2>&1 && need+=(fpart)
 if [ ${#need[@]} -gt 0 ]; then
     log "installing ${need[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null \
@@ -102,7 +112,7 @@ DATA=$ROOT/bench/out/data
 [ "$quick" = 1 ] && DATA=$ROOT/bench/out/data-quick
 mkdir -p "$DATA" "$(dirname "$out")"
 log "data sets: ${size} MiB files, ${small} small files"
-python3 scripts/gen-data.py "$DATA" --size-mib "$size" --small-files "$small" >&2
+python3 scripts/gen-data.py "$DATA" --size-mib "$size" --small-files "$small" --only "$(echo "$datasets" | sed 's/\.dat//g; s/\.bin//g')" >&2
 
 # ---------------------------------------------------------------- sandbox and cleanup
 NS=ferrybench-$$
@@ -252,7 +262,7 @@ copy_once() {
     if [ -d "$DATA/$ds" ] && [ $no_links = 1 ]; then
         diff -r -x links "$DATA/$ds" "$WORK/dst/$ds" >/dev/null || die "$method: copy of $ds differs from the source"
     elif [ -d "$DATA/$ds" ]; then
-        diff -r --no-dereference "$DATA/$ds" "$WORK/dst/$ds" >/dev/null || die "$method: copy of $ds differs from the source"
+        diff -r --no-dereference -x .ferry "$DATA/$ds" "$WORK/dst/$ds" >/dev/null || die "$method: copy of $ds differs from the source"
     else
         cmp -s "$DATA/$ds" "$WORK/dst/$ds" || die "$method: copy of $ds differs from the source"
     fi
@@ -340,6 +350,18 @@ nc_copy() {  # nc_copy DATASET lz4|raw
     fi
     wait "$r"
 }
+mirror_copy() {
+    # shellcheck disable=SC2086 # FERRY_MIRROR_ARGS: extra options, split on purpose
+    in_ns "$ROOT/target/release/ferry" mirror "127.0.0.1:$P_FERRY:/$1" "$WORK/dst/$1" --quiet ${FERRY_MIRROR_ARGS:-}
+}
+rsync8_copy() {  # fpart splits the tree into 8 lists of about equal size; 8 rsyncs pull them
+    rm -f "$WORK"/parts.*
+    (cd "$DATA/$1" && fpart -n 8 -z -o "$WORK/parts" . >/dev/null)
+    mkdir -p "$WORK/dst/$1"
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    ls "$WORK"/parts.* | xargs -P 8 -I{} sh -c 'exec "$@"' _ nsenter --net="/var/run/netns/$NS" \
+        rsync -a --files-from={} -e "ssh -p $P_SSH ${SSH_OPTS[*]}" "root@127.0.0.1:$DATA/$1/" "$WORK/dst/$1/"
+}
 scp_copy() { in_ns scp -q -r -P "$P_SSH" "${SSH_OPTS[@]}" "root@127.0.0.1:$DATA/$1" "$WORK/dst/$1"; }
 rsync_copy() {
     in_ns rsync -a -e "ssh -p $P_SSH ${SSH_OPTS[*]}" "root@127.0.0.1:$DATA/$1" "$WORK/dst/"
@@ -356,7 +378,7 @@ fio_run() {  # fio_run LINK METHOD MOUNT
     log "  fio 16k randread x4 via $2: $(printf '%.1f' "$iops") IOPS"
 }
 
-DATASETS=(db.dat mixed.bin random.bin tree)
+IFS=, read -ra DATASETS <<<"$datasets"
 IFS=, read -ra LINKS <<<"$links"
 IFS=, read -ra METHODS <<<"$methods"
 for link in "${LINKS[@]}"; do
@@ -371,7 +393,7 @@ for link in "${LINKS[@]}"; do
                     continue
                 fi
                 for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" cp_from "$WORK/mnt/$method" "$ds"; done
-                fio_run "$link" "$method" "$WORK/mnt/$method"
+                [[ " ${DATASETS[*]} " == *" random.bin "* ]] && fio_run "$link" "$method" "$WORK/mnt/$method"
                 if [ "$method" = ferry ]; then
                     fpid=$(pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $WORK/mnt/ferry" | head -1)
                     echo "$link|$(awk '/VmHWM/ {print int($2/1024)}' "/proc/$ferryd_pid/status")|$(awk '/VmHWM/ {print int($2/1024)}' "/proc/$fpid/status")" >> "$RSS"
@@ -381,6 +403,10 @@ for link in "${LINKS[@]}"; do
             nc-lz4) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" nc_copy "$ds" lz4; done ;;
             scp) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" scp_copy "$ds"; done ;;
             rsync) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" rsync_copy "$ds"; done ;;
+            mirror|rsync8)  # whole directories only
+                for ds in "${DATASETS[@]}"; do
+                    [ -d "$DATA/$ds" ] && copy "$link" "$ds" "$method" "${method}_copy" "$ds"
+                done ;;
             *) die "unknown method '$method'" ;;
         esac
     done
@@ -388,19 +414,17 @@ done
 
 # ---------------------------------------------------------------- report
 secs() { awk -F'|' -v l="$1" -v d="$2" -v m="$3" '$1 == l && $2 == d && $3 == m {print $4}' "$ROWS"; }
-ratio() {  # ratio LINK DATASET METHOD BASE: ferry's speed over BASE's (BASE seconds / ferry seconds)
-    local f b; f=$(secs "$1" "$2" ferry); b=$(secs "$1" "$2" "$3")
+ratio() {  # ratio LINK DATASET BASE [METHOD]: METHOD's (default ferry) speed over BASE's
+    local f b; f=$(secs "$1" "$2" "${4:-ferry}"); b=$(secs "$1" "$2" "$3")
     [ -n "$f" ] && [ -n "$b" ] && [ "$f" != failed ] && [ "$b" != failed ] \
         && awk -v f="$f" -v b="$b" 'BEGIN { printf "%.2f", b / f }' || echo "n/a"
 }
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -z "$(git status --porcelain 2>/dev/null)" ] || commit="$commit (+ uncommitted changes)"
 {
     echo "# Benchmarks"
     echo
-    echo "Produced by \`bench/run.sh$([ "$quick" = 1 ] && echo ' --quick')\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit,"
+    echo "Produced by \`bench/run.sh$([ "$quick" = 1 ] && echo ' --quick')\` from $started to $(date -u '+%H:%M UTC'), binaries built at commit $commit,"
     echo "$(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r). Files of $size MiB; tree of $small small files"
-    echo "($(du -sh "$DATA/tree" | cut -f1)). Page cache dropped before every copy; every copy verified."
+    echo "($(du -sh "$DATA/tree" 2>/dev/null | cut -f1)). Page cache dropped before every copy; every copy verified."
     echo "Each figure is the median of $repeat runs of the copy (one run when the first took over $ONCE_ABOVE s)."
     echo "CPU s: busy time of the whole machine during the copy (both ends and the kernel)."
     echo "scp follows symlinks and rclone skips them: their tree copies are verified without tree/links/."
@@ -442,12 +466,12 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
         local met; met=$(awk -v v="$2" -v m="$3" 'BEGIN { if (v == "n/a") print "n/a"; else if (v + 0 >= m) print "yes"; else print "**no**" }')
         echo "| $1 | $2 | $met |"
     }
-    if [[ " ${LINKS[*]} " == *" 1gbit "* ]]; then
+    if [[ " ${LINKS[*]} " == *" 1gbit "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]]; then
         target "1gbit: ferry ÷ nc raw, random (≥ 0.95)" "$(ratio 1gbit random.bin nc-raw)" 0.95
         target "1gbit: ferry ÷ nc\|lz4, mixed (≥ 1.0)" "$(ratio 1gbit mixed.bin nc-lz4)" 1.0
         target "1gbit: ferry ÷ nc\|lz4, db (≥ 1.0)" "$(ratio 1gbit db.dat nc-lz4)" 1.0
     fi
-    if [[ " ${LINKS[*]} " == *" wan "* ]]; then
+    if [[ " ${LINKS[*]} " == *" wan "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]]; then
         target "wan: ferry ÷ nc raw, random (≥ 4)" "$(ratio wan random.bin nc-raw)" 4
         target "wan: ferry ÷ nc\|lz4, mixed (≥ 4)" "$(ratio wan mixed.bin nc-lz4)" 4
         iops=$(awk -F'|' '$1 == "wan" && $2 == "ferry" {print $3}' "$FIO")
@@ -456,8 +480,15 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
         target "wan: ferry fio IOPS ÷ round-trip bound $bound (4 jobs ÷ ${WAN_RTT_MS:-40} ms measured) (≥ 0.95)" \
             "$(awk -v i="${iops:-0}" -v b="$bound" 'BEGIN { printf "%.2f", i / b }')" 0.95
     fi
-    if [[ " ${LINKS[*]} " == *" loopback "* ]]; then
+    if [[ " ${LINKS[*]} " == *" loopback "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]]; then
         target "loopback: ferry ÷ nc raw, random (≥ 0.8)" "$(ratio loopback random.bin nc-raw)" 0.8
+    fi
+    if [[ ",$methods," == *",mirror,"* ]]; then
+        for ds in "${DATASETS[@]}"; do
+            [ -d "$DATA/$ds" ] || continue
+            [[ " ${LINKS[*]} " == *" 1gbit "* ]] && target "1gbit: ferry mirror ÷ tar\|lz4\|nc, $ds (≥ 1.0)" "$(ratio 1gbit "$ds" nc-lz4 mirror)" 1.0
+            [[ " ${LINKS[*]} " == *" wan "* ]] && target "wan: ferry mirror ÷ tar\|lz4\|nc, $ds (≥ 1.5)" "$(ratio wan "$ds" nc-lz4 mirror)" 1.5
+        done
     fi
 } > "$out"
 log "report written to $out"

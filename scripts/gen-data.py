@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate sample data sets for ferry demos, benchmarks and tests.
 
-    gen-data.py OUTDIR [--size-mib N] [--small-files N] [--only db,mixed,random,tree] [--seed S]
+    gen-data.py OUTDIR [--size-mib N] [--small-files N] [--only db,mixed,random,tree,dbdir] [--seed S]
 
 Data sets written into OUTDIR:
 
@@ -14,6 +14,9 @@ Data sets written into OUTDIR:
   tree/       --small-files files of 0-64 KiB copied from /usr/include, ~100 per directory,
               three levels deep, plus symlinks (relative, absolute, dangling) and empty
               directories.
+  dbdir/      (only when asked for) a PostgreSQL-like data directory of about N MiB: eight
+              table segment files of database pages in base/16384/, 300 small catalog-like
+              files in base/1/, and a few text files; for whole-directory copies.
 
 The output is deterministic for a given seed (mixed.bin and tree/ depend on the files installed
 on the machine, read in sorted order). Reruns skip outputs that already exist with the right size
@@ -36,7 +39,9 @@ import time
 from array import array
 
 MIB = 1 << 20
-ALL_SETS = ("db", "mixed", "random", "tree")
+ALL_SETS = ("db", "mixed", "random", "tree", "dbdir")
+DEFAULT_SETS = ("db", "mixed", "random", "tree")
+DBDIR_VERSION = 1
 
 
 class GenError(Exception):
@@ -254,6 +259,46 @@ def gen_db(path: str, size_mib: int, seed: int) -> None:
     with AtomicFile(path) as f:
         for _ in range(size_mib):
             f.write(gen.batch())
+
+
+def gen_dbdir(path: str, size_mib: int, seed: int) -> tuple[int, int]:
+    """A PostgreSQL-like data directory: (files, bytes)."""
+    if os.path.lexists(path):
+        shutil.rmtree(path)
+    tmp = path + ".tmp"
+    if os.path.lexists(tmp):
+        shutil.rmtree(tmp)
+    rng = random.Random(seed)
+    files = nbytes = 0
+    table = os.path.join(tmp, "base", "16384")
+    catalog = os.path.join(tmp, "base", "1")
+    os.makedirs(table)
+    os.makedirs(catalog)
+    os.makedirs(os.path.join(tmp, "pg_wal"))
+    per = max(1, size_mib // 8)
+    for i in range(8):
+        gen = DbGenerator(seed + 100 + i)
+        with open(os.path.join(table, str(16400 + i)), "wb") as f:
+            for _ in range(per):
+                f.write(gen.batch())
+        files += 1
+        nbytes += per * MIB
+    gen = DbGenerator(seed + 99)
+    pool = b"".join(gen.batch() for _ in range(2))
+    for i in range(300):
+        size = 8192 * rng.randint(1, 32)
+        start = 8192 * rng.randint(0, (len(pool) - size) // 8192)
+        with open(os.path.join(catalog, str(1200 + i)), "wb") as f:
+            f.write(pool[start:start + size])
+        files += 1
+        nbytes += size
+    for name, text in (("PG_VERSION", "16\n"), ("postgresql.conf", "shared_buffers = 128MB\n" * 40)):
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(text)
+        files += 1
+        nbytes += len(text)
+    os.rename(tmp, path)
+    return files, nbytes
 
 
 # ----------------------------------------------------------------------------------------------
@@ -508,6 +553,25 @@ def run(args) -> None:
         if key not in args.only:
             continue
         t0 = time.monotonic()
+        if key == "dbdir":
+            path = os.path.join(out, "dbdir")
+            stamp_path = os.path.join(out, ".dbdir.stamp")
+            stamp = f"version={DBDIR_VERSION} size={size_mib} seed={args.seed}\n"
+            try:
+                with open(stamp_path) as f:
+                    old = f.read()
+            except OSError:
+                old = ""
+            if old == stamp and os.path.isdir(path):
+                print(_fmt_line("dbdir/", f"{size_mib} MiB", 0.0, "(exists, skipped)"), flush=True)
+                continue
+            if os.path.lexists(stamp_path):
+                os.unlink(stamp_path)
+            nfiles, nbytes = gen_dbdir(path, size_mib, args.seed)
+            with open(stamp_path, "w") as f:
+                f.write(stamp)
+            print(_fmt_line("dbdir/", f"{nfiles} files, {nbytes / MIB:.1f} MiB", time.monotonic() - t0), flush=True)
+            continue
         if key == "tree":
             path = os.path.join(out, "tree")
             stamp_path = os.path.join(out, ".tree.stamp")
@@ -553,7 +617,7 @@ def parse_args(argv):
                    help="size of db.dat, mixed.bin and random.bin in MiB (default 1024)")
     p.add_argument("--small-files", type=int, default=10000, metavar="N",
                    help="number of files in tree/ (default 10000)")
-    p.add_argument("--only", default=",".join(ALL_SETS), metavar="LIST",
+    p.add_argument("--only", default=",".join(DEFAULT_SETS), metavar="LIST",
                    help="comma-separated subset of: " + ",".join(ALL_SETS))
     p.add_argument("--seed", type=int, default=1, metavar="S", help="random seed (default 1)")
     args = p.parse_args(argv)

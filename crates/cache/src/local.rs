@@ -119,6 +119,7 @@ impl LocalCopy {
             };
             match theirs {
                 Ok(h) if h.version == version && h.blake3 == mine => {
+                    tracing::debug!("verified /{}", String::from_utf8_lossy(&rel));
                     self.syncer.verified(rel, version, mine);
                     self.verified.fetch_add(1, Ordering::Relaxed);
                 }
