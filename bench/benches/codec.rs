@@ -34,6 +34,7 @@ fn server_side(c: &mut Criterion) {
                         encoding: enc,
                         decoded_len: d.len() as u32,
                         checksum: sum,
+                        file_hash: None,
                         data: wire,
                     });
                     let mut head = BytesMut::with_capacity(64);
@@ -56,6 +57,7 @@ fn client_side(c: &mut Criterion) {
             encoding: enc,
             decoded_len: data.len() as u32,
             checksum: payload::checksum(&data),
+            file_hash: None,
             data: wire,
         });
         let mut frame = BytesMut::new();

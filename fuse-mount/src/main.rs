@@ -61,8 +61,9 @@ struct MirrorArgs {
     /// Chunk size to request, in KiB (the server may choose smaller).
     #[arg(long, value_name = "KIB", default_value_t = 1024)]
     chunk_size: u32,
-    /// Files copied at once.
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    /// Files copied at once (each has a request in flight: many are needed to fill a
+    /// long link with small files).
+    #[arg(long, value_name = "N", default_value_t = 512)]
     files: usize,
     /// Memory for chunks in flight, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 64)]
@@ -200,8 +201,20 @@ fn limit_malloc_arenas() {
     }
 }
 
+/// Raises the open-file limit to its hard maximum: a mirror keeps hundreds of files open at
+/// once (and the syncer holds the ones written until they are durable).
+fn raise_nofile_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        let _ = setrlimit(Resource::Nofile, l);
+    }
+}
+
 fn main() {
     limit_malloc_arenas();
+    raise_nofile_limit();
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Mount(args) => mount(args),

@@ -141,7 +141,7 @@ where
         };
         let shared = shared.clone();
         let tx = tx.clone();
-        let lz4 = welcome.features & features::LZ4 != 0;
+        let session_features = welcome.features;
         let chunk = welcome.chunk_size;
         let max_frame = welcome.max_frame;
         let conn_budget = conn_budget.clone();
@@ -150,7 +150,7 @@ where
             let response = handle(
                 &shared,
                 request,
-                lz4,
+                session_features,
                 chunk,
                 max_frame,
                 &conn_budget,
@@ -302,7 +302,7 @@ async fn blocking<T: Send + 'static>(
 async fn handle(
     shared: &Arc<Shared>,
     request: Request,
-    lz4: bool,
+    session_features: u64,
     chunk_size: u32,
     max_frame: u32,
     conn_budget: &Arc<Semaphore>,
@@ -382,18 +382,24 @@ async fn handle(
                     Err(_) => return error_response(OpError::new(Status::Busy, "server busy")),
                 }
             }
-            let allow = lz4 && allow_lz4;
+            let allow = session_features & features::LZ4 != 0 && allow_lz4;
+            let read_hash = session_features & features::READ_HASH != 0;
             blocking(move || {
                 let (file, attr) = sh.export.open_file(&path)?;
                 let (data, attr) = export::read_at(&file, attr, offset, len as usize)?;
                 let decoded_len = data.len() as u32;
                 let checksum = payload::checksum(&data);
+                // The whole file in one read: its BLAKE3 comes along, so the client can
+                // verify its copy without asking again.
+                let file_hash = (read_hash && offset == 0 && data.len() as u64 == attr.size)
+                    .then(|| *blake3::hash(&data).as_bytes());
                 let (encoding, data) = payload::encode(data, allow);
                 Ok(ReadData {
                     version: attr.version(),
                     encoding,
                     decoded_len,
                     checksum,
+                    file_hash,
                     data,
                 })
             })

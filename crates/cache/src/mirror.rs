@@ -58,9 +58,9 @@ pub struct MirrorConfig {
 impl Default for MirrorConfig {
     fn default() -> Self {
         MirrorConfig {
-            files_in_flight: 64,
+            files_in_flight: 512,
             chunk_memory: 64 << 20,
-            listings_in_flight: 8,
+            listings_in_flight: 32,
             verify: true,
             bwlimit: None,
             sync_interval: Duration::from_secs(1),
@@ -573,6 +573,17 @@ fn open_local(
 async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Result<FileOutcome> {
     let cs = ctx.client.session().chunk_size;
     let version = attr.version();
+    if attr.size > 0 && attr.size <= u64::from(cs) {
+        // A small file already complete (verified or not) takes the general path, which
+        // resumes it without fetching it again.
+        let complete = ctx
+            .cache
+            .state(rel)
+            .is_some_and(|s| s.version == version && s.complete());
+        if !complete {
+            return copy_small_file(ctx, rel, attr).await;
+        }
+    }
     let (file, resumed) = {
         let cache = ctx.cache.clone();
         let (r, a) = (rel.clone(), *attr);
@@ -617,7 +628,7 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
         tasks.spawn(async move {
             let r = fetch_chunk(&c, &remote, offset, len as u32, version).await;
             let r = match r {
-                Ok(data) => {
+                Ok((data, file_hash)) => {
                     let n = data.len() as u64;
                     let f = file.clone();
                     let w = tokio::task::spawn_blocking(move || f.write_all_at(&data, offset))
@@ -628,7 +639,7 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
                         Ok(()) => {
                             c.sync.written(rel, version, index, file);
                             c.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
-                            Ok(n)
+                            Ok((n, file_hash))
                         }
                         Err(e) => Err(ChunkError::Io(e)),
                     }
@@ -644,9 +655,14 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
         }
     }
     let mut outcome: Option<std::io::Result<FileOutcome>> = None;
+    // The server's BLAKE3 of the whole file, when one read returned all of it.
+    let mut whole_file_hash = None;
     while let Some(r) = tasks.join_next().await {
         match r {
-            Ok(Ok(n)) => done_here += n,
+            Ok(Ok((n, h))) => {
+                done_here += n;
+                whole_file_hash = whole_file_hash.or(h);
+            }
             Ok(Err(ChunkError::Changed)) => {
                 outcome.get_or_insert(Ok(FileOutcome::Changed(None)));
             }
@@ -678,14 +694,16 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
     if ctx.cfg.verify {
         let local = ctx.cache.local_path(rel);
         let local_hash = tokio::task::spawn_blocking(move || hash_local(&local));
-        let server = if attr.size == 0 {
+        let server = if attr.size == 0 || whole_file_hash.is_some() {
             None
         } else {
             Some(ctx.client.hash(remote.clone()).await)
         };
         let local_hash = local_hash.await.map_err(std::io::Error::other)??;
         let expected = match server {
-            None => *blake3::hash(b"").as_bytes(),
+            // Empty, or read whole in one response that carried the server's hash of it
+            // (of this very version: the read's version was checked).
+            None => whole_file_hash.unwrap_or(*blake3::hash(b"").as_bytes()),
             Some(Ok(h)) if h.version == version => h.blake3,
             Some(Ok(h)) => {
                 ctx.progress
@@ -731,6 +749,95 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
     Ok(FileOutcome::Done)
 }
 
+/// A file that fits in one chunk: one read, then one blocking step that creates, writes and
+/// sets the metadata of the local file (a tree of small files is bound by per-file work). Its
+/// hash is computed over the bytes written, still in memory, and compared with the server's
+/// hash of the same version (carried by the read when the server has READ_HASH, else asked for).
+async fn copy_small_file(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Result<FileOutcome> {
+    let cs = ctx.client.session().chunk_size;
+    let version = attr.version();
+    let remote = remote_path(&ctx.root, rel);
+    let units = (attr.size as usize).div_ceil(UNIT).max(1) as u32;
+    let permit = ctx
+        .chunk_units
+        .clone()
+        .acquire_many_owned(units)
+        .await
+        .map_err(std::io::Error::other)?;
+    let (data, file_hash) = match fetch_chunk(ctx, &remote, 0, attr.size as u32, version).await {
+        Ok(r) => r,
+        Err(ChunkError::Changed) => return Ok(FileOutcome::Changed(None)),
+        Err(ChunkError::Vanished) => return Ok(FileOutcome::Vanished),
+        Err(ChunkError::Remote(e)) => return Err(std::io::Error::other(e.to_string())),
+        Err(ChunkError::Io(e)) => return Err(e),
+    };
+    let file = {
+        let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data.clone());
+        tokio::task::spawn_blocking(move || -> std::io::Result<File> {
+            let local = cache.local_path(&r);
+            if let Ok(m) = std::fs::symlink_metadata(&local) {
+                if m.is_dir() {
+                    return Err(std::io::Error::other(
+                        "a local directory is where the server has a file; move it away",
+                    ));
+                }
+                if m.is_symlink() {
+                    std::fs::remove_file(&local)?;
+                }
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&local)?;
+            cache.begin(&r, a.version(), cs);
+            std::io::Write::write_all(&mut f, &d)?;
+            set_metadata(&local, &a, true)?;
+            Ok(f)
+        })
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(|e| std::io::Error::new(e.kind(), format!("writing the local copy: {e}")))?
+    };
+    drop(permit);
+    ctx.sync.written(rel.clone(), version, 0, Arc::new(file));
+    ctx.progress
+        .bytes_done
+        .fetch_add(attr.size, Ordering::Relaxed);
+    if ctx.cfg.verify {
+        let mine = *blake3::hash(&data).as_bytes();
+        let theirs = match file_hash {
+            Some(h) => h,
+            None => match ctx.client.hash(remote).await {
+                Ok(h) if h.version == version => h.blake3,
+                Ok(_) => {
+                    ctx.progress
+                        .bytes_done
+                        .fetch_sub(attr.size, Ordering::Relaxed);
+                    return Ok(FileOutcome::Changed(None));
+                }
+                Err(e) => {
+                    ctx.progress
+                        .bytes_done
+                        .fetch_sub(attr.size, Ordering::Relaxed);
+                    return Err(std::io::Error::other(format!(
+                        "asking the server for its hash: {e}"
+                    )));
+                }
+            },
+        };
+        if mine != theirs {
+            ctx.progress
+                .bytes_done
+                .fetch_sub(attr.size, Ordering::Relaxed);
+            return Ok(FileOutcome::Mismatch);
+        }
+        ctx.progress.files_verified.fetch_add(1, Ordering::Relaxed);
+        ctx.sync.verified(rel.clone(), version, theirs);
+    }
+    Ok(FileOutcome::Done)
+}
+
 fn hash_local(p: &Path) -> std::io::Result<[u8; 32]> {
     let mut h = blake3::Hasher::new();
     h.update_reader(File::open(p)?)?;
@@ -753,13 +860,14 @@ async fn fetch_chunk(
     offset: u64,
     len: u32,
     version: Version,
-) -> Result<Bytes, ChunkError> {
+) -> Result<(Bytes, Option<[u8; 32]>), ChunkError> {
     let mut tries = 0;
     loop {
-        match ctx.client.read_counted(remote.clone(), offset, len).await {
-            Ok((data, v, wire)) => {
+        match ctx.client.read_chunk(remote.clone(), offset, len).await {
+            Ok(chunk) => {
+                let (data, v) = (chunk.data, chunk.version);
                 if let Some(l) = &ctx.limiter {
-                    l.take(wire as u64).await;
+                    l.take(chunk.wire_len as u64).await;
                 }
                 if v != version {
                     return Err(ChunkError::Changed);
@@ -772,7 +880,7 @@ async fn fetch_chunk(
                 ctx.progress
                     .bytes_fetched
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
-                return Ok(data);
+                return Ok((data, chunk.file_hash));
             }
             Err(ClientError::Remote {
                 status: Status::NotFound,

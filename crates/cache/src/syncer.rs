@@ -151,7 +151,7 @@ async fn syncer(
         let flush = matches!(ev, SyncEvent::Flush(_));
         batch.push(ev);
         first_at.get_or_insert_with(Instant::now);
-        if flush || batch.len() >= 4096 {
+        if flush || batch.len() >= 1024 {
             // Take whatever else is already queued into the same commit.
             while let Ok(ev) = rx.try_recv() {
                 batch.push(ev);

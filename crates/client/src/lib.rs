@@ -20,5 +20,5 @@ pub mod prefetch;
 
 pub use chunks::{ChunkBacking, ChunkStats, ChunkStore, FileKey};
 pub use error::ClientError;
-pub use pool::{Client, ClientConfig, SessionInfo};
+pub use pool::{Chunk, Client, ClientConfig, SessionInfo};
 pub use prefetch::{PrefetchConfig, Prefetcher};

@@ -98,6 +98,19 @@ pub struct Counters {
     pub reads: AtomicU64,
 }
 
+/// A read's result.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    /// The bytes, decoded and checksum-verified.
+    pub data: Bytes,
+    /// The version of the file they were read from.
+    pub version: Version,
+    /// Their size on the wire.
+    pub wire_len: usize,
+    /// The whole file's BLAKE3, when the read returned the whole file.
+    pub file_hash: Option<[u8; 32]>,
+}
+
 /// A pool of connections to one ferryd. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
@@ -445,6 +458,20 @@ impl Client {
         offset: u64,
         len: u32,
     ) -> Result<(Bytes, Version, usize), ClientError> {
+        let c = self.read_chunk(path, offset, len).await?;
+        Ok((c.data, c.version, c.wire_len))
+    }
+
+    /// As [`Client::read`], with everything the response carries.
+    ///
+    /// # Errors
+    /// As [`Client::read`].
+    pub async fn read_chunk(
+        &self,
+        path: Bytes,
+        offset: u64,
+        len: u32,
+    ) -> Result<Chunk, ClientError> {
         let r = match self
             .call(Request::Read {
                 path,
@@ -470,9 +497,15 @@ impl Client {
             .fetch_add(u64::from(r.decoded_len), Ordering::Relaxed);
         c.reads.fetch_add(1, Ordering::Relaxed);
         let version = r.version;
-        let wire = r.data.len();
+        let wire_len = r.data.len();
+        let file_hash = r.file_hash;
         let data = payload::decode(r.encoding, r.decoded_len, r.checksum, r.data)?;
-        Ok((data, version, wire))
+        Ok(Chunk {
+            data,
+            version,
+            wire_len,
+            file_hash,
+        })
     }
 }
 

@@ -45,8 +45,11 @@ pub mod features {
     pub const LZ4: u64 = 1 << 0;
     /// The server answers [`crate::Request::Hash`] (whole-file BLAKE3).
     pub const HASH: u64 = 1 << 1;
+    /// A read that returns a whole file carries the file's BLAKE3
+    /// ([`crate::ReadData::file_hash`]).
+    pub const READ_HASH: u64 = 1 << 2;
     /// All features this build understands.
-    pub const ALL: u64 = LZ4 | HASH;
+    pub const ALL: u64 = LZ4 | HASH | READ_HASH;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

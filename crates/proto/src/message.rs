@@ -39,6 +39,8 @@ const K_READLINK: u8 = 0x14;
 const K_STATFS: u8 = 0x15;
 const K_HASH: u8 = 0x16;
 const RESPONSE_BIT: u8 = 0x80;
+/// In a Read response's encoding byte: the whole file's BLAKE3 follows the checksum.
+const FILE_HASH_FLAG: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
 
 /// The client's opening message.
@@ -210,6 +212,10 @@ pub struct ReadData {
     pub decoded_len: u32,
     /// xxh3-64 of the decoded bytes.
     pub checksum: u64,
+    /// BLAKE3 of the whole file, when these bytes are the whole file (read from offset 0 to
+    /// its end) and the session has the READ_HASH feature: a small file is then verified end
+    /// to end without a Hash request.
+    pub file_hash: Option<[u8; 32]>,
     /// Encoded bytes.
     pub data: Bytes,
 }
@@ -518,9 +524,17 @@ impl Response {
             }
             Response::Read(r) => {
                 r.version.encode(&mut b);
-                b.put_u8(r.encoding.to_u8());
+                let flag = if r.file_hash.is_some() {
+                    FILE_HASH_FLAG
+                } else {
+                    0
+                };
+                b.put_u8(r.encoding.to_u8() | flag);
                 b.put_u32(r.decoded_len);
                 b.put_u64(r.checksum);
+                if let Some(h) = &r.file_hash {
+                    b.put_slice(h);
+                }
                 Frame::put_header(head, self.kind(), request_id, b.len() + r.data.len());
                 head.put_slice(&b);
                 return r.data.clone();
@@ -578,17 +592,24 @@ impl Response {
             k if k == K_READ | RESPONSE_BIT => {
                 let version = Version::decode(&mut b)?;
                 let enc = get_u8(&mut b, "encoding")?;
-                let encoding = Encoding::from_u8(enc).ok_or(DecodeError::InvalidValue {
-                    field: "encoding",
-                    value: enc.into(),
-                })?;
+                let encoding =
+                    Encoding::from_u8(enc & !FILE_HASH_FLAG).ok_or(DecodeError::InvalidValue {
+                        field: "encoding",
+                        value: enc.into(),
+                    })?;
                 let decoded_len = get_u32(&mut b, "read")?;
                 let checksum = get_u64(&mut b, "read")?;
+                let file_hash = if enc & FILE_HASH_FLAG != 0 {
+                    Some(get_array(&mut b, "file hash")?)
+                } else {
+                    None
+                };
                 return Ok(Response::Read(ReadData {
                     version,
                     encoding,
                     decoded_len,
                     checksum,
+                    file_hash,
                     data: b,
                 }));
             }

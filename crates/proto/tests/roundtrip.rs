@@ -109,14 +109,16 @@ fn response() -> impl Strategy<Value = Response> {
             any::<bool>(),
             any::<u32>(),
             any::<u64>(),
+            proptest::option::of(any::<[u8; 32]>()),
             proptest::collection::vec(any::<u8>(), 0..2000)
         )
             .prop_map(
-                |(a, lz4, decoded_len, checksum, data)| Response::Read(ReadData {
+                |(a, lz4, decoded_len, checksum, file_hash, data)| Response::Read(ReadData {
                     version: a.version(),
                     encoding: if lz4 { Encoding::Lz4 } else { Encoding::Raw },
                     decoded_len,
                     checksum,
+                    file_hash,
                     data: Bytes::from(data)
                 })
             ),
