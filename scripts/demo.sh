@@ -182,6 +182,20 @@ diff -r --no-dereference "$DATA/tree" "$OUT/tree" >/dev/null || {
 echo "tree/: diff -r OK"
 SUMMARY+=("$(printf '%-11s %14s %9.2f %14s  %s' "tree/" "$nfiles files" "$secs" "$fps files/s" OK)")
 
+log "Mirroring the whole export without a mount (ferry mirror) into .demo/out/mirror"
+drop_caches
+t0=$(now)
+"$FERRY" mirror "$ADDR" "$OUT/mirror" --quiet || die "ferry mirror failed"
+t1=$(now)
+secs=$(elapsed "$t0" "$t1")
+all_mib=$(du -sb --exclude=.ferry "$OUT/mirror" | awk '{ printf "%.0f", $1 / 1048576 }')
+rate=$(awk -v b="$(du -sb --exclude=.ferry "$OUT/mirror" | cut -f1)" -v s="$secs" 'BEGIN { if (s <= 0) s = 0.001; printf "%.0f", b / 1e6 / s }')
+printf 'mirror: %s MiB in %.2f s = %s MB/s, every file verified (BLAKE3)\n' "$all_mib" "$secs" "$rate"
+diff -r --no-dereference -x .ferry "$DATA" "$OUT/mirror" >/dev/null || die "mirror: the copy differs from the source"
+echo "mirror: diff -r OK"
+"$FERRY" status "$OUT/mirror"
+SUMMARY+=("$(printf '%-11s %14s %9.2f %14s  %s' "mirror" "$all_mib MiB" "$secs" "$rate MB/s" OK)")
+
 log "Unmounting and stopping ferryd"
 unmount "$MNT"
 is_mounted "$MNT" && die "could not unmount .demo/mnt"
