@@ -111,8 +111,15 @@ fn kill_9_mid_mirror_then_resume_refetches_no_completed_chunk() {
     let server = TestServer::start(src.path());
     let total: u64 = (0..4).map(|i| (24u64 << 20) + i * 4097).sum::<u64>()
         + (0..300).map(|i| 100 + i * 37).sum::<u64>();
-    // Slowed down so the kills land mid-copy (about 20 MB/s).
-    for (round, delay) in [700u64, 900, 500].iter().enumerate() {
+    // Slowed down so the kills land mid-copy (about 20 MB/s), at random moments (printed, so
+    // a failure can be replayed).
+    let delays: Vec<u64> = {
+        use rand::Rng;
+        let mut rng = rand::rng();
+        (0..3).map(|_| rng.random_range(300..1100)).collect()
+    };
+    eprintln!("kill -9 after {delays:?} ms");
+    for (round, delay) in delays.iter().enumerate() {
         let mut child = mirror_cmd(&server, &copy, &["--bwlimit", "20M"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -199,4 +206,64 @@ fn a_busy_directory_and_a_bad_rate_get_one_line_errors() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds no ferry state"));
+}
+
+#[test]
+fn a_cache_dir_that_fills_up_gives_a_clear_error_and_a_sound_state() {
+    if !ferry_tests::is_root() {
+        eprintln!("skipped: needs root to mount a small tmpfs");
+        return;
+    }
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("big.bin"), 6_000_000, 21);
+    write_random(&src.path().join("small"), 1000, 22);
+    let dst = tempfile::tempdir().unwrap();
+    run(Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "ferry-test-full"])
+        .arg(dst.path()));
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _guard = Unmount(dst.path());
+    let copy = dst.path().join("copy");
+    let server = TestServer::start(src.path());
+    let out = mirror_cmd(&server, &copy, &[]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(
+        err.lines().last().unwrap().contains("mirror incomplete"),
+        "{err}"
+    );
+    // The status says so, although the disk is full.
+    let s = status_json(&copy);
+    assert_eq!(s["state"], "incomplete", "{s}");
+    assert!(s["error_count"].as_u64().unwrap() >= 1);
+    assert!(
+        s["errors"][0].as_str().unwrap().contains("No space left"),
+        "{s}"
+    );
+    // The state opens, and claims nothing that is not on disk.
+    let c = ferry_cache::CacheDir::open(&copy).unwrap();
+    for (rel, st) in c.all() {
+        let name = String::from_utf8_lossy(&rel).into_owned();
+        let want = std::fs::read(src.path().join(&name)).unwrap();
+        let local = std::fs::read(copy.join(&name)).unwrap();
+        for i in 0..st.chunks() {
+            if st.has(i) {
+                let (a, b) = (
+                    (i as usize) << 20,
+                    (((i + 1) as usize) << 20).min(want.len()),
+                );
+                assert_eq!(
+                    &local[a..b],
+                    &want[a..b],
+                    "{name} chunk {i} recorded but wrong"
+                );
+            }
+        }
+    }
 }

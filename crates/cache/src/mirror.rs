@@ -191,6 +191,14 @@ impl Mirror {
         if root_attr.kind != FileKind::Directory {
             return Err(MirrorError::NotADirectory(root_name));
         }
+        // The status file is allocated now, so it can be written even if the disk fills.
+        if let Err(e) = self
+            .progress
+            .snapshot("running", &self.label)
+            .write(self.cache.meta())
+        {
+            debug!("status file: {e}");
+        }
         let errors = self.progress.clone();
         let (sync, syncer) = Syncer::start(
             self.cache.clone(),

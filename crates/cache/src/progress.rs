@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 
 /// Errors kept for the status file (the most recent ones).
 const KEPT_ERRORS: usize = 20;
+/// Bytes allocated for the status file (its JSON is padded with spaces to this size).
+pub const STATUS_SPACE: usize = 64 << 10;
 
 /// Live counters of one run. Shared by the engine's tasks.
 #[derive(Debug)]
@@ -82,9 +84,16 @@ fn unix_now() -> u64 {
 
 impl Progress {
     /// Records an error (kept for the status file, counted).
-    pub fn error(&self, msg: String) {
+    pub fn error(&self, mut msg: String) {
         tracing::warn!("{msg}");
         self.error_count.fetch_add(1, Ordering::Relaxed);
+        if msg.len() > 1000 {
+            let mut at = 1000;
+            while !msg.is_char_boundary(at) {
+                at -= 1;
+            }
+            msg.truncate(at);
+        }
         let mut e = self.errors.lock().unwrap_or_else(|e| e.into_inner());
         if e.len() == KEPT_ERRORS {
             e.remove(0);
@@ -207,15 +216,33 @@ pub struct Status {
 }
 
 impl Status {
-    /// Writes `status.json` into state folder `meta` (atomically: temp file, rename).
+    /// Writes `status.json` into state folder `meta`. The file is allocated once at
+    /// [`STATUS_SPACE`] bytes and rewritten in place, padded with spaces, so the status can
+    /// still be written — and say why — when the disk is full.
     ///
     /// # Errors
-    /// I/O errors.
+    /// I/O errors; a status too large for the space.
     pub fn write(&self, meta: &Path) -> std::io::Result<()> {
-        let tmp = meta.join("status.json.tmp");
-        let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(&tmp, json)?;
-        std::fs::rename(&tmp, meta.join("status.json"))
+        use std::os::unix::fs::FileExt;
+        let mut json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        if json.len() > STATUS_SPACE {
+            return Err(std::io::Error::other("status too large"));
+        }
+        json.resize(STATUS_SPACE, b' ');
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(meta.join("status.json"))?;
+        if f.metadata()?.len() < STATUS_SPACE as u64 {
+            rustix::fs::fallocate(
+                &f,
+                rustix::fs::FallocateFlags::empty(),
+                0,
+                STATUS_SPACE as u64,
+            )?;
+        }
+        f.write_all_at(&json, 0)
     }
 
     /// Reads `status.json` from state folder `meta`.
@@ -223,7 +250,18 @@ impl Status {
     /// # Errors
     /// Missing or unreadable file.
     pub fn read(meta: &Path) -> std::io::Result<Status> {
-        let raw = std::fs::read(meta.join("status.json"))?;
-        serde_json::from_slice(&raw).map_err(std::io::Error::other)
+        // A read racing a rewrite may see a mix of two versions: read again once.
+        let mut last = None;
+        for _ in 0..3 {
+            let raw = std::fs::read(meta.join("status.json"))?;
+            match serde_json::from_slice(&raw) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Err(std::io::Error::other(
+            last.map_or_else(String::new, |e| e.to_string()),
+        ))
     }
 }
