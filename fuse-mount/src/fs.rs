@@ -175,6 +175,11 @@ pub struct Opened {
     pub keep_cache: bool,
     /// The complete, verified local copy, for a passthrough open (`--cache-dir`).
     pub local: Option<std::fs::File>,
+    /// Serve this handle with direct I/O: another handle of the file is open with
+    /// passthrough, and the kernel allows no cached open beside it.
+    pub direct_io: bool,
+    /// The version opened.
+    pub version: Version,
 }
 
 /// The file system.
@@ -598,33 +603,45 @@ impl Fs {
         // Passthrough when the local copy holds this version complete and verified, and no
         // handle of the file is open in the normal (cached) mode: the kernel refuses to mix
         // the two on one inode.
-        let local = match self.store.backing() {
+        let mut local = match self.store.backing() {
             Some(b) if self.cfg.passthrough => {
-                let cached_open = lock(&self.handles)
-                    .values()
-                    .any(|o| o.key.id == handle.key.id && !o.passthrough.load(Ordering::Relaxed));
-                if cached_open {
-                    None
-                } else {
-                    let (b, k) = (b.clone(), handle.key.clone());
-                    tokio::task::spawn_blocking(move || b.complete_file(&k))
-                        .await
-                        .ok()
-                        .flatten()
-                }
+                let (b, k) = (b.clone(), handle.key.clone());
+                tokio::task::spawn_blocking(move || b.complete_file(&k))
+                    .await
+                    .ok()
+                    .flatten()
             }
             _ => None,
         };
-        handle.passthrough.store(local.is_some(), Ordering::Relaxed);
+        // The mode is decided and the handle inserted under one lock, so two opens cannot
+        // choose differently unseen.
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.handles).insert(fh, Arc::new(handle));
+        let direct_io = {
+            let mut handles = lock(&self.handles);
+            let (mut cached, mut passthrough) = (false, false);
+            for o in handles.values().filter(|o| o.key.id == handle.key.id) {
+                if o.passthrough.load(Ordering::Relaxed) {
+                    passthrough = true;
+                } else {
+                    cached = true;
+                }
+            }
+            if cached {
+                local = None;
+            }
+            handle.passthrough.store(local.is_some(), Ordering::Relaxed);
+            handles.insert(fh, Arc::new(handle));
+            passthrough && local.is_none()
+        };
         if local.is_none() {
             self.pipeline_next_files(ino);
         }
         Ok(Opened {
             fh,
-            keep_cache,
+            keep_cache: keep_cache && !direct_io,
             local,
+            direct_io,
+            version,
         })
     }
 

@@ -38,7 +38,9 @@ pub struct FerryFuse {
 /// inode is refused), kept alive by the handles that use it.
 #[derive(Default)]
 struct Backing {
-    by_inode: std::collections::HashMap<u64, std::sync::Weak<fuser::BackingId>>,
+    /// By inode and version: a new version of the file never gets the old one's backing.
+    by_inode:
+        std::collections::HashMap<(u64, ferry_proto::Version), std::sync::Weak<fuser::BackingId>>,
     by_handle: std::collections::HashMap<u64, Arc<fuser::BackingId>>,
 }
 
@@ -240,13 +242,16 @@ impl Filesystem for FerryFuse {
                     if let (Some(file), true) = (o.local.as_ref(), passthrough) {
                         let id = {
                             let mut b = lock_backing(&backing);
-                            let existing =
-                                b.by_inode.get(&ino.0).and_then(std::sync::Weak::upgrade);
+                            let existing = b
+                                .by_inode
+                                .get(&(ino.0, o.version))
+                                .and_then(std::sync::Weak::upgrade);
                             match existing {
                                 Some(id) => Ok(id),
                                 None => reply.open_backing(file).map(|id| {
                                     let id = Arc::new(id);
-                                    b.by_inode.insert(ino.0, Arc::downgrade(&id));
+                                    b.by_inode.retain(|_, w| w.strong_count() > 0);
+                                    b.by_inode.insert((ino.0, o.version), Arc::downgrade(&id));
                                     id
                                 }),
                             }
@@ -271,7 +276,11 @@ impl Filesystem for FerryFuse {
                     } else if o.local.is_some() {
                         fs.passthrough_refused(o.fh);
                     }
-                    let f = if o.keep_cache {
+                    let f = if o.direct_io {
+                        // Beside a passthrough open of the same file the kernel allows only
+                        // uncached opens.
+                        FopenFlags::FOPEN_DIRECT_IO
+                    } else if o.keep_cache {
                         FopenFlags::FOPEN_KEEP_CACHE
                     } else {
                         FopenFlags::empty()

@@ -156,35 +156,30 @@ impl LocalCopy {
         }
     }
 
-    fn open(&self, rel: &Bytes, create: Option<u64>) -> std::io::Result<Arc<File>> {
-        let mut g = self.files.lock().unwrap_or_else(|e| e.into_inner());
-        if create.is_none() {
-            if let Some(f) = g.map.get(rel) {
-                return Ok(f.clone());
-            }
+    /// The open local file of `rel` (kept open for the next chunks).
+    fn open(&self, rel: &Bytes) -> std::io::Result<Arc<File>> {
+        if let Some(f) = self
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map
+            .get(rel)
+        {
+            return Ok(f.clone());
         }
-        let local = self.cache.local_path(rel);
-        let f = match create {
-            Some(size) => {
-                if let Some(parent) = local.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&local)?;
-                f.set_len(size)?;
-                f
-            }
-            None => std::fs::OpenOptions::new()
+        let f = Arc::new(
+            std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
-                .open(&local)?,
-        };
-        let f = Arc::new(f);
-        if g.map.insert(rel.clone(), f.clone()).is_none() {
+                .open(self.cache.local_path(rel))?,
+        );
+        self.remember(rel, f.clone());
+        Ok(f)
+    }
+
+    fn remember(&self, rel: &Bytes, f: Arc<File>) {
+        let mut g = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        if g.map.insert(rel.clone(), f).is_none() {
             g.order.push_back(rel.clone());
             while g.order.len() > OPEN_FILES {
                 if let Some(old) = g.order.pop_front() {
@@ -192,7 +187,6 @@ impl LocalCopy {
                 }
             }
         }
-        Ok(f)
     }
 
     fn paused(&self) -> bool {
@@ -206,22 +200,30 @@ impl LocalCopy {
         };
         let file = {
             let _one_at_a_time = self.begin.lock().unwrap_or_else(|e| e.into_inner());
-            match self.cache.state(&rel) {
+            let file = match self.cache.state(&rel) {
                 Some(s) if s.version == key.version && s.chunk_size == self.chunk_size => {
                     if s.has(index) {
                         return Ok(());
                     }
-                    self.open(&rel, None)?
+                    self.open(&rel)?
                 }
                 _ => {
-                    // First chunk of this version: the local file starts over.
-                    let f = self.open(&rel, Some(key.version.size))?;
-                    self.cache.begin(&rel, key.version, self.chunk_size);
+                    // First chunk of this version: the local file starts over (a new inode;
+                    // old readers and passthrough opens keep the old one).
+                    let f = Arc::new(self.cache.restart_file(
+                        &rel,
+                        key.version,
+                        self.chunk_size,
+                    )?);
+                    self.remember(&rel, f.clone());
                     f
                 }
-            }
+            };
+            // Written under the lock: a store of an older version can no longer land on the
+            // file after it started over.
+            file.write_all_at(data, index * u64::from(self.chunk_size))?;
+            file
         };
-        file.write_all_at(data, index * u64::from(self.chunk_size))?;
         self.syncer.written(rel, key.version, index, file);
         Ok(())
     }
@@ -234,7 +236,7 @@ impl ChunkBacking for LocalCopy {
         if st.version != key.version || st.chunk_size != self.chunk_size || !st.has(index) {
             return None;
         }
-        let file = self.open(&rel, None).ok()?;
+        let file = self.open(&rel).ok()?;
         let mut buf: Vec<u8> = Vec::with_capacity(len);
         let offset = index * u64::from(self.chunk_size);
         while buf.len() < len {
@@ -251,6 +253,13 @@ impl ChunkBacking for LocalCopy {
                     return None;
                 }
             }
+        }
+        // The file may have started over (another version) while it was read.
+        let still = self.cache.state(&rel).is_some_and(|s| {
+            s.version == key.version && s.chunk_size == self.chunk_size && s.has(index)
+        });
+        if !still {
+            return None;
         }
         self.served.fetch_add(1, Ordering::Relaxed);
         Some(Bytes::from(buf))

@@ -140,6 +140,8 @@ struct Ctx {
     cfg: MirrorConfig,
     progress: Arc<Progress>,
     chunk_units: Arc<Semaphore>,
+    /// Units of `chunk_units` in all (a chunk never asks for more).
+    total_units: u32,
     sync: Syncer,
     limiter: Option<Limiter>,
 }
@@ -213,6 +215,7 @@ impl Mirror {
             cfg: self.cfg.clone(),
             progress: self.progress.clone(),
             chunk_units: Arc::new(Semaphore::new(units)),
+            total_units: units as u32,
             sync,
             limiter: self.cfg.bwlimit.map(Limiter::new),
         });
@@ -552,9 +555,7 @@ fn open_local(
                 "a local directory is where the server has a file; move it away",
             ));
         }
-        if m.is_symlink() {
-            std::fs::remove_file(&local)?;
-        } else if m.is_file()
+        if m.is_file()
             && m.len() == attr.size
             && st
                 .as_ref()
@@ -567,14 +568,7 @@ fn open_local(
             return Ok((f, true));
         }
     }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&local)?;
-    f.set_len(attr.size)?;
-    cache.begin(rel, version, chunk_size);
+    let f = cache.restart_file(rel, version, chunk_size)?;
     Ok((f, false))
 }
 
@@ -624,10 +618,11 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
     };
     let remote = remote_path(&ctx.root, rel);
     let mut tasks = tokio::task::JoinSet::new();
+    let mut early = Vec::new();
     for index in missing {
         let offset = index * u64::from(cs);
         let len = (attr.size - offset).min(u64::from(cs)) as usize;
-        let units = len.div_ceil(UNIT).max(1) as u32;
+        let units = (len.div_ceil(UNIT).max(1) as u32).min(ctx.total_units);
         let Ok(permit) = ctx.chunk_units.clone().acquire_many_owned(units).await else {
             break;
         };
@@ -657,15 +652,28 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
             drop(permit);
             r
         });
-        // Stop early when a chunk already found the file changed or failing.
-        if let Some(Ok(Err(_))) = tasks.try_join_next() {
-            break;
+        // Stop early when a chunk already found the file changed or failing (its result is
+        // kept and handled with the others).
+        if let Some(r) = tasks.try_join_next() {
+            let failed = !matches!(r, Ok(Ok(_)));
+            early.push(r);
+            if failed {
+                break;
+            }
         }
     }
     let mut outcome: Option<std::io::Result<FileOutcome>> = None;
     // The server's BLAKE3 of the whole file, when one read returned all of it.
     let mut whole_file_hash = None;
-    while let Some(r) = tasks.join_next().await {
+    let mut early = early.into_iter();
+    loop {
+        let r = match early.next() {
+            Some(r) => r,
+            None => match tasks.join_next().await {
+                Some(r) => r,
+                None => break,
+            },
+        };
         match r {
             Ok(Ok((n, h))) => {
                 done_here += n;
@@ -765,7 +773,7 @@ async fn copy_small_file(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::R
     let cs = ctx.client.session().chunk_size;
     let version = attr.version();
     let remote = remote_path(&ctx.root, rel);
-    let units = (attr.size as usize).div_ceil(UNIT).max(1) as u32;
+    let units = ((attr.size as usize).div_ceil(UNIT).max(1) as u32).min(ctx.total_units);
     let permit = ctx
         .chunk_units
         .clone()
@@ -783,22 +791,12 @@ async fn copy_small_file(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::R
         let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data.clone());
         tokio::task::spawn_blocking(move || -> std::io::Result<File> {
             let local = cache.local_path(&r);
-            if let Ok(m) = std::fs::symlink_metadata(&local) {
-                if m.is_dir() {
-                    return Err(std::io::Error::other(
-                        "a local directory is where the server has a file; move it away",
-                    ));
-                }
-                if m.is_symlink() {
-                    std::fs::remove_file(&local)?;
-                }
+            if std::fs::symlink_metadata(&local).is_ok_and(|m| m.is_dir()) {
+                return Err(std::io::Error::other(
+                    "a local directory is where the server has a file; move it away",
+                ));
             }
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&local)?;
-            cache.begin(&r, a.version(), cs);
+            let mut f = cache.restart_file(&r, a.version(), cs)?;
             std::io::Write::write_all(&mut f, &d)?;
             set_metadata(&local, &a, true)?;
             Ok(f)

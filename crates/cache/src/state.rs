@@ -280,6 +280,43 @@ impl CacheDir {
         g.since_compaction += 1;
     }
 
+    /// Starts `rel` over at `version` and prepares its local file: the reset is made durable
+    /// first when a local file exists (the journal may describe its bytes), then that file is
+    /// unlinked — so readers and writers holding the old one keep the old inode — and a new,
+    /// empty one of `size` bytes (sparse) is created and returned.
+    ///
+    /// # Errors
+    /// I/O errors committing the journal or creating the file.
+    pub fn restart_file(
+        &self,
+        rel: &Bytes,
+        version: Version,
+        chunk_size: u32,
+    ) -> std::io::Result<std::fs::File> {
+        let local = self.local_path(rel);
+        let exists = std::fs::symlink_metadata(&local).is_ok();
+        self.begin(rel, version, chunk_size);
+        if exists {
+            self.commit()?;
+            match std::fs::remove_file(&local) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        } else if let Some(parent) = local.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&local)?;
+        if version.size > 0 {
+            f.set_len(version.size)?;
+        }
+        Ok(f)
+    }
+
     /// Chunks `first..first + count` of `rel` are durable on disk (the caller synced
     /// them). Ignored if `rel` moved to another version meanwhile.
     /// Returns whether this completed the file.
