@@ -112,7 +112,15 @@ fn a_remount_reads_what_an_earlier_mount_stored() {
         .arg(mount.path().join("f.bin"))
         .arg(dst.path()));
     cmp(&src.path().join("f.bin"), &dst.path().join("f.bin"));
+    // It also verifies what is complete but unverified (the first mount may have been
+    // unmounted before its check).
+    std::thread::sleep(Duration::from_millis(1500));
     drop(mount);
+    {
+        let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+        let st = c.state(&bytes::Bytes::from_static(b"f.bin")).unwrap();
+        assert!(st.verified.is_some(), "{st:?}");
+    }
     // The file changed on the server: the copy starts over at the new version.
     write_random(&src.path().join("f.bin"), 1 << 20, 10);
     let mount = TestMount::mount(&server.addr, &["--cache-dir", &cache_arg]);

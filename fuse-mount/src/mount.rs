@@ -234,6 +234,13 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
         Some(dir) => {
             let cache = Arc::new(ferry_cache::CacheDir::open(dir)?);
             let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel();
+            // Files left complete but unverified by an earlier mount (a crash, an unmount
+            // before their check) are verified now too.
+            for (rel, st) in cache.all() {
+                if st.complete() && st.verified.is_none() {
+                    let _ = done_tx.send((rel, st.version));
+                }
+            }
             let (syncer, task) = {
                 let _rt = rt.enter();
                 ferry_cache::Syncer::start_with(
