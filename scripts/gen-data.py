@@ -553,44 +553,32 @@ def run(args) -> None:
         if key not in args.only:
             continue
         t0 = time.monotonic()
-        if key == "dbdir":
-            path = os.path.join(out, "dbdir")
-            stamp_path = os.path.join(out, ".dbdir.stamp")
-            stamp = f"version={DBDIR_VERSION} size={size_mib} seed={args.seed}\n"
+        if key in ("dbdir", "tree"):
+            # Directories: regenerated only when their stamp (version, parameters) changed.
+            if key == "dbdir":
+                stamp = f"version={DBDIR_VERSION} size={size_mib} seed={args.seed}\n"
+                what = f"{size_mib} MiB"
+                gen = lambda p: gen_dbdir(p, size_mib, args.seed)  # noqa: E731
+            else:
+                stamp = f"version={TREE_VERSION} files={args.small_files} seed={args.seed}\n"
+                what = f"{args.small_files} files"
+                gen = lambda p: gen_tree(p, args.small_files, args.seed)  # noqa: E731
+            path = os.path.join(out, key)
+            stamp_path = os.path.join(out, f".{key}.stamp")
             try:
                 with open(stamp_path) as f:
                     old = f.read()
             except OSError:
                 old = ""
             if old == stamp and os.path.isdir(path):
-                print(_fmt_line("dbdir/", f"{size_mib} MiB", 0.0, "(exists, skipped)"), flush=True)
+                print(_fmt_line(f"{key}/", what, 0.0, "(exists, skipped)"), flush=True)
                 continue
             if os.path.lexists(stamp_path):
                 os.unlink(stamp_path)
-            nfiles, nbytes = gen_dbdir(path, size_mib, args.seed)
+            nfiles, nbytes = gen(path)
             with open(stamp_path, "w") as f:
                 f.write(stamp)
-            print(_fmt_line("dbdir/", f"{nfiles} files, {nbytes / MIB:.1f} MiB", time.monotonic() - t0), flush=True)
-            continue
-        if key == "tree":
-            path = os.path.join(out, "tree")
-            stamp_path = os.path.join(out, ".tree.stamp")
-            stamp = f"version={TREE_VERSION} files={args.small_files} seed={args.seed}\n"
-            try:
-                with open(stamp_path) as f:
-                    old = f.read()
-            except OSError:
-                old = ""
-            if old == stamp and os.path.isdir(path):
-                print(_fmt_line("tree/", f"{args.small_files} files", 0.0, "(exists, skipped)"), flush=True)
-                continue
-            if os.path.lexists(stamp_path):
-                os.unlink(stamp_path)
-            nfiles, nbytes = gen_tree(path, args.small_files, args.seed)
-            with open(stamp_path, "w") as f:
-                f.write(stamp)
-            what = f"{nfiles} files, {nbytes / MIB:.1f} MiB"
-            print(_fmt_line("tree/", what, time.monotonic() - t0), flush=True)
+            print(_fmt_line(f"{key}/", f"{nfiles} files, {nbytes / MIB:.1f} MiB", time.monotonic() - t0), flush=True)
             continue
         name, fn = files[key]
         path = os.path.join(out, name)

@@ -142,17 +142,7 @@ fn a_cache_dir_that_fills_up_does_not_break_reads() {
     }
     let src = tempfile::tempdir().unwrap();
     write_random(&src.path().join("big.bin"), 6 << 20, 11);
-    let cache = tempfile::tempdir().unwrap();
-    run(Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=2m", "ferry-test-full"])
-        .arg(cache.path()));
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(self.0).status();
-        }
-    }
-    let _guard = Unmount(cache.path());
+    let cache = ferry_tests::SmallTmpfs::mount("2m");
     let cache_arg = cache.path().to_str().unwrap().to_string();
     let server = TestServer::start(src.path());
     let mount = TestMount::mount(&server.addr, &["--cache-dir", &cache_arg]);

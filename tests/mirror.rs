@@ -217,17 +217,7 @@ fn a_cache_dir_that_fills_up_gives_a_clear_error_and_a_sound_state() {
     let src = tempfile::tempdir().unwrap();
     write_random(&src.path().join("big.bin"), 6_000_000, 21);
     write_random(&src.path().join("small"), 1000, 22);
-    let dst = tempfile::tempdir().unwrap();
-    run(Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=3m", "ferry-test-full"])
-        .arg(dst.path()));
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(self.0).status();
-        }
-    }
-    let _guard = Unmount(dst.path());
+    let dst = ferry_tests::SmallTmpfs::mount("3m");
     let copy = dst.path().join("copy");
     let server = TestServer::start(src.path());
     let out = mirror_cmd(&server, &copy, &[]).output().unwrap();

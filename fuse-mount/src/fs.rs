@@ -619,11 +619,14 @@ impl Fs {
         let direct_io = {
             let mut handles = lock(&self.handles);
             let (mut cached, mut passthrough) = (false, false);
-            for o in handles.values().filter(|o| o.key.id == handle.key.id) {
-                if o.passthrough.load(Ordering::Relaxed) {
-                    passthrough = true;
-                } else {
-                    cached = true;
+            // Only a mount with passthrough has modes to reconcile.
+            if self.cfg.passthrough {
+                for o in handles.values().filter(|o| o.key.id == handle.key.id) {
+                    if o.passthrough.load(Ordering::Relaxed) {
+                        passthrough = true;
+                    } else {
+                        cached = true;
+                    }
                 }
             }
             if cached {

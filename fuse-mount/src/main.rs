@@ -228,26 +228,20 @@ fn main() {
 }
 
 fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
-    let target = Target::parse(&a.remote).map_err(|e| anyhow::anyhow!(e))?;
-    anyhow::ensure!(
-        (4..=16 * 1024).contains(&a.chunk_size),
-        "--chunk-size {} KiB is out of range: use 4 to 16384",
-        a.chunk_size
-    );
-    anyhow::ensure!((1..=256).contains(&a.streams), "--streams must be 1 to 256");
+    let (target, client) = connection(
+        &a.remote,
+        a.streams,
+        a.chunk_size,
+        !a.no_compression,
+        a.connect_timeout,
+        "mirror",
+    )?;
     anyhow::ensure!((1..=4096).contains(&a.files), "--files must be 1 to 4096");
     init_logging_at(a.verbose, a.log_file.as_ref(), "warn")?;
     ferry_mount::mirror_cli::run(ferry_mount::mirror_cli::MirrorOptions {
         target,
         dir: a.dir,
-        client: ClientConfig {
-            streams: a.streams,
-            chunk_size: a.chunk_size * 1024,
-            compression: !a.no_compression,
-            connect_timeout: Duration::from_secs(a.connect_timeout.max(1)),
-            client_name: format!("ferry {} mirror", env!("CARGO_PKG_VERSION")),
-            ..ClientConfig::default()
-        },
+        client,
         engine: ferry_cache::MirrorConfig {
             files_in_flight: a.files,
             chunk_memory: a.chunk_memory.max(1) << 20,
@@ -259,14 +253,41 @@ fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
     })
 }
 
-fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
-    let target = Target::parse(&a.remote).map_err(|e| anyhow::anyhow!(e))?;
+/// The remote and the connection settings `mount` and `mirror` share, checked.
+fn connection(
+    remote: &str,
+    streams: usize,
+    chunk_kib: u32,
+    compression: bool,
+    connect_timeout: u64,
+    what: &str,
+) -> anyhow::Result<(Target, ClientConfig)> {
+    let target = Target::parse(remote).map_err(|e| anyhow::anyhow!(e))?;
     anyhow::ensure!(
-        (4..=16 * 1024).contains(&a.chunk_size),
-        "--chunk-size {} KiB is out of range: use 4 to 16384",
-        a.chunk_size
+        (4..=16 * 1024).contains(&chunk_kib),
+        "--chunk-size {chunk_kib} KiB is out of range: use 4 to 16384"
     );
-    anyhow::ensure!((1..=256).contains(&a.streams), "--streams must be 1 to 256");
+    anyhow::ensure!((1..=256).contains(&streams), "--streams must be 1 to 256");
+    let client = ClientConfig {
+        streams,
+        chunk_size: chunk_kib * 1024,
+        compression,
+        connect_timeout: Duration::from_secs(connect_timeout.max(1)),
+        client_name: format!("ferry {} {what}", env!("CARGO_PKG_VERSION")),
+        ..ClientConfig::default()
+    };
+    Ok((target, client))
+}
+
+fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
+    let (target, client) = connection(
+        &a.remote,
+        a.streams,
+        a.chunk_size,
+        !a.no_compression,
+        a.connect_timeout,
+        "mount",
+    )?;
     anyhow::ensure!(
         a.attr_timeout.is_finite() && a.attr_timeout >= 0.0,
         "--attr-timeout must be a number of seconds ≥ 0"
@@ -275,14 +296,7 @@ fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
     Ok(MountConfig {
         target,
         mountpoint: a.mountpoint.clone(),
-        client: ClientConfig {
-            streams: a.streams,
-            chunk_size: a.chunk_size * 1024,
-            compression: !a.no_compression,
-            connect_timeout: Duration::from_secs(a.connect_timeout.max(1)),
-            client_name: format!("ferry {} mount", env!("CARGO_PKG_VERSION")),
-            ..ClientConfig::default()
-        },
+        client,
         fs: FsConfig {
             attr_ttl: Duration::from_secs_f64(a.attr_timeout),
             chunk_memory: a.chunk_memory.max(1) << 20,

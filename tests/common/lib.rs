@@ -454,3 +454,41 @@ pub fn build_tree(root: &Path) {
     }
     set_mtime(root, 1_500_000_000, 123_456_789);
 }
+
+/// A tmpfs of a given size mounted on a fresh temp dir (root only), unmounted on drop: a
+/// disk that fills up.
+#[derive(Debug)]
+pub struct SmallTmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallTmpfs {
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it, e.g. "2m").
+    pub fn mount(size: &str) -> SmallTmpfs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        run(Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "ferry-test-full",
+            ])
+            .arg(dir.path()));
+        SmallTmpfs { dir }
+    }
+
+    /// Where it is mounted.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}

@@ -30,3 +30,13 @@ pub use syncer::Syncer;
 /// Name of the state folder inside a cache directory. An export entry of this name at the
 /// top level is not mirrored.
 pub const STATE_DIR: &str = ".ferry";
+
+/// BLAKE3 of the file at `path` (the local side of every verification).
+///
+/// # Errors
+/// The file cannot be opened or read.
+pub fn hash_file(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::fs::File::open(path)?)?;
+    Ok(*h.finalize().as_bytes())
+}

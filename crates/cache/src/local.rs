@@ -94,17 +94,9 @@ impl LocalCopy {
         mut completed: tokio::sync::mpsc::UnboundedReceiver<(Bytes, ferry_proto::Version)>,
     ) {
         while let Some((rel, version)) = completed.recv().await {
-            let remote = if self.root.is_empty() {
-                rel.clone()
-            } else {
-                Bytes::from(ferry_proto::name::join(&self.root, &rel))
-            };
+            let remote = crate::mirror::remote_path(&self.root, &rel);
             let local = self.cache.local_path(&rel);
-            let mine = tokio::task::spawn_blocking(move || -> std::io::Result<[u8; 32]> {
-                let mut h = blake3::Hasher::new();
-                h.update_reader(File::open(local)?)?;
-                Ok(*h.finalize().as_bytes())
-            });
+            let mine = tokio::task::spawn_blocking(move || crate::hash_file(&local));
             let theirs = client.hash(remote).await;
             let mine = match mine.await {
                 Ok(Ok(h)) => h,

@@ -362,7 +362,7 @@ async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> {
     dirs
 }
 
-fn remote_path(root: &Bytes, rel: &[u8]) -> Bytes {
+pub(crate) fn remote_path(root: &Bytes, rel: &[u8]) -> Bytes {
     if rel.is_empty() {
         root.clone()
     } else {
@@ -479,7 +479,7 @@ async fn copy_file(ctx: &Arc<Ctx>, rel: Bytes, mut attr: Attr) {
                 ctx.progress
                     .bytes_total
                     .fetch_sub(counted_total, Ordering::Relaxed);
-                flush(ctx).await;
+                ctx.sync.flush().await;
                 ctx.cache.forget(&rel);
                 let _ = std::fs::remove_file(ctx.cache.local_path(&rel));
                 return;
@@ -519,7 +519,7 @@ async fn copy_file(ctx: &Arc<Ctx>, rel: Bytes, mut attr: Attr) {
                     "{name}: the copy's BLAKE3 differs from the server's: fetching it again"
                 );
                 // Pending records of the bad copy land before it is reset.
-                flush(ctx).await;
+                ctx.sync.flush().await;
                 ctx.cache.forget(&rel);
             }
             Err(e) => {
@@ -531,10 +531,6 @@ async fn copy_file(ctx: &Arc<Ctx>, rel: Bytes, mut attr: Attr) {
     ctx.progress.error(format!(
         "{name}: kept changing or failing verification; giving up for this run"
     ));
-}
-
-async fn flush(ctx: &Ctx) {
-    ctx.sync.flush().await;
 }
 
 /// Opens the local file for `rel` at `attr`'s version: reuses it when the state says it
@@ -709,7 +705,7 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
     // Every chunk is written (and on its way to being recorded).
     if ctx.cfg.verify {
         let local = ctx.cache.local_path(rel);
-        let local_hash = tokio::task::spawn_blocking(move || hash_local(&local));
+        let local_hash = tokio::task::spawn_blocking(move || crate::hash_file(&local));
         let server = if attr.size == 0 || whole_file_hash.is_some() {
             None
         } else {
@@ -842,12 +838,6 @@ async fn copy_small_file(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::R
         ctx.sync.verified(rel.clone(), version, theirs);
     }
     Ok(FileOutcome::Done)
-}
-
-fn hash_local(p: &Path) -> std::io::Result<[u8; 32]> {
-    let mut h = blake3::Hasher::new();
-    h.update_reader(File::open(p)?)?;
-    Ok(*h.finalize().as_bytes())
 }
 
 #[derive(Debug)]

@@ -118,44 +118,33 @@ async fn syncer(
     let mut first_at: Option<Instant> = None;
     let mut result = Ok(());
     loop {
-        let deadline = first_at.map(|t| t + interval);
-        let ev = match deadline {
-            Some(d) => match tokio::time::timeout_at(d.into(), rx.recv()).await {
-                Ok(ev) => ev,
-                Err(_) => {
-                    commit_batch(
-                        &cache,
-                        &mut batch,
-                        &on_error,
-                        completed.as_ref(),
-                        &mut result,
-                    )
-                    .await;
-                    first_at = None;
-                    continue;
-                }
-            },
-            None => rx.recv().await,
+        // Wait for the next event, or until the oldest queued one has waited `interval`.
+        let next = match first_at {
+            Some(t) => tokio::time::timeout_at((t + interval).into(), rx.recv())
+                .await
+                .ok(),
+            None => Some(rx.recv().await),
         };
-        let Some(ev) = ev else {
-            commit_batch(
-                &cache,
-                &mut batch,
-                &on_error,
-                completed.as_ref(),
-                &mut result,
-            )
-            .await;
-            return result;
-        };
-        let flush = matches!(ev, SyncEvent::Flush(_));
-        batch.push(ev);
-        first_at.get_or_insert_with(Instant::now);
-        if flush || batch.len() >= 1024 {
-            // Take whatever else is already queued into the same commit.
-            while let Ok(ev) = rx.try_recv() {
+        let closed = matches!(next, Some(None));
+        let due = match next {
+            None => true, // the interval passed
+            Some(None) => true,
+            Some(Some(ev)) => {
+                let flush = matches!(ev, SyncEvent::Flush(_));
                 batch.push(ev);
+                first_at.get_or_insert_with(Instant::now);
+                if flush || batch.len() >= 1024 {
+                    // Whatever else is already queued goes into the same commit.
+                    while let Ok(ev) = rx.try_recv() {
+                        batch.push(ev);
+                    }
+                    true
+                } else {
+                    false
+                }
             }
+        };
+        if due {
             commit_batch(
                 &cache,
                 &mut batch,
@@ -165,6 +154,9 @@ async fn syncer(
             )
             .await;
             first_at = None;
+        }
+        if closed {
+            return result;
         }
     }
 }

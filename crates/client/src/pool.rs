@@ -443,23 +443,8 @@ impl Client {
         offset: u64,
         len: u32,
     ) -> Result<(Bytes, Version), ClientError> {
-        let (data, version, _) = self.read_counted(path, offset, len).await?;
-        Ok((data, version))
-    }
-
-    /// As [`Client::read`], also returning the payload's size on the wire (for bandwidth
-    /// accounting).
-    ///
-    /// # Errors
-    /// As [`Client::read`].
-    pub async fn read_counted(
-        &self,
-        path: Bytes,
-        offset: u64,
-        len: u32,
-    ) -> Result<(Bytes, Version, usize), ClientError> {
         let c = self.read_chunk(path, offset, len).await?;
-        Ok((c.data, c.version, c.wire_len))
+        Ok((c.data, c.version))
     }
 
     /// As [`Client::read`], with everything the response carries.
