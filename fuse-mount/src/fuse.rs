@@ -32,7 +32,16 @@ pub struct FerryFuse {
     /// The kernel agreed to passthrough.
     passthrough: Arc<std::sync::atomic::AtomicBool>,
     backing: Arc<std::sync::Mutex<Backing>>,
+    /// Produces the mount's status (JSON) for `ferry status MOUNTPOINT`.
+    status: Option<StatusFn>,
 }
+
+/// Produces a mount's status as JSON.
+pub type StatusFn = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
+
+/// The extended attribute of the mount's root that `ferry status MOUNTPOINT` reads. Not
+/// listed by listxattr, so `cp -a` and `rsync -X` do not copy it.
+pub const STATUS_XATTR: &str = "user.ferry.status";
 
 /// Backing files handed to the kernel: one per inode at a time (a second one for the same
 /// inode is refused), kept alive by the handles that use it.
@@ -64,7 +73,14 @@ impl FerryFuse {
             want_passthrough: false,
             passthrough: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             backing: Arc::new(std::sync::Mutex::new(Backing::default())),
+            status: None,
         }
+    }
+
+    /// Answers `ferry status MOUNTPOINT` (the root's [`STATUS_XATTR`]) with `f`'s JSON.
+    pub fn with_status(mut self, f: StatusFn) -> Self {
+        self.status = Some(f);
+        self
     }
 
     /// Asks the kernel for FUSE passthrough at init, for complete local copies.
@@ -464,6 +480,36 @@ impl Filesystem for FerryFuse {
     ) {
         self.fs.releasedir(fh.0);
         reply.ok();
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &std::ffi::OsStr,
+        size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        let value = match &self.status {
+            Some(f) if ino == INodeNo::ROOT && name == STATUS_XATTR => f(),
+            // The export's own extended attributes are not carried.
+            _ => return reply.error(Errno::ENODATA),
+        };
+        if size == 0 {
+            reply.size(value.len() as u32);
+        } else if (size as usize) < value.len() {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(&value);
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -31,6 +31,7 @@ enum Command {
     /// Examples:
     ///   ferry mount db1:/u01/oradata /mnt/oradata
     ///   ferry mount db1:7070 /mnt/db1 --streams 16 --allow-other
+    ///   ferry mount db1:/u01/oradata /mnt/oradata --cache-dir /nvme/oradata --mirror --bwlimit 100M
     #[command(verbatim_doc_comment)]
     Mount(MountArgs),
     /// Copy a ferryd export into a local directory: complete, verified, resumable.
@@ -45,7 +46,13 @@ enum Command {
     ///   ferry mirror db1:7070 /data/copy --streams 16 --bwlimit 200M
     #[command(verbatim_doc_comment)]
     Mirror(MirrorArgs),
-    /// Report on a mirror directory: bytes and files done, rate, ETA, verification, errors.
+    /// Report on a mount or a mirror directory: bytes and files done, rate, ETA,
+    /// verification, errors; for a mount also its reads and local copy.
+    ///
+    /// Examples:
+    ///   ferry status /mnt/oradata
+    ///   ferry status /restore/oradata --json
+    #[command(verbatim_doc_comment)]
     Status(StatusArgs),
 }
 
@@ -94,7 +101,7 @@ struct MirrorArgs {
 
 #[derive(Debug, clap::Args)]
 struct StatusArgs {
-    /// A `ferry mirror` directory.
+    /// A ferry mount point, or a directory filled by `ferry mirror` or `--cache-dir`.
     path: PathBuf,
     /// Machine-readable output.
     #[arg(long)]
@@ -149,6 +156,15 @@ struct MountArgs {
     /// state as `ferry mirror` (DIR/.ferry/).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    /// Fill the local copy (--cache-dir) in the background with the whole export, while
+    /// reads through the mount come first. Once a file is complete and verified, its opens
+    /// are served from local disk. `ferry status MOUNTPOINT` shows the progress.
+    #[arg(long, requires = "cache_dir")]
+    mirror: bool,
+    /// Cap the background mirror's transfer: bytes per second with K, M, G or T (powers of
+    /// 1024), e.g. 100M. Reads through the mount are not capped.
+    #[arg(long, value_name = "RATE", value_parser = ferry_mount::mirror_cli::parse_rate, requires = "mirror")]
+    bwlimit: Option<u64>,
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -310,6 +326,8 @@ fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
         threads: a.threads.max(1),
         read_ahead_kb: a.read_ahead_kb,
         cache_dir: a.cache_dir.clone(),
+        mirror: a.mirror,
+        bwlimit: a.bwlimit,
         ..MountConfig::default()
     })
 }

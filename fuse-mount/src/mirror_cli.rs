@@ -173,15 +173,45 @@ fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// `ferry status PATH [--json]`.
+/// The status a ferry mount serves at its root (see [`crate::fuse::STATUS_XATTR`]): `None`
+/// when `path` is not a ferry mount.
 ///
 /// # Errors
-/// PATH holds no ferry state.
+/// A ferry mount whose process is gone.
+fn mount_status(path: &Path) -> anyhow::Result<Option<Status>> {
+    let mut buf = vec![0u8; 256 << 10];
+    match rustix::fs::getxattr(path, crate::fuse::STATUS_XATTR, &mut buf[..]) {
+        Ok(n) => {
+            let s = serde_json::from_slice(&buf[..n])
+                .with_context(|| format!("{}: unreadable status from the mount", path.display()))?;
+            Ok(Some(s))
+        }
+        Err(rustix::io::Errno::NOTCONN) => bail!(
+            "{} is a mount whose ferry process is gone: unmount it with `fusermount3 -u {}`",
+            path.display(),
+            path.display()
+        ),
+        Err(_) => Ok(None),
+    }
+}
+
+/// `ferry status PATH [--json]`: PATH is a mount point or a cache directory.
+///
+/// # Errors
+/// PATH is neither a ferry mount nor holds ferry state.
 pub fn status(path: &Path, json: bool) -> anyhow::Result<()> {
+    if let Some(s) = mount_status(path)? {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        } else {
+            print_status(path, &s);
+        }
+        return Ok(());
+    }
     let meta = path.join(STATE_DIR);
     if !meta.is_dir() {
         bail!(
-            "{} holds no ferry state ({STATE_DIR}/ is missing): give the directory of a `ferry mirror`",
+            "{} is not a ferry mount and holds no ferry state ({STATE_DIR}/ is missing): give a mount point or the directory of a `ferry mirror` or `--cache-dir`",
             path.display()
         );
     }
@@ -198,20 +228,61 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
     }
+    print_status(path, &s);
+    Ok(())
+}
+
+fn print_status(path: &Path, s: &Status) {
+    if let Some(m) = &s.mount {
+        println!(
+            "{}: ferry mount of {} (pid {}, up {:.0} s)",
+            path.display(),
+            s.remote,
+            s.pid,
+            s.elapsed_secs
+        );
+        println!(
+            "  read    {} from the server ({} on the wire), {} chunks from the local copy",
+            human_bytes(m.decoded_bytes),
+            human_bytes(m.wire_bytes),
+            m.chunks_served_locally
+        );
+        match &m.cache_dir {
+            Some(d) => println!(
+                "  local   {d}: {} chunks stored by reads, {} store errors, {} files verified by reads, {} passthrough opens",
+                m.chunks_stored, m.store_errors, m.files_verified_by_reads, m.passthrough_opens
+            ),
+            None => println!("  local   none (no --cache-dir)"),
+        }
+        if !m.mirror {
+            println!("  mirror  off (--mirror not given)");
+            return;
+        }
+        println!(
+            "  mirror  {}{}",
+            s.state,
+            m.bwlimit
+                .map_or_else(String::new, |b| format!(", capped at {}/s", human_bytes(b)))
+        );
+        if s.state == "mounted" {
+            return;
+        }
+    } else {
+        println!(
+            "{}: {} (mirror of {}, pid {}, {:.0} s{})",
+            path.display(),
+            s.state,
+            s.remote,
+            s.pid,
+            s.elapsed_secs,
+            if s.state == "running" { " so far" } else { "" }
+        );
+    }
     let pct = if s.bytes_total > 0 {
         100.0 * s.bytes_done as f64 / s.bytes_total as f64
     } else {
         100.0
     };
-    println!(
-        "{}: {} (mirror of {}, pid {}, {:.0} s{})",
-        path.display(),
-        s.state,
-        s.remote,
-        s.pid,
-        s.elapsed_secs,
-        if s.state == "running" { " so far" } else { "" }
-    );
     println!(
         "  files   {} of {}{} complete and verified ({} verified by this run)",
         s.files_done,
@@ -241,5 +312,4 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<()> {
     for e in &s.errors {
         println!("    {e}");
     }
-    Ok(())
 }

@@ -37,6 +37,10 @@ pub struct MountConfig {
     pub io_threads: usize,
     /// Local copy: chunks read through the mount are kept here and read locally later.
     pub cache_dir: Option<PathBuf>,
+    /// Fill the local copy in the background with a mirror of the whole export.
+    pub mirror: bool,
+    /// Cap on the background mirror's transfer, bytes per second.
+    pub bwlimit: Option<u64>,
 }
 
 impl Default for MountConfig {
@@ -55,6 +59,8 @@ impl Default for MountConfig {
             read_ahead_kb: 8192,
             io_threads: 2,
             cache_dir: None,
+            mirror: false,
+            bwlimit: None,
         }
     }
 }
@@ -195,6 +201,12 @@ fn set_read_ahead(mountpoint: &Path, kb: u32) {
 /// # Errors
 /// Server unreachable, remote path missing, mount point unusable, mount refused.
 pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
+    if cfg.mirror && cfg.cache_dir.is_none() {
+        bail!("--mirror fills a local copy: give --cache-dir DIR too (a directory on fast local disk)");
+    }
+    if cfg.bwlimit.is_some() && !cfg.mirror {
+        bail!("--bwlimit caps the background mirror: give --mirror too (reads through the mount are never capped)");
+    }
     prepare_mountpoint(&cfg.mountpoint)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.io_threads.max(1))
@@ -238,7 +250,7 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
             // before their check) are verified now too.
             for (rel, st) in cache.all() {
                 if st.complete() && st.verified.is_none() {
-                    let _ = done_tx.send((rel, st.version));
+                    let _ = done_tx.send((rel, st.version, st.generation));
                 }
             }
             let (syncer, task) = {
@@ -257,7 +269,7 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
                 syncer.clone(),
             ));
             // Files completed through the mount are verified, then opened with passthrough.
-            rt.spawn(local.clone().verify_completed(client.clone(), done_rx));
+            rt.spawn(local.clone().verify_completed(client.background(), done_rx));
             info!("local copy in {}", dir.display());
             Some((local, syncer, task))
         }
@@ -268,10 +280,21 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
         .map(|(l, _, _)| l.clone() as Arc<dyn ferry_client::ChunkBacking>);
     let mut fs_cfg = cfg.fs.clone();
     fs_cfg.passthrough = local.is_some();
-    let fs = Arc::new(Fs::with_backing(client, fs_cfg, root_attr, backing));
+    let fs = Arc::new(Fs::with_backing(client.clone(), fs_cfg, root_attr, backing));
+    let label = cfg.target.addr();
+    let background = BackgroundMirror::new(label.clone());
+    let status = status_fn(
+        &cfg,
+        label.clone(),
+        client.clone(),
+        fs.clone(),
+        local.as_ref().map(|(l, _, _)| l.clone()),
+        background.clone(),
+    );
     let (destroyed_tx, mut destroyed_rx) = tokio::sync::mpsc::unbounded_channel();
     let adapter = FerryFuse::new(fs.clone(), rt.handle().clone(), destroyed_tx)
-        .with_passthrough(local.is_some());
+        .with_passthrough(local.is_some())
+        .with_status(status);
     let mut fcfg = Config::default();
     let fsname = format!(
         "ferry:{}:/{}",
@@ -305,6 +328,17 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
         cfg.mountpoint.display()
     );
     ready();
+    // The background mirror starts once the mount serves readers.
+    let mirror_task = match (&local, cfg.mirror) {
+        (Some((l, _, _)), true) => Some(background.start(
+            &rt,
+            client.background(),
+            l.cache().clone(),
+            cfg.fs.root.clone(),
+            cfg.bwlimit,
+        )),
+        _ => None,
+    };
 
     let external = rt.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
@@ -333,6 +367,17 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
         warn!("unmount: {e}; detaching lazily");
         detach(&cfg.mountpoint)?;
     }
+    if let Some((task, syncer)) = mirror_task {
+        task.abort();
+        // What the mirror wrote is recorded before the process ends; the next mount resumes.
+        rt.block_on(async {
+            let _ = task.await;
+            syncer.flush().await;
+        });
+        if let Some((l, _, _)) = &local {
+            background.stopped(l.cache());
+        }
+    }
     if let Some((local, syncer, task)) = local {
         // What was written is recorded before the process ends.
         rt.block_on(async {
@@ -355,6 +400,177 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
     rt.shutdown_timeout(Duration::from_secs(1));
     info!("stopped");
     Ok(())
+}
+
+/// The mount's background mirror: runs passes over the export until one completes (a
+/// failed pass is retried with backoff), reporting through the status.
+#[derive(Clone)]
+struct BackgroundMirror {
+    label: String,
+    state: Arc<std::sync::Mutex<MirrorState>>,
+}
+
+struct MirrorState {
+    /// "not started", "running", "complete", "retrying", "stopped".
+    phase: &'static str,
+    /// The current or last pass's counters.
+    progress: Arc<ferry_cache::Progress>,
+}
+
+impl BackgroundMirror {
+    fn new(label: String) -> BackgroundMirror {
+        BackgroundMirror {
+            label,
+            state: Arc::new(std::sync::Mutex::new(MirrorState {
+                phase: "not started",
+                progress: Arc::new(ferry_cache::Progress::default()),
+            })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MirrorState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The phase and the counters of the current or last pass.
+    fn current(&self) -> (&'static str, Arc<ferry_cache::Progress>) {
+        let g = self.lock();
+        (g.phase, g.progress.clone())
+    }
+
+    /// The mount stops: a pass in progress is left for the next mount to resume, and the
+    /// status file says so (`ferry status DIR`).
+    fn stopped(&self, cache: &ferry_cache::CacheDir) {
+        let (phase, progress) = self.current();
+        if phase == "running" || phase == "retrying" {
+            self.lock().phase = "stopped";
+            let _ = progress
+                .snapshot("interrupted", &self.label)
+                .write(cache.meta());
+        }
+    }
+
+    /// Starts the passes on `rt`. Returns the task and the syncer that records what the
+    /// mirror writes (flushed at unmount).
+    fn start(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        client: Client,
+        cache: Arc<ferry_cache::CacheDir>,
+        root: bytes::Bytes,
+        bwlimit: Option<u64>,
+    ) -> (tokio::task::JoinHandle<()>, ferry_cache::Syncer) {
+        let _rt = rt.enter();
+        let this = self.clone();
+        let (syncer, _task) = ferry_cache::Syncer::start(
+            cache.clone(),
+            Duration::from_secs(1),
+            Arc::new(move |m| this.current().1.error(m)),
+        );
+        let this = self.clone();
+        let sync = syncer.clone();
+        let task = rt.spawn(async move {
+            let mut delay = Duration::from_secs(10);
+            loop {
+                let engine = ferry_cache::MirrorConfig {
+                    bwlimit,
+                    ..ferry_cache::MirrorConfig::default()
+                };
+                let m = ferry_cache::Mirror::new(
+                    client.clone(),
+                    cache.clone(),
+                    root.clone(),
+                    this.label.clone(),
+                    engine,
+                )
+                .with_syncer(sync.clone());
+                {
+                    let mut g = this.lock();
+                    g.phase = "running";
+                    g.progress = m.progress();
+                }
+                info!(
+                    "background mirror into {} started{}",
+                    cache.root().display(),
+                    bwlimit.map_or_else(String::new, |b| format!(
+                        ", capped at {}/s",
+                        crate::mirror_cli::human_bytes(b)
+                    ))
+                );
+                match m.run().await {
+                    Ok(s) => {
+                        this.lock().phase = "complete";
+                        let secs = m.progress().elapsed();
+                        info!(
+                            "background mirror complete: {} files, {}, {} fetched in {secs:.1} s; the local copy is complete and verified",
+                            s.files,
+                            crate::mirror_cli::human_bytes(s.bytes),
+                            crate::mirror_cli::human_bytes(s.fetched)
+                        );
+                        return;
+                    }
+                    Err(e) => {
+                        this.lock().phase = "retrying";
+                        warn!(
+                            "background mirror: {e}; trying again in {} s",
+                            delay.as_secs()
+                        );
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(300));
+                    }
+                }
+            }
+        });
+        (task, syncer)
+    }
+}
+
+/// The JSON `ferry status MOUNTPOINT` shows.
+fn status_fn(
+    cfg: &MountConfig,
+    label: String,
+    client: Client,
+    fs: Arc<Fs>,
+    local: Option<Arc<ferry_cache::LocalCopy>>,
+    background: BackgroundMirror,
+) -> crate::fuse::StatusFn {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mounted = Arc::new(ferry_cache::Progress::default());
+    let mountpoint = absolute(&cfg.mountpoint).display().to_string();
+    let cache_dir = cfg
+        .cache_dir
+        .as_ref()
+        .map(|d| absolute(d).display().to_string());
+    let (mirror, bwlimit) = (cfg.mirror, cfg.bwlimit);
+    Arc::new(move || {
+        let (phase, progress) = background.current();
+        let mut s = if mirror {
+            let state = match phase {
+                "complete" => "complete",
+                "retrying" => "incomplete",
+                "running" => "running",
+                _ => "mounted",
+            };
+            progress.snapshot(state, &label)
+        } else {
+            mounted.snapshot("mounted", &label)
+        };
+        let c = client.counters();
+        s.mount = Some(ferry_cache::MountStatus {
+            mountpoint: mountpoint.clone(),
+            cache_dir: cache_dir.clone(),
+            mirror,
+            bwlimit,
+            wire_bytes: c.wire_bytes.load(Relaxed),
+            decoded_bytes: c.decoded_bytes.load(Relaxed),
+            chunks_served_locally: local.as_ref().map_or(0, |l| l.served.load(Relaxed)),
+            chunks_stored: local.as_ref().map_or(0, |l| l.stored.load(Relaxed)),
+            store_errors: local.as_ref().map_or(0, |l| l.store_errors.load(Relaxed)),
+            files_verified_by_reads: local.as_ref().map_or(0, |l| l.verified.load(Relaxed)),
+            passthrough_opens: fs.passthrough_opens(),
+        });
+        serde_json::to_vec_pretty(&s).unwrap_or_default()
+    })
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ pub struct LocalCopy {
     syncer: Syncer,
     files: Mutex<OpenFiles>,
     /// Held while deciding whether a file starts over, so two chunks of a new version
-    /// arriving together do not both truncate it.
+    /// arriving together do not both start it over.
     begin: Mutex<()>,
     paused_until: Mutex<Option<Instant>>,
     /// Chunks served from the local copy.
@@ -60,7 +60,8 @@ impl std::fmt::Debug for LocalCopy {
 
 #[derive(Default)]
 struct OpenFiles {
-    map: HashMap<Bytes, Arc<File>>,
+    /// The open file of a path and its generation.
+    map: HashMap<Bytes, (Arc<File>, u64)>,
     order: VecDeque<Bytes>,
 }
 
@@ -91,9 +92,9 @@ impl LocalCopy {
     pub async fn verify_completed(
         self: Arc<Self>,
         client: ferry_client::Client,
-        mut completed: tokio::sync::mpsc::UnboundedReceiver<(Bytes, ferry_proto::Version)>,
+        mut completed: tokio::sync::mpsc::UnboundedReceiver<(Bytes, ferry_proto::Version, u64)>,
     ) {
-        while let Some((rel, version)) = completed.recv().await {
+        while let Some((rel, version, generation)) = completed.recv().await {
             let remote = crate::mirror::remote_path(&self.root, &rel);
             let local = self.cache.local_path(&rel);
             let mine = tokio::task::spawn_blocking(move || crate::hash_file(&local));
@@ -112,7 +113,7 @@ impl LocalCopy {
             match theirs {
                 Ok(h) if h.version == version && h.blake3 == mine => {
                     tracing::debug!("verified /{}", String::from_utf8_lossy(&rel));
-                    self.syncer.verified(rel, version, mine);
+                    self.syncer.verified(rel, generation, mine);
                     self.verified.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(h) if h.version == version => {
@@ -148,30 +149,33 @@ impl LocalCopy {
         }
     }
 
-    /// The open local file of `rel` (kept open for the next chunks).
-    fn open(&self, rel: &Bytes) -> std::io::Result<Arc<File>> {
-        if let Some(f) = self
+    /// The open local file of `rel` of `generation` (kept open for the next chunks);
+    /// `None` when the file is now of another generation.
+    fn open(&self, rel: &Bytes, generation: u64) -> std::io::Result<Option<Arc<File>>> {
+        if let Some((f, g)) = self
             .files
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .map
             .get(rel)
         {
-            return Ok(f.clone());
+            if *g == generation {
+                return Ok(Some(f.clone()));
+            }
         }
-        let f = Arc::new(
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(self.cache.local_path(rel))?,
-        );
-        self.remember(rel, f.clone());
-        Ok(f)
+        match self.cache.open_current(rel, true)? {
+            Some((f, st)) if st.generation == generation => {
+                let f = Arc::new(f);
+                self.remember(rel, f.clone(), generation);
+                Ok(Some(f))
+            }
+            _ => Ok(None),
+        }
     }
 
-    fn remember(&self, rel: &Bytes, f: Arc<File>) {
+    fn remember(&self, rel: &Bytes, f: Arc<File>, generation: u64) {
         let mut g = self.files.lock().unwrap_or_else(|e| e.into_inner());
-        if g.map.insert(rel.clone(), f).is_none() {
+        if g.map.insert(rel.clone(), (f, generation)).is_none() {
             g.order.push_back(rel.clone());
             while g.order.len() > OPEN_FILES {
                 if let Some(old) = g.order.pop_front() {
@@ -190,33 +194,36 @@ impl LocalCopy {
         let Some(rel) = self.rel(&key.path) else {
             return Ok(());
         };
-        let file = {
+        let (file, generation) = {
             let _one_at_a_time = self.begin.lock().unwrap_or_else(|e| e.into_inner());
-            let file = match self.cache.state(&rel) {
+            match self.cache.state(&rel) {
                 Some(s) if s.version == key.version && s.chunk_size == self.chunk_size => {
-                    if s.has(index) {
+                    if s.has(index) || !s.ready {
+                        // Present, or being replaced by someone else (the mirror).
                         return Ok(());
                     }
-                    self.open(&rel)?
+                    match self.open(&rel, s.generation)? {
+                        Some(f) => (f, s.generation),
+                        None => return Ok(()),
+                    }
                 }
                 _ => {
                     // First chunk of this version: the local file starts over (a new inode;
                     // old readers and passthrough opens keep the old one).
-                    let f = Arc::new(self.cache.restart_file(
-                        &rel,
-                        key.version,
-                        self.chunk_size,
-                    )?);
-                    self.remember(&rel, f.clone());
-                    f
+                    let (f, generation) =
+                        self.cache
+                            .restart_file(&rel, key.version, self.chunk_size)?;
+                    let f = Arc::new(f);
+                    self.remember(&rel, f.clone(), generation);
+                    (f, generation)
                 }
-            };
-            // Written under the lock: a store of an older version can no longer land on the
-            // file after it started over.
-            file.write_all_at(data, index * u64::from(self.chunk_size))?;
-            file
+            }
         };
-        self.syncer.written(rel, key.version, index, file);
+        // A write that lands on a file which has started over since is harmless: it goes to
+        // the old inode, and its record is refused (another generation).
+        file.write_all_at(data, index * u64::from(self.chunk_size))?;
+        self.syncer
+            .written(rel, key.version, generation, index, file);
         Ok(())
     }
 }
@@ -228,7 +235,7 @@ impl ChunkBacking for LocalCopy {
         if st.version != key.version || st.chunk_size != self.chunk_size || !st.has(index) {
             return None;
         }
-        let file = self.open(&rel).ok()?;
+        let file = self.open(&rel, st.generation).ok()??;
         let mut buf: Vec<u8> = Vec::with_capacity(len);
         let offset = index * u64::from(self.chunk_size);
         while buf.len() < len {
@@ -246,10 +253,11 @@ impl ChunkBacking for LocalCopy {
                 }
             }
         }
-        // The file may have started over (another version) while it was read.
-        let still = self.cache.state(&rel).is_some_and(|s| {
-            s.version == key.version && s.chunk_size == self.chunk_size && s.has(index)
-        });
+        // The file may have started over while it was read.
+        let still = self
+            .cache
+            .state(&rel)
+            .is_some_and(|s| s.generation == st.generation && s.has(index));
         if !still {
             return None;
         }
@@ -263,7 +271,8 @@ impl ChunkBacking for LocalCopy {
         if st.version != key.version || !st.complete() || st.verified.is_none() {
             return None;
         }
-        File::open(self.cache.local_path(&rel)).ok()
+        let (f, now) = self.cache.open_current(&rel, false).ok()??;
+        (now.generation == st.generation && now.verified.is_some()).then_some(f)
     }
 
     fn store(&self, key: &FileKey, index: u64, data: &Bytes) {

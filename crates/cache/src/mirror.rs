@@ -120,6 +120,8 @@ pub struct Mirror {
     label: String,
     cfg: MirrorConfig,
     progress: Arc<Progress>,
+    /// A syncer shared with others (a mount's), instead of one of the run's own.
+    syncer: Option<Syncer>,
 }
 
 #[derive(Debug)]
@@ -166,7 +168,15 @@ impl Mirror {
             label,
             cfg,
             progress: Arc::new(Progress::default()),
+            syncer: None,
         }
+    }
+
+    /// Records through `syncer` (e.g. a mount's, so that stopping the mount can flush what
+    /// the mirror wrote) instead of a syncer of the run's own.
+    pub fn with_syncer(mut self, syncer: Syncer) -> Mirror {
+        self.syncer = Some(syncer);
+        self
     }
 
     /// The run's live counters.
@@ -201,12 +211,18 @@ impl Mirror {
         {
             debug!("status file: {e}");
         }
-        let errors = self.progress.clone();
-        let (sync, syncer) = Syncer::start(
-            self.cache.clone(),
-            self.cfg.sync_interval,
-            Arc::new(move |m| errors.error(m)),
-        );
+        let (sync, syncer) = match &self.syncer {
+            Some(s) => (s.clone(), None),
+            None => {
+                let errors = self.progress.clone();
+                let (s, task) = Syncer::start(
+                    self.cache.clone(),
+                    self.cfg.sync_interval,
+                    Arc::new(move |m| errors.error(m)),
+                );
+                (s, Some(task))
+            }
+        };
         let units = (self.cfg.chunk_memory / UNIT).max(1);
         let ctx = Arc::new(Ctx {
             client: self.client.clone(),
@@ -219,11 +235,12 @@ impl Mirror {
             sync,
             limiter: self.cfg.bwlimit.map(Limiter::new),
         });
-        let status = tokio::spawn(status_writer(
+        // Ends with the run, also when the run is dropped (a mount stopping its mirror).
+        let status = AbortOnDrop(tokio::spawn(status_writer(
             self.cache.clone(),
             self.progress.clone(),
             self.label.clone(),
-        ));
+        )));
 
         let dirs = walk(&ctx, root_attr).await;
 
@@ -246,8 +263,11 @@ impl Mirror {
         // Everything written is recorded before the run reports.
         ctx.sync.flush().await;
         drop(ctx);
-        let journal = syncer.await.unwrap_or(Ok(()));
-        status.abort();
+        let journal = match syncer {
+            Some(task) => task.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        };
+        drop(status);
         let p = &self.progress;
         let errors = p.error_count();
         let state = if errors == 0 {
@@ -535,13 +555,14 @@ async fn copy_file(ctx: &Arc<Ctx>, rel: Bytes, mut attr: Attr) {
 
 /// Opens the local file for `rel` at `attr`'s version: reuses it when the state says it
 /// holds (parts of) that version and its size is right, else creates it empty at the
-/// right size (sparse). Returns the file and whether the existing state applies.
+/// right size (sparse). Returns the file, its generation and whether the existing state
+/// applies.
 fn open_local(
     cache: &CacheDir,
     rel: &Bytes,
     attr: &Attr,
     chunk_size: u32,
-) -> std::io::Result<(File, bool)> {
+) -> std::io::Result<(File, u64, bool)> {
     let local = cache.local_path(rel);
     let version = attr.version();
     let st = cache.state(rel);
@@ -557,15 +578,16 @@ fn open_local(
                 .as_ref()
                 .is_some_and(|s| s.version == version && s.chunk_size == chunk_size)
         {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&local)?;
-            return Ok((f, true));
+            // The same state after the open: the file is the inode the state describes.
+            if let Some((f, now)) = cache.open_current(rel, true)? {
+                if now.version == version && now.chunk_size == chunk_size {
+                    return Ok((f, now.generation, true));
+                }
+            }
         }
     }
-    let f = cache.restart_file(rel, version, chunk_size)?;
-    Ok((f, false))
+    let (f, generation) = cache.restart_file(rel, version, chunk_size)?;
+    Ok((f, generation, false))
 }
 
 async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Result<FileOutcome> {
@@ -582,7 +604,7 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
             return copy_small_file(ctx, rel, attr).await;
         }
     }
-    let (file, resumed) = {
+    let (file, generation, resumed) = {
         let cache = ctx.cache.clone();
         let (r, a) = (rel.clone(), *attr);
         tokio::task::spawn_blocking(move || open_local(&cache, &r, &a, cs))
@@ -590,7 +612,7 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
             .map_err(std::io::Error::other)??
     };
     let file = Arc::new(file);
-    let st = ctx.cache.state(rel);
+    let st = ctx.cache.state(rel).filter(|s| s.generation == generation);
     let already = st.as_ref().map_or(0, |s| s.present_bytes());
     ctx.progress
         .bytes_done
@@ -622,6 +644,18 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
         let Ok(permit) = ctx.chunk_units.clone().acquire_many_owned(units).await else {
             break;
         };
+        // Recorded meanwhile by someone else (a reader of the mount this mirror runs in).
+        if ctx
+            .cache
+            .state(rel)
+            .is_some_and(|s| s.generation == generation && s.has(index))
+        {
+            done_here += len as u64;
+            ctx.progress
+                .bytes_done
+                .fetch_add(len as u64, Ordering::Relaxed);
+            continue;
+        }
         let c = ctx.clone();
         let (remote, rel, file) = (remote.clone(), rel.clone(), file.clone());
         tasks.spawn(async move {
@@ -636,7 +670,7 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
                         .and_then(|r| r);
                     match w {
                         Ok(()) => {
-                            c.sync.written(rel, version, index, file);
+                            c.sync.written(rel, version, generation, index, file);
                             c.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
                             Ok((n, file_hash))
                         }
@@ -752,7 +786,7 @@ async fn copy_file_once(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Re
             return Ok(FileOutcome::Mismatch);
         }
         ctx.progress.files_verified.fetch_add(1, Ordering::Relaxed);
-        ctx.sync.verified(rel.clone(), version, expected);
+        ctx.sync.verified(rel.clone(), generation, expected);
     }
     let (local, a) = (ctx.cache.local_path(rel), *attr);
     tokio::task::spawn_blocking(move || set_metadata(&local, &a, true))
@@ -783,26 +817,27 @@ async fn copy_small_file(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::R
         Err(ChunkError::Remote(e)) => return Err(std::io::Error::other(e.to_string())),
         Err(ChunkError::Io(e)) => return Err(e),
     };
-    let file = {
+    let (file, generation) = {
         let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data.clone());
-        tokio::task::spawn_blocking(move || -> std::io::Result<File> {
+        tokio::task::spawn_blocking(move || -> std::io::Result<(File, u64)> {
             let local = cache.local_path(&r);
             if std::fs::symlink_metadata(&local).is_ok_and(|m| m.is_dir()) {
                 return Err(std::io::Error::other(
                     "a local directory is where the server has a file; move it away",
                 ));
             }
-            let mut f = cache.restart_file(&r, a.version(), cs)?;
+            let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
             std::io::Write::write_all(&mut f, &d)?;
             set_metadata(&local, &a, true)?;
-            Ok(f)
+            Ok((f, generation))
         })
         .await
         .map_err(std::io::Error::other)?
         .map_err(|e| std::io::Error::new(e.kind(), format!("writing the local copy: {e}")))?
     };
     drop(permit);
-    ctx.sync.written(rel.clone(), version, 0, Arc::new(file));
+    ctx.sync
+        .written(rel.clone(), version, generation, 0, Arc::new(file));
     ctx.progress
         .bytes_done
         .fetch_add(attr.size, Ordering::Relaxed);
@@ -835,7 +870,7 @@ async fn copy_small_file(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::R
             return Ok(FileOutcome::Mismatch);
         }
         ctx.progress.files_verified.fetch_add(1, Ordering::Relaxed);
-        ctx.sync.verified(rel.clone(), version, theirs);
+        ctx.sync.verified(rel.clone(), generation, theirs);
     }
     Ok(FileOutcome::Done)
 }
@@ -895,6 +930,14 @@ async fn fetch_chunk(
             }
             Err(e) => return Err(ChunkError::Remote(e)),
         }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

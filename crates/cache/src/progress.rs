@@ -164,6 +164,7 @@ impl Progress {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
+            mount: None,
         }
     }
 }
@@ -213,6 +214,37 @@ pub struct Status {
     pub error_count: u64,
     /// The most recent errors.
     pub errors: Vec<String>,
+    /// Present when the status is a mount's (`ferry status MOUNTPOINT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount: Option<MountStatus>,
+}
+
+/// What a mount adds to its status: its reads and its local copy.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct MountStatus {
+    /// Where it is mounted.
+    pub mountpoint: String,
+    /// The local copy, if any.
+    pub cache_dir: Option<String>,
+    /// Whether a background mirror fills the local copy (`--mirror`).
+    pub mirror: bool,
+    /// Background transfer cap (bytes per second), if any.
+    pub bwlimit: Option<u64>,
+    /// Bytes received from the server, as sent (compressed) and decoded, for readers and
+    /// the mirror together.
+    pub wire_bytes: u64,
+    /// The same bytes after decoding.
+    pub decoded_bytes: u64,
+    /// Chunks read from the local copy instead of the server.
+    pub chunks_served_locally: u64,
+    /// Chunks read for readers and written into the local copy.
+    pub chunks_stored: u64,
+    /// Failures to write the local copy.
+    pub store_errors: u64,
+    /// Files completed by readers and verified.
+    pub files_verified_by_reads: u64,
+    /// Opens served with FUSE passthrough (local disk speed).
+    pub passthrough_opens: u64,
 }
 
 impl Status {

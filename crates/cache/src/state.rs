@@ -22,6 +22,12 @@ pub struct FileState {
     present_count: u64,
     /// The server's BLAKE3 the whole local file matched, once verified.
     pub verified: Option<[u8; 32]>,
+    /// Which start of the file this is (in memory only; 0 after a replay). Every
+    /// [`CacheDir::restart_file`] gives a new one, so a chunk written to an older inode of
+    /// the file is never recorded as present in the new one.
+    pub generation: u64,
+    /// Whether the local file of this generation exists (false while it is being replaced).
+    pub ready: bool,
 }
 
 impl FileState {
@@ -34,6 +40,8 @@ impl FileState {
             present: vec![0; chunks.div_ceil(64) as usize],
             present_count: 0,
             verified: None,
+            generation: 0,
+            ready: true,
         }
     }
 
@@ -170,6 +178,8 @@ pub struct CacheDir {
 
 struct Inner {
     journal: Journal,
+    /// The last generation handed out.
+    generation: u64,
     files: HashMap<Bytes, FileState>,
     /// Records appended since the last compaction.
     since_compaction: u64,
@@ -222,6 +232,7 @@ impl CacheDir {
             meta,
             inner: Mutex::new(Inner {
                 journal,
+                generation: 0,
                 files,
                 since_compaction: records.len() as u64,
             }),
@@ -268,22 +279,55 @@ impl CacheDir {
 
     /// `rel` now stands for `version`, with no chunk present (the caller has truncated or
     /// created the local file accordingly). Durable at the next [`CacheDir::commit`].
-    pub fn begin(&self, rel: &Bytes, version: Version, chunk_size: u32) {
+    /// Returns the new generation.
+    pub fn begin(&self, rel: &Bytes, version: Version, chunk_size: u32) -> u64 {
+        self.begin_with(rel, version, chunk_size, true)
+    }
+
+    fn begin_with(&self, rel: &Bytes, version: Version, chunk_size: u32, ready: bool) -> u64 {
         let mut g = self.lock();
-        g.files
-            .insert(rel.clone(), FileState::new(version, chunk_size));
+        g.generation += 1;
+        let mut st = FileState::new(version, chunk_size);
+        st.generation = g.generation;
+        st.ready = ready;
+        g.files.insert(rel.clone(), st);
         g.journal.push(&Record::Version {
             path: rel.clone(),
             version,
             chunk_size,
         });
         g.since_compaction += 1;
+        g.generation
+    }
+
+    /// Opens the local file of `rel` as its state describes it, with that state: `None` if
+    /// the file is untracked or being replaced. The state is checked again after the open,
+    /// so the file returned is the inode of the generation returned.
+    ///
+    /// # Errors
+    /// I/O errors opening the file.
+    pub fn open_current(
+        &self,
+        rel: &Bytes,
+        write: bool,
+    ) -> std::io::Result<Option<(std::fs::File, FileState)>> {
+        let Some(before) = self.state(rel).filter(|s| s.ready) else {
+            return Ok(None);
+        };
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(self.local_path(rel))?;
+        match self.state(rel) {
+            Some(s) if s.ready && s.generation == before.generation => Ok(Some((f, s))),
+            _ => Ok(None),
+        }
     }
 
     /// Starts `rel` over at `version` and prepares its local file: the reset is made durable
     /// first when a local file exists (the journal may describe its bytes), then that file is
     /// unlinked — so readers and writers holding the old one keep the old inode — and a new,
-    /// empty one of `size` bytes (sparse) is created and returned.
+    /// empty one of `size` bytes (sparse) is created and returned with its generation.
     ///
     /// # Errors
     /// I/O errors committing the journal or creating the file.
@@ -292,10 +336,10 @@ impl CacheDir {
         rel: &Bytes,
         version: Version,
         chunk_size: u32,
-    ) -> std::io::Result<std::fs::File> {
+    ) -> std::io::Result<(std::fs::File, u64)> {
         let local = self.local_path(rel);
         let exists = std::fs::symlink_metadata(&local).is_ok();
-        self.begin(rel, version, chunk_size);
+        let generation = self.begin_with(rel, version, chunk_size, false);
         if exists {
             self.commit()?;
             match std::fs::remove_file(&local) {
@@ -314,18 +358,23 @@ impl CacheDir {
         if version.size > 0 {
             f.set_len(version.size)?;
         }
-        Ok(f)
+        if let Some(st) = self.lock().files.get_mut(rel) {
+            if st.generation == generation {
+                st.ready = true;
+            }
+        }
+        Ok((f, generation))
     }
 
     /// Chunks `first..first + count` of `rel` are durable on disk (the caller synced
-    /// them). Ignored if `rel` moved to another version meanwhile.
+    /// them) in the file of `generation`. Ignored if `rel` started over meanwhile.
     /// Returns whether this completed the file.
-    pub fn mark_present(&self, rel: &Bytes, version: Version, first: u64, count: u32) -> bool {
+    pub fn mark_present(&self, rel: &Bytes, generation: u64, first: u64, count: u32) -> bool {
         let mut g = self.lock();
         let Some(st) = g.files.get_mut(rel) else {
             return false;
         };
-        if st.version != version {
+        if st.generation != generation {
             return false;
         }
         let was = st.complete();
@@ -341,13 +390,13 @@ impl CacheDir {
         !was && now
     }
 
-    /// The complete local copy of `rel` matched the server's hash.
-    pub fn mark_verified(&self, rel: &Bytes, version: Version, blake3: [u8; 32]) {
+    /// The complete local copy of `rel` (the file of `generation`) matched the server's hash.
+    pub fn mark_verified(&self, rel: &Bytes, generation: u64, blake3: [u8; 32]) {
         let mut g = self.lock();
         let Some(st) = g.files.get_mut(rel) else {
             return;
         };
-        if st.version != version || !st.complete() {
+        if st.generation != generation || !st.complete() {
             return;
         }
         let rec = Record::Verified {
@@ -468,17 +517,19 @@ mod tests {
         let p = Bytes::from_static(b"x/y");
         {
             let c = CacheDir::open(dir.path()).unwrap();
-            c.begin(&p, v(5000), 1024);
-            c.mark_present(&p, v(5000), 0, 3);
-            c.mark_present(&p, v(4999), 3, 2); // another version: ignored
+            let g = c.begin(&p, v(5000), 1024);
+            c.mark_present(&p, g, 0, 3);
+            c.mark_present(&p, g + 1, 3, 2); // another generation: ignored
+            let g2 = c.begin(&Bytes::from_static(b"other"), v(1), 1024);
+            assert!(g2 > g);
             c.commit().unwrap();
         }
         {
             let c = CacheDir::open(dir.path()).unwrap();
             let s = c.state(&p).unwrap();
             assert_eq!(s.present_count(), 3);
-            c.mark_present(&p, v(5000), 3, 2);
-            c.mark_verified(&p, v(5000), [9; 32]);
+            c.mark_present(&p, s.generation, 3, 2);
+            c.mark_verified(&p, s.generation, [9; 32]);
             c.commit().unwrap();
             let mut g = c.lock();
             g.since_compaction = 1_000_000;
@@ -489,6 +540,25 @@ mod tests {
         let s = c.state(&p).unwrap();
         assert!(s.complete());
         assert_eq!(s.verified, Some([9; 32]));
+    }
+
+    #[test]
+    fn a_chunk_written_before_a_restart_is_not_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = CacheDir::open(dir.path()).unwrap();
+        let p = Bytes::from_static(b"f");
+        let (_old, g1) = c.restart_file(&p, v(3000), 1024).unwrap();
+        let (held, st) = c.open_current(&p, true).unwrap().unwrap();
+        assert_eq!(st.generation, g1);
+        // The file starts over at the same version (e.g. after a hash mismatch).
+        let (_new, g2) = c.restart_file(&p, v(3000), 1024).unwrap();
+        assert_ne!(g1, g2);
+        // A writer still holding the old inode: its chunk is not recorded.
+        std::os::unix::fs::FileExt::write_all_at(&held, b"x", 0).unwrap();
+        assert!(!c.mark_present(&p, g1, 0, 3));
+        assert_eq!(c.state(&p).unwrap().present_count(), 0);
+        assert!(c.mark_present(&p, g2, 0, 3));
+        assert!(c.state(&p).unwrap().complete());
     }
 
     #[test]

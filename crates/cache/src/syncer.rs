@@ -20,22 +20,23 @@ use crate::state::CacheDir;
 /// Reports an error (the mirror counts it; the mount logs it).
 pub type OnError = Arc<dyn Fn(String) + Send + Sync>;
 
-/// Where files completed by a commit are announced (path, version).
-pub type Completed = mpsc::UnboundedSender<(Bytes, Version)>;
+/// Where files completed by a commit are announced (path, version, generation).
+pub type Completed = mpsc::UnboundedSender<(Bytes, Version, u64)>;
 
 /// Events for the syncer, in the order the file tasks produce them.
 pub(crate) enum SyncEvent {
-    /// Chunk `index` of `rel` at `version` was written to `file`.
+    /// Chunk `index` of `rel` at `version` was written to `file`, of `generation`.
     Written {
         rel: Bytes,
         version: Version,
+        generation: u64,
         index: u64,
         file: Arc<File>,
     },
     /// `rel` at `version` matched the server's hash (recorded after its chunks).
     Verified {
         rel: Bytes,
-        version: Version,
+        generation: u64,
         blake3: [u8; 32],
     },
     /// Reply once everything sent before is recorded and durable.
@@ -78,21 +79,30 @@ impl Syncer {
         (Syncer { tx }, task)
     }
 
-    /// Chunk `index` of `rel` at `version` was written to `file`.
-    pub fn written(&self, rel: Bytes, version: Version, index: u64, file: Arc<File>) {
+    /// Chunk `index` of `rel` at `version` was written to `file`, the local file of
+    /// `generation` (from [`CacheDir::restart_file`] or [`CacheDir::open_current`]).
+    pub fn written(
+        &self,
+        rel: Bytes,
+        version: Version,
+        generation: u64,
+        index: u64,
+        file: Arc<File>,
+    ) {
         let _ = self.tx.send(SyncEvent::Written {
             rel,
             version,
+            generation,
             index,
             file,
         });
     }
 
-    /// `rel` at `version` matched the server's hash.
-    pub fn verified(&self, rel: Bytes, version: Version, blake3: [u8; 32]) {
+    /// The local file of `rel` of `generation` matched the server's hash.
+    pub fn verified(&self, rel: Bytes, generation: u64, blake3: [u8; 32]) {
         let _ = self.tx.send(SyncEvent::Verified {
             rel,
-            version,
+            generation,
             blake3,
         });
     }
@@ -164,7 +174,7 @@ async fn syncer(
 type Committed = (
     std::io::Result<()>,
     Vec<oneshot::Sender<()>>,
-    Vec<(Bytes, Version)>,
+    Vec<(Bytes, Version, u64)>,
 );
 
 async fn commit_batch(
@@ -211,18 +221,19 @@ async fn commit_batch(
                 SyncEvent::Written {
                     rel,
                     version,
+                    generation,
                     index,
                     ..
                 } => {
-                    if c.mark_present(&rel, version, index, 1) {
-                        done.push((rel, version));
+                    if c.mark_present(&rel, generation, index, 1) {
+                        done.push((rel, version, generation));
                     }
                 }
                 SyncEvent::Verified {
                     rel,
-                    version,
+                    generation,
                     blake3,
-                } => c.mark_verified(&rel, version, blake3),
+                } => c.mark_verified(&rel, generation, blake3),
                 SyncEvent::Flush(w) => waiters.push(w),
             }
         }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use ferry_proto::preamble::{self, Transport, PREAMBLE_LEN};
@@ -77,6 +77,9 @@ struct Conn {
     /// Bytes requested and not yet answered: the scheduling load.
     load: AtomicU64,
     inflight: Arc<Semaphore>,
+    /// Bytes of background requests in flight allowed (one chunk's worth): a foreground
+    /// read on this stream waits behind at most that much background data.
+    background: Arc<Semaphore>,
     alive: Arc<AtomicBool>,
 }
 
@@ -112,9 +115,19 @@ pub struct Chunk {
 }
 
 /// A pool of connections to one ferryd. Cheap to clone.
+///
+/// Requests are foreground (a reader waits for them) or, through a handle from
+/// [`Client::background`], background (a mirror filling a local copy). Background requests
+/// yield to foreground ones:
+/// - each stream carries at most one chunk's worth of background bytes at a time, so a
+///   foreground read waits behind at most one background chunk on its stream;
+/// - while foreground requests are being made (one in the last second), background
+///   requests use only the first half of the streams, leaving the others to the readers,
+///   which pick the stream with the least outstanding bytes.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    background: bool,
 }
 
 struct Inner {
@@ -123,7 +136,15 @@ struct Inner {
     compression: bool,
     next: AtomicUsize,
     counters: Counters,
+    /// Reference point of `last_foreground`.
+    started: Instant,
+    /// When the last foreground request was made (ms since `started`, plus one; 0: never).
+    last_foreground: AtomicU64,
 }
+
+/// How long after a foreground request background requests keep to their half of the
+/// streams.
+const FOREGROUND_QUIET: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -270,8 +291,25 @@ impl Client {
                 session,
                 next: AtomicUsize::new(0),
                 counters: Counters::default(),
+                started: Instant::now(),
+                last_foreground: AtomicU64::new(0),
             }),
+            background: false,
         })
+    }
+
+    /// A handle on the same streams whose requests are background work: they yield to
+    /// foreground requests (see [`Client`]).
+    pub fn background(&self) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            background: true,
+        }
+    }
+
+    /// Whether this handle's requests are background work.
+    pub fn is_background(&self) -> bool {
+        self.background
     }
 
     /// Session parameters.
@@ -311,6 +349,45 @@ impl Client {
         best.map(|(c, _)| c).ok_or(ClientError::ConnectionLost)
     }
 
+    fn now_ms(&self) -> u64 {
+        self.inner.started.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Whether a foreground request was made within [`FOREGROUND_QUIET`].
+    fn foreground_active(&self) -> bool {
+        let last = self.inner.last_foreground.load(Ordering::Relaxed);
+        last != 0 && self.now_ms().saturating_sub(last) < FOREGROUND_QUIET.as_millis() as u64
+    }
+
+    /// Picks a stream for a background request: among the streams background work may use
+    /// now, the live one with the most background budget left (ties: least load).
+    fn pick_background(&self) -> Result<&Conn, ClientError> {
+        let conns = &self.inner.conns;
+        let usable = if self.foreground_active() {
+            conns.len().div_ceil(2)
+        } else {
+            conns.len()
+        };
+        let start = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let mut best: Option<(&Conn, usize, u64)> = None;
+        for i in 0..usable {
+            let c = &conns[(start + i) % usable];
+            if !c.alive.load(Ordering::Relaxed) {
+                continue;
+            }
+            let free = c.background.available_permits();
+            let load = c.load.load(Ordering::Relaxed);
+            if best.is_none_or(|(_, f, l)| free > f || (free == f && load < l)) {
+                best = Some((c, free, load));
+            }
+        }
+        match best {
+            Some((c, _, _)) => Ok(c),
+            // The background half is gone: any live stream will do.
+            None => self.pick(),
+        }
+    }
+
     /// Sends one request and waits for its response.
     ///
     /// # Errors
@@ -320,7 +397,23 @@ impl Client {
             Request::Read { len, .. } => u64::from(*len),
             _ => 4096,
         };
-        let conn = self.pick()?;
+        let (conn, _background) = if self.background {
+            let conn = self.pick_background()?;
+            let budget = self.inner.session.chunk_size.max(4096);
+            let units = weight.clamp(4096, u64::from(budget)) as u32;
+            let permit = conn
+                .background
+                .clone()
+                .acquire_many_owned(units)
+                .await
+                .map_err(|_| ClientError::ConnectionLost)?;
+            (conn, Some(permit))
+        } else {
+            self.inner
+                .last_foreground
+                .store(self.now_ms(), Ordering::Relaxed);
+            (self.pick()?, None)
+        };
         conn.load.fetch_add(weight, Ordering::Relaxed);
         let result = async {
             let _permit = conn
@@ -517,6 +610,7 @@ where
 }
 
 fn start_conn(stream: TcpStream, welcome: &Welcome, leftover: BytesMut) -> Conn {
+    let background_budget = welcome.chunk_size.max(4096) as usize;
     let (rd, wr) = stream.into_split();
     let pending = Arc::new(Mutex::new(Pending {
         next_id: 1,
@@ -543,6 +637,7 @@ fn start_conn(stream: TcpStream, welcome: &Welcome, leftover: BytesMut) -> Conn 
         _closed: closed,
         load: AtomicU64::new(0),
         inflight: Arc::new(Semaphore::new(welcome.max_inflight as usize)),
+        background: Arc::new(Semaphore::new(background_budget)),
         alive,
     }
 }

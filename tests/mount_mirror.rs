@@ -1,0 +1,226 @@
+//! `ferry mount --cache-dir DIR --mirror`: a background mirror fills the local copy while
+//! readers use the mount; `ferry status MOUNTPOINT` reports it.
+
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use ferry_tests::{bin, is_root, require_fuse, run, wait_for, write_random, TestMount, TestServer};
+
+/// `ferry status PATH --json`, parsed.
+fn status(path: &Path) -> serde_json::Value {
+    let out = Command::new(bin("ferry"))
+        .arg("status")
+        .arg(path)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ferry status {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn source_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("d/e")).unwrap();
+    write_random(&root.join("big.bin"), (40 << 20) + 4321, 1);
+    for i in 0..40 {
+        write_random(
+            &root.join(format!("d/f{i}")),
+            1000 + i * 7919,
+            100 + i as u64,
+        );
+    }
+    write_random(&root.join("d/e/mid.bin"), (3 << 20) + 5, 2);
+    std::fs::write(root.join("d/empty"), b"").unwrap();
+    std::os::unix::fs::symlink("../big.bin", root.join("d/link")).unwrap();
+}
+
+#[test]
+fn reads_during_a_running_mirror_are_correct_and_the_mirror_completes() {
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    source_tree(src.path());
+    let cache = tempfile::tempdir().unwrap();
+    let cache_arg = cache.path().to_str().unwrap().to_string();
+    let server = TestServer::start(src.path());
+    // Capped so that the mirror is still running while the reads below happen.
+    let mount = TestMount::mount(
+        &server.addr,
+        &["--cache-dir", &cache_arg, "--mirror", "--bwlimit", "6M"],
+    );
+    let s = status(&mount.path());
+    assert_eq!(s["mount"]["mirror"], true, "{s}");
+    assert_eq!(s["mount"]["bwlimit"], 6 << 20, "{s}");
+    assert!(
+        ["running", "mounted"].contains(&s["state"].as_str().unwrap()),
+        "{s}"
+    );
+
+    // Random reads of the big file while the mirror fills it.
+    let want = std::fs::read(src.path().join("big.bin")).unwrap();
+    let f = std::fs::File::open(mount.path().join("big.bin")).unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..200 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let off = (x % want.len() as u64) as usize;
+        let len = ((x >> 40) % (300 << 10)) as usize + 1;
+        let mut buf = vec![0u8; len];
+        let n = f.read_at(&mut buf, off as u64).unwrap();
+        assert_eq!(n, len.min(want.len() - off));
+        assert!(buf[..n] == want[off..off + n], "bytes differ at {off}+{n}");
+    }
+    // Whole-tree copies with the tools users run.
+    let dst = tempfile::tempdir().unwrap();
+    run(Command::new("cp")
+        .arg("-r")
+        .arg(mount.path().join("d"))
+        .arg(dst.path()));
+    run(Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg(src.path().join("d"))
+        .arg(dst.path().join("d")));
+    let s = status(&mount.path());
+    assert_eq!(
+        s["state"], "running",
+        "the mirror should still be running (capped at 6 MiB/s): {s}"
+    );
+    run(Command::new("cmp")
+        .arg(mount.path().join("big.bin"))
+        .arg(src.path().join("big.bin")));
+
+    // The mirror completes: the local copy equals the source.
+    let done = wait_for(Duration::from_secs(60), || {
+        status(&mount.path())["state"] == "complete"
+    });
+    let s = status(&mount.path());
+    assert!(done, "mirror did not complete: {s}\n{}", mount.log_text());
+    assert_eq!(s["files_total"], 43, "{s}");
+    assert_eq!(s["files_done"], 43, "{s}");
+    assert_eq!(s["error_count"], 0, "{s}");
+    run(Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg("--exclude=.ferry")
+        .arg(src.path())
+        .arg(cache.path()));
+    // The cache directory's own status says the same.
+    let d = status(cache.path());
+    assert_eq!(d["state"], "complete", "{d}");
+
+    // Opens of complete, verified files are served from local disk.
+    let again = tempfile::tempdir().unwrap();
+    run(Command::new("cp")
+        .arg(mount.path().join("d/e/mid.bin"))
+        .arg(again.path()));
+    run(Command::new("cmp")
+        .arg(again.path().join("mid.bin"))
+        .arg(src.path().join("d/e/mid.bin")));
+    if is_root() {
+        let s = status(&mount.path());
+        assert!(
+            s["mount"]["passthrough_opens"].as_u64().unwrap() >= 1,
+            "{s}"
+        );
+    }
+    drop(mount);
+    let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+    let all = c.all();
+    assert_eq!(all.len(), 43);
+    for (rel, st) in all {
+        assert!(
+            st.complete() && st.verified.is_some(),
+            "{}: {st:?}",
+            String::from_utf8_lossy(&rel)
+        );
+    }
+}
+
+#[test]
+fn an_unmounted_mirror_resumes_at_the_next_mount() {
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("a.bin"), 24 << 20, 5);
+    write_random(&src.path().join("b.bin"), (8 << 20) + 1, 6);
+    let cache = tempfile::tempdir().unwrap();
+    let cache_arg = cache.path().to_str().unwrap().to_string();
+    let server = TestServer::start(src.path());
+    let mut mount = TestMount::mount(
+        &server.addr,
+        &["--cache-dir", &cache_arg, "--mirror", "--bwlimit", "4M"],
+    );
+    assert!(wait_for(Duration::from_secs(20), || {
+        status(&mount.path())["bytes_done"].as_u64().unwrap() >= 6 << 20
+    }));
+    mount.signal_and_wait(libc::SIGTERM);
+    // Left interrupted, with what was fetched recorded.
+    let d = status(cache.path());
+    assert_eq!(d["state"], "interrupted", "{d}");
+    let kept: u64 = {
+        let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+        c.all().iter().map(|(_, s)| s.present_bytes()).sum()
+    };
+    assert!(kept >= 4 << 20, "only {kept} bytes recorded");
+
+    let mount = TestMount::mount(&server.addr, &["--cache-dir", &cache_arg, "--mirror"]);
+    let done = wait_for(Duration::from_secs(60), || {
+        status(&mount.path())["state"] == "complete"
+    });
+    let s = status(&mount.path());
+    assert!(done, "{s}\n{}", mount.log_text());
+    // The second pass fetched only what the first had not recorded.
+    let total = (24u64 << 20) + (8 << 20) + 1;
+    assert_eq!(s["bytes_total"], total, "{s}");
+    assert!(
+        s["bytes_fetched"].as_u64().unwrap() <= total - kept,
+        "refetched recorded chunks: {s}, {kept} were recorded"
+    );
+    run(Command::new("diff")
+        .arg("-r")
+        .arg("--exclude=.ferry")
+        .arg(src.path())
+        .arg(cache.path()));
+}
+
+#[test]
+fn mirror_options_without_their_prerequisites_are_refused() {
+    for (args, needle) in [
+        (&["--mirror"][..], "--cache-dir"),
+        (&["--bwlimit", "10M"][..], "--mirror"),
+    ] {
+        let mnt = tempfile::tempdir().unwrap();
+        let out = Command::new(bin("ferry"))
+            .arg("mount")
+            .arg("127.0.0.1:1")
+            .arg(mnt.path())
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn status_of_a_plain_directory_says_what_to_give() {
+    let d = tempfile::tempdir().unwrap();
+    let out = Command::new(bin("ferry"))
+        .arg("status")
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a ferry mount"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
