@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Reading a complete local copy through the mount (FUSE passthrough) against reading the
 # same local file directly: `ferry mount --cache-dir`, one read to fill and verify the
-# copy, then timed reads of both, page cache dropped before each.
+# copy, then timed reads of both (`cp FILE /dev/null`, or dd with 1 MiB blocks), page cache
+# dropped before each; which of the two goes first alternates from run to run.
 #
-#   bench/passthrough.sh [--size-mib N] [--runs N] [--kinds random,db]
+#   bench/passthrough.sh [--size-mib N] [--runs N] [--kinds random,db] [--tool cp|dd]
 #
 # Prints one line per read and the ratio of the medians. Needs root (drops caches, FUSE
 # passthrough needs CAP_SYS_ADMIN). Nothing is left mounted or running.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-size=1024 runs=3 kinds=random,db
+size=1024 runs=3 kinds=random,db tool=cp
 while [ $# -gt 0 ]; do
     case "$1" in
+        --tool) tool=$2; shift 2 ;;
         --size-mib) size=$2; shift 2 ;;
         --runs) runs=$2; shift 2 ;;
         --kinds) kinds=$2; shift 2 ;;
@@ -45,16 +47,16 @@ ferryd_pid=$!
 for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
 target/release/ferry mount "$(cat "$work/port")" "$mnt" --cache-dir "$cache" --log-file "$work/ferry.log" -v
 
-secs() { # secs FILE: seconds to read FILE with dd, cold
+secs() { # secs FILE: seconds to read FILE with cp (or dd), cold
     sync; echo 3 > /proc/sys/vm/drop_caches
     local t0 t1; t0=$(date +%s.%N)
-    dd if="$1" of=/dev/null bs=1M status=none
+    if [ "$tool" = dd ]; then dd if="$1" of=/dev/null bs=1M status=none; else cp "$1" /dev/null; fi
     t1=$(date +%s.%N)
     awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.3f", z - a }'
 }
 median() { tr ' ' '\n' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
-echo "ferry $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%F), $(nproc) cores, kernel $(uname -r)"
+echo "ferry $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%F), $(nproc) cores, kernel $(uname -r), reads with $tool"
 IFS=, read -ra kind_list <<<"$kinds"
 for kind in "${kind_list[@]}"; do
     case "$kind" in random) f=random.bin ;; db) f=db.dat ;; mixed) f=mixed.bin ;; *) echo "unknown kind $kind" >&2; exit 2 ;; esac
@@ -67,8 +69,12 @@ for kind in "${kind_list[@]}"; do
     cmp "$data/$f" "$cache/$f"
     via=() direct=()
     for r in $(seq "$runs"); do
-        s=$(secs "$mnt/$f"); via+=("$s")
-        d=$(secs "$cache/$f"); direct+=("$d")
+        if [ $((r % 2)) = 1 ]; then
+            s=$(secs "$mnt/$f"); d=$(secs "$cache/$f")
+        else
+            d=$(secs "$cache/$f"); s=$(secs "$mnt/$f")
+        fi
+        via+=("$s") direct+=("$d")
         awk -v b="$bytes" -v s="$s" -v d="$d" -v f="$f" -v r="$r" \
             'BEGIN { printf "%-10s run %d: through the mount %.2f s (%.0f MB/s), local file %.2f s (%.0f MB/s)\n", f, r, s, b/s/1e6, d, b/d/1e6 }'
     done

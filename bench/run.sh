@@ -20,6 +20,9 @@
 #   mixed.bin (lz4 ratio ~2), random.bin, tree/ (many small files); dbdir/ (a PostgreSQL-like
 #   data directory) when asked for with --datasets.
 #   Issue-4 comparison: --links 1gbit,wan --methods mirror,nc-lz4,rsync,rsync8 --datasets tree,dbdir
+#   fio-mirror: fio random reads through a plain mount, then through a mount whose background
+#   mirror (--cache-dir --mirror) is filling a local copy of the whole data directory; pairs
+#   run --repeat times. Issue 4: --links wan --methods fio-mirror --datasets random
 # Every copy starts with the page cache dropped and is verified (cmp, diff -r), and is run
 # --repeat times (default 3; once if it takes over 30 s); the median run is reported. CPU seconds
 # are the whole machine's busy time during the copy (both ends, kernel included). fio random
@@ -212,6 +215,8 @@ ROWS=$WORK/rows   # link|dataset|method|seconds|MBps|cpu
 : > "$ROWS"
 FIO=$WORK/fio     # link|method|iops
 : > "$FIO"
+FIOM=$WORK/fiom   # link|iops alone|iops during mirror|reads|reads served locally|mirror MB/s|mirror state
+: > "$FIOM"
 RSS=$WORK/rss     # link|ferryd MiB|ferry MiB
 : > "$RSS"
 
@@ -378,6 +383,53 @@ fio_run() {  # fio_run LINK METHOD MOUNT
     log "  fio 16k randread x4 via $2: $(printf '%.1f' "$iops") IOPS"
 }
 
+# fio_json MOUNT: one fio run; prints "IOPS READS".
+fio_json() {
+    local json=$WORK/logs/fio.json
+    fio --name=randread --filename="$1/random.bin" --readonly --rw=randread --bs=16k --numjobs=4 \
+        --ioengine=psync --fadvise_hint=random --invalidate=1 --time_based --runtime="$fio_secs" \
+        --group_reporting --output-format=json --output="$json" >/dev/null 2>&1 || return 1
+    jq -r '.jobs[0].read | "\(.iops) \(.total_ios)"' "$json"
+}
+ferry_mount_at() {  # ferry_mount_at MOUNT [OPTIONS...]
+    local mnt=$1; shift
+    mkdir -p "$mnt"
+    # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
+    in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY" "$mnt" \
+        --log-file "$WORK/logs/ferry-fm-$link.log" ${FERRY_ARGS:-} "$@" || return 1
+    for _ in $(seq 100); do grep -q " $mnt " /proc/self/mountinfo && return 0; sleep 0.1; done
+    return 1
+}
+status_field() { jq -r "$2" <<<"$1"; }
+# fio_mirror_pair LINK: fio through a plain mount, then through a mount with --mirror running
+# (started 3 s before fio, on a fresh cache directory).
+fio_mirror_pair() {
+    local link=$1 mnt=$WORK/mnt/fm cache=$WORK/cache base iops ios s0 s1
+    drop_caches
+    ferry_mount_at "$mnt" || { log "  fio-mirror: mount failed"; return 1; }
+    read -r base _ < <(fio_json "$mnt") || true
+    unmount_method fm
+    rm -rf "$cache"; mkdir -p "$cache"
+    drop_caches
+    ferry_mount_at "$mnt" --cache-dir "$cache" --mirror || { log "  fio-mirror: mount --mirror failed"; return 1; }
+    sleep 3
+    s0=$("$ROOT/target/release/ferry" status "$mnt" --json)
+    read -r iops ios < <(fio_json "$mnt") || true
+    s1=$("$ROOT/target/release/ferry" status "$mnt" --json)
+    unmount_method fm
+    # The mount process records what its mirror wrote, then exits.
+    for _ in $(seq 100); do pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $mnt" >/dev/null || break; sleep 0.1; done
+    rm -rf "$cache"
+    local local0 local1 f0 f1 state mbps
+    local0=$(status_field "$s0" .mount.chunks_served_locally); local1=$(status_field "$s1" .mount.chunks_served_locally)
+    f0=$(status_field "$s0" .bytes_fetched); f1=$(status_field "$s1" .bytes_fetched)
+    state=$(status_field "$s1" .state)
+    mbps=$(awk -v a="$f0" -v b="$f1" -v t="$fio_secs" 'BEGIN { printf "%.1f", (b - a) / t / 1e6 }')
+    [ -n "${base:-}" ] && [ -n "${iops:-}" ] || { log "  fio-mirror: fio failed"; return 1; }
+    echo "$link|$base|$iops|$ios|$((local1 - local0))|$mbps|$state" >> "$FIOM"
+    log "  fio alone $(printf '%.1f' "$base") IOPS; during the mirror $(printf '%.1f' "$iops") IOPS ($((local1 - local0)) of $ios reads from the local copy; mirror $mbps MB/s, $state)"
+}
+
 IFS=, read -ra DATASETS <<<"$datasets"
 IFS=, read -ra LINKS <<<"$links"
 IFS=, read -ra METHODS <<<"$methods"
@@ -403,6 +455,8 @@ for link in "${LINKS[@]}"; do
             nc-lz4) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" nc_copy "$ds" lz4; done ;;
             scp) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" scp_copy "$ds"; done ;;
             rsync) for ds in "${DATASETS[@]}"; do copy "$link" "$ds" "$method" rsync_copy "$ds"; done ;;
+            fio-mirror)
+                for ((i = 1; i <= repeat; i++)); do fio_mirror_pair "$link" || true; done ;;
             mirror|rsync8)  # whole directories only
                 for ds in "${DATASETS[@]}"; do
                     [ -d "$DATA/$ds" ] && copy "$link" "$ds" "$method" "${method}_copy" "$ds"
@@ -456,6 +510,18 @@ ratio() {  # ratio LINK DATASET BASE [METHOD]: METHOD's (default ferry) speed ov
             echo "| --- | ---: |"
             awk -F'|' -v l="$link" '$1 == l {print "| " $2 " | " $3 " |"}' "$FIO"
         fi
+        if grep -q "^$link|" "$FIOM"; then
+            echo
+            echo "fio random reads (16 KiB, 4 jobs, ${fio_secs} s, random.bin) through a mount alone, then through a"
+            echo "mount whose background mirror (\`--cache-dir --mirror\`, fresh cache) fills a copy of the whole data"
+            echo "directory ($(du -sh "$DATA" | cut -f1)), started 3 s before fio. Reads that found their chunk already in the"
+            echo "local copy are counted; the network ratio counts only the others, as if local reads took no time."
+            echo
+            echo "| IOPS alone | IOPS during mirror | ratio | reads from local copy | network ratio | mirror MB/s during fio | mirror at end |"
+            echo "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+            awk -F'|' -v l="$link" '$1 == l { r = $3 / $2; n = r * (1 - ($4 > 0 ? $5 / $4 : 0));
+                printf "| %.1f | %.1f | %.2f | %d of %d | %.2f | %s | %s |\n", $2, $3, r, $5, $4, n, $6, $7 }' "$FIOM"
+        fi
     done
     echo
     echo "## Targets"
@@ -466,12 +532,12 @@ ratio() {  # ratio LINK DATASET BASE [METHOD]: METHOD's (default ferry) speed ov
         local met; met=$(awk -v v="$2" -v m="$3" 'BEGIN { if (v == "n/a") print "n/a"; else if (v + 0 >= m) print "yes"; else print "**no**" }')
         echo "| $1 | $2 | $met |"
     }
-    if [[ " ${LINKS[*]} " == *" 1gbit "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]]; then
+    if [[ " ${LINKS[*]} " == *" 1gbit "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]] && [[ ",$methods," == *",ferry,"* ]]; then
         target "1gbit: ferry ÷ nc raw, random (≥ 0.95)" "$(ratio 1gbit random.bin nc-raw)" 0.95
         target "1gbit: ferry ÷ nc\|lz4, mixed (≥ 1.0)" "$(ratio 1gbit mixed.bin nc-lz4)" 1.0
         target "1gbit: ferry ÷ nc\|lz4, db (≥ 1.0)" "$(ratio 1gbit db.dat nc-lz4)" 1.0
     fi
-    if [[ " ${LINKS[*]} " == *" wan "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]]; then
+    if [[ " ${LINKS[*]} " == *" wan "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]] && [[ ",$methods," == *",ferry,"* ]]; then
         target "wan: ferry ÷ nc raw, random (≥ 4)" "$(ratio wan random.bin nc-raw)" 4
         target "wan: ferry ÷ nc\|lz4, mixed (≥ 4)" "$(ratio wan mixed.bin nc-lz4)" 4
         iops=$(awk -F'|' '$1 == "wan" && $2 == "ferry" {print $3}' "$FIO")
@@ -480,8 +546,12 @@ ratio() {  # ratio LINK DATASET BASE [METHOD]: METHOD's (default ferry) speed ov
         target "wan: ferry fio IOPS ÷ round-trip bound $bound (4 jobs ÷ ${WAN_RTT_MS:-40} ms measured) (≥ 0.95)" \
             "$(awk -v i="${iops:-0}" -v b="$bound" 'BEGIN { printf "%.2f", i / b }')" 0.95
     fi
-    if [[ " ${LINKS[*]} " == *" loopback "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]]; then
+    if [[ " ${LINKS[*]} " == *" loopback "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]] && [[ ",$methods," == *",ferry,"* ]]; then
         target "loopback: ferry ÷ nc raw, random (≥ 0.8)" "$(ratio loopback random.bin nc-raw)" 0.8
+    fi
+    if grep -q "^wan|" "$FIOM"; then
+        med=$(awk -F'|' '$1 == "wan" { print ($3 / $2) * (1 - ($4 > 0 ? $5 / $4 : 0)) }' "$FIOM" | sort -g | awk '{ a[NR] = $0 } END { printf "%.2f", a[int((NR + 1) / 2)] }')
+        target "wan: fio IOPS while the mount's mirror runs ÷ IOPS without it, network reads only, median of $(grep -c '^wan|' "$FIOM") (≥ 0.8)" "$med" 0.8
     fi
     if [[ ",$methods," == *",mirror,"* ]]; then
         for ds in "${DATASETS[@]}"; do
