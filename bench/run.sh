@@ -6,6 +6,7 @@
 #                [--small-files N] [--fio-seconds N] [--copy-timeout SECS] [--repeat N]
 #                [--out FILE]
 #   FERRY_ARGS="--streams 16" bench/run.sh ...   extra options for ferry mount
+#   FERRY_MIRROR_ARGS=..., FERRYD_ARGS=...        extra options for ferry mirror, ferryd
 #
 # Links (all inside a network namespace this script creates; traffic stays on its loopback):
 #   loopback  unshaped
@@ -163,7 +164,8 @@ EOF
 mkdir -p /run/sshd
 SSH_OPTS=(-i "$WORK/ssh/id" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
 bg_ns "$(command -v sshd)" -D -f "$WORK/ssh/sshd_config" -E "$WORK/logs/sshd.log"
-bg_ns "$ROOT/target/release/ferryd" --export "$DATA" --listen 127.0.0.1:7070 2>"$WORK/logs/ferryd.log"
+# shellcheck disable=SC2086 # FERRYD_ARGS: extra ferryd options, split on purpose
+bg_ns "$ROOT/target/release/ferryd" --export "$DATA" --listen 127.0.0.1:7070 ${FERRYD_ARGS:-} 2>"$WORK/logs/ferryd.log"
 sleep 0.5
 ferryd_pid=$(pgrep -f -- "ferryd --export $DATA --listen 127.0.0.1:7070" | head -1)
 [ -n "$ferryd_pid" ] || die "ferryd did not start: $(cat "$WORK/logs/ferryd.log")"

@@ -448,6 +448,26 @@ async fn copy_symlink(ctx: &Ctx, rel: Bytes, attr: Attr) {
     }
 }
 
+/// Sets the mode and access/modification times of an open regular file.
+fn set_file_metadata(f: &File, attr: &Attr) -> std::io::Result<()> {
+    rustix::fs::fchmod(
+        f,
+        rustix::fs::Mode::from_raw_mode(u32::from(attr.perm) & 0o7777),
+    )?;
+    let ts = |t: ferry_proto::Timestamp| rustix::fs::Timespec {
+        tv_sec: t.sec,
+        tv_nsec: i64::from(t.nsec) as _,
+    };
+    rustix::fs::futimens(
+        f,
+        &rustix::fs::Timestamps {
+            last_access: ts(attr.atime),
+            last_modification: ts(attr.mtime),
+        },
+    )?;
+    Ok(())
+}
+
 /// Sets mode (unless a symlink) and access/modification times without following a
 /// final symlink.
 fn set_metadata(local: &Path, attr: &Attr, mode: bool) -> std::io::Result<()> {
@@ -820,15 +840,9 @@ async fn copy_small_file(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::R
     let (file, generation) = {
         let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data.clone());
         tokio::task::spawn_blocking(move || -> std::io::Result<(File, u64)> {
-            let local = cache.local_path(&r);
-            if std::fs::symlink_metadata(&local).is_ok_and(|m| m.is_dir()) {
-                return Err(std::io::Error::other(
-                    "a local directory is where the server has a file; move it away",
-                ));
-            }
             let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
             std::io::Write::write_all(&mut f, &d)?;
-            set_metadata(&local, &a, true)?;
+            set_file_metadata(&f, &a)?;
             Ok((f, generation))
         })
         .await

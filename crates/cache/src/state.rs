@@ -338,23 +338,40 @@ impl CacheDir {
         chunk_size: u32,
     ) -> std::io::Result<(std::fs::File, u64)> {
         let local = self.local_path(rel);
-        let exists = std::fs::symlink_metadata(&local).is_ok();
         let generation = self.begin_with(rel, version, chunk_size, false);
-        if exists {
-            self.commit()?;
-            match std::fs::remove_file(&local) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
+        let create = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&local)
+        };
+        // The common case, a new file in an existing directory, is one system call.
+        let f = match create() {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if std::fs::symlink_metadata(&local).is_ok_and(|m| m.is_dir()) {
+                    return Err(std::io::Error::other(
+                        "a local directory is where the server has a file; move it away",
+                    ));
+                }
+                // The journal may describe the old file's bytes: the reset is durable first.
+                self.commit()?;
+                match std::fs::remove_file(&local) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+                create()?
             }
-        } else if let Some(parent) = local.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&local)?;
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(parent) = local.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                create()?
+            }
+            Err(e) => return Err(e),
+        };
         if version.size > 0 {
             f.set_len(version.size)?;
         }
