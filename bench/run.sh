@@ -7,6 +7,7 @@
 #                [--out FILE]
 #   FERRY_ARGS="--streams 16" bench/run.sh ...   extra options for ferry mount
 #   FERRY_MIRROR_ARGS=..., FERRYD_ARGS=...        extra options for ferry mirror, ferryd
+#   FERRY_MIRROR_MOUNT_ARGS="--bwlimit 30M"       extra options for fio-mirror's mount --mirror
 #
 # Links (all inside a network namespace this script creates; traffic stays on its loopback):
 #   loopback  unshaped
@@ -413,7 +414,9 @@ fio_mirror_pair() {
     unmount_method fm
     rm -rf "$cache"; mkdir -p "$cache"
     drop_caches
-    ferry_mount_at "$mnt" --cache-dir "$cache" --mirror || { log "  fio-mirror: mount --mirror failed"; return 1; }
+    # shellcheck disable=SC2086 # FERRY_MIRROR_MOUNT_ARGS: e.g. "--bwlimit 30M", split on purpose
+    ferry_mount_at "$mnt" --cache-dir "$cache" --mirror ${FERRY_MIRROR_MOUNT_ARGS:-} \
+        || { log "  fio-mirror: mount --mirror failed"; return 1; }
     sleep 3
     s0=$("$ROOT/target/release/ferry" status "$mnt" --json)
     read -r iops ios < <(fio_json "$mnt") || true
