@@ -63,6 +63,7 @@ impl ToErrno for ClientError {
             | ClientError::Handshake { .. }
             | ClientError::Protocol(_)
             | ClientError::ConnectionLost
+            | ClientError::Unreachable { .. }
             | ClientError::Payload(_) => libc::EIO,
         }
     }

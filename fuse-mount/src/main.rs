@@ -91,6 +91,8 @@ struct MirrorArgs {
     /// Seconds to wait for the server when connecting.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     connect_timeout: u64,
+    #[command(flatten)]
+    faults: FaultArgs,
     /// Write the log here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -148,6 +150,8 @@ struct MountArgs {
     /// Seconds to wait for the server when connecting.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     connect_timeout: u64,
+    #[command(flatten)]
+    faults: FaultArgs,
     /// Write the log here (in the background the log is otherwise discarded).
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -168,6 +172,19 @@ struct MountArgs {
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+}
+
+/// How long to wait through faults (mount and mirror).
+#[derive(Debug, clap::Args)]
+struct FaultArgs {
+    /// Seconds a read may wait for the server while it is unreachable (streams are
+    /// reconnected meanwhile); then it fails with EIO (the mount) or an error (mirror).
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    timeout: u64,
+    /// Seconds a stream may receive nothing while requests wait on it before it is taken
+    /// for dead, closed and reconnected (its requests go to other streams).
+    #[arg(long, value_name = "SECS", default_value_t = 15)]
+    stall_timeout: u64,
 }
 
 fn init_logging(verbose: u8, file: Option<&PathBuf>) -> anyhow::Result<()> {
@@ -250,6 +267,7 @@ fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
         a.chunk_size,
         !a.no_compression,
         a.connect_timeout,
+        &a.faults,
         "mirror",
     )?;
     anyhow::ensure!((1..=4096).contains(&a.files), "--files must be 1 to 4096");
@@ -276,6 +294,7 @@ fn connection(
     chunk_kib: u32,
     compression: bool,
     connect_timeout: u64,
+    faults: &FaultArgs,
     what: &str,
 ) -> anyhow::Result<(Target, ClientConfig)> {
     let target = Target::parse(remote).map_err(|e| anyhow::anyhow!(e))?;
@@ -284,12 +303,19 @@ fn connection(
         "--chunk-size {chunk_kib} KiB is out of range: use 4 to 16384"
     );
     anyhow::ensure!((1..=256).contains(&streams), "--streams must be 1 to 256");
+    anyhow::ensure!(faults.timeout >= 1, "--timeout must be at least 1 second");
+    anyhow::ensure!(
+        faults.stall_timeout >= 1,
+        "--stall-timeout must be at least 1 second"
+    );
     let client = ClientConfig {
         streams,
         chunk_size: chunk_kib * 1024,
         compression,
         connect_timeout: Duration::from_secs(connect_timeout.max(1)),
         client_name: format!("ferry {} {what}", env!("CARGO_PKG_VERSION")),
+        request_timeout: Duration::from_secs(faults.timeout),
+        stall_timeout: Duration::from_secs(faults.stall_timeout),
         ..ClientConfig::default()
     };
     Ok((target, client))
@@ -302,6 +328,7 @@ fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
         a.chunk_size,
         !a.no_compression,
         a.connect_timeout,
+        &a.faults,
         "mount",
     )?;
     anyhow::ensure!(

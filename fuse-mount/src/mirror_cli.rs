@@ -308,6 +308,11 @@ fn print_status(path: &Path, s: &Status) {
         "  checks  {} chunks fetched again, {} hash mismatches, {} files changed during the copy",
         s.chunks_refetched, s.hash_mismatches, s.files_changed
     );
+    let f = &s.faults;
+    println!(
+        "  network {} streams connected; {} reconnects, {} requests sent again, {} checksum failures (fetched again), {} stalled streams, {} server restarts",
+        f.live_streams, f.reconnects, f.retries, f.checksum_failures, f.stalls, f.server_restarts
+    );
     println!("  errors  {}", s.error_count);
     for e in &s.errors {
         println!("    {e}");

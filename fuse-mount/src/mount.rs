@@ -536,6 +536,7 @@ fn status_fn(
 ) -> crate::fuse::StatusFn {
     use std::sync::atomic::Ordering::Relaxed;
     let mounted = Arc::new(ferry_cache::Progress::default());
+    mounted.attach_client(&client);
     let mountpoint = absolute(&cfg.mountpoint).display().to_string();
     let cache_dir = cfg
         .cache_dir

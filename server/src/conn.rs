@@ -108,10 +108,13 @@ where
     let share = (shared.read_budget_units / 4).max(read_units(welcome.chunk_size));
     let conn_budget = Arc::new(Semaphore::new(share as usize));
     let mut shutdown = shared.shutdown.clone();
+    let idle = shared.config.idle_timeout;
     let result = loop {
         let frame = tokio::select! {
-            f = read_frame(&mut rd, &mut buf, welcome.max_frame) => f,
+            f = read_frame(&mut rd, &mut buf, welcome.max_frame) => Some(f),
             _ = shutdown.changed() => break Ok(()),
+            // read_frame keeps partial frames in `buf`: cancelling it loses nothing.
+            _ = tokio::time::sleep(idle) => None,
             // The writer only ends early on a socket error or a stalled client: then the
             // whole connection goes, freeing its slot and buffers.
             w = &mut writer => {
@@ -121,6 +124,13 @@ where
                     _ => Err(protocol("response writer ended")),
                 };
             }
+        };
+        let Some(frame) = frame else {
+            if inflight.available_permits() == welcome.max_inflight as usize && buf.is_empty() {
+                debug!("closing a connection idle for {} s", idle.as_secs());
+                break Ok(());
+            }
+            continue;
         };
         let frame = match frame {
             Ok(Some(f)) => f,

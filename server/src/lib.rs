@@ -40,6 +40,9 @@ pub struct ServerConfig {
     /// A response (or flush) not written within this time closes the connection (a
     /// client that stops reading must not hold buffers forever).
     pub write_timeout: Duration,
+    /// A connection with no request for this long, and none in flight, is closed (clients
+    /// send keepalives well within it; a vanished client's connection does not stay).
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +55,7 @@ impl Default for ServerConfig {
             memory_budget: 48 << 20,
             handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(600),
         }
     }
 }

@@ -35,6 +35,10 @@ struct Args {
     /// MiB of file data held in buffers across all connections.
     #[arg(long, value_name = "MIB", default_value_t = 48)]
     memory_budget: usize,
+    /// Seconds a connection may stay idle (no request, none in flight) before it is closed.
+    /// ferry clients send keepalives every 30 s.
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    idle_timeout: u64,
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -94,6 +98,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         max_inflight: args.max_inflight.max(1),
         max_connections: args.max_connections.max(1),
         memory_budget: args.memory_budget.max(1) << 20,
+        idle_timeout: std::time::Duration::from_secs(args.idle_timeout.max(1)),
         ..ServerConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use rand::{RngCore, SeedableRng};
 
+pub mod proxy;
+
 /// Path of a workspace binary (`ferryd`, `ferry`) next to the test executable.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -152,6 +154,7 @@ pub struct TestServer {
     /// The exported directory.
     pub export: PathBuf,
     log: PathBuf,
+    args: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -164,32 +167,59 @@ impl TestServer {
     /// Starts ferryd with extra arguments.
     pub fn start_with(export: &Path, args: &[&str]) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port_file = dir.path().join("port");
         let log = dir.path().join("ferryd.log");
-        let child = Command::new(bin("ferryd"))
-            .arg("--export")
-            .arg(export)
-            .args(["--listen", "127.0.0.1:0", "--port-file"])
-            .arg(&port_file)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn ferryd");
         let mut server = TestServer {
-            child: Some(child),
-            addr: String::new(),
+            child: None,
+            addr: "127.0.0.1:0".into(),
             export: export.to_path_buf(),
             log,
+            args: args.iter().map(|a| a.to_string()).collect(),
             _dir: dir,
         };
+        server.spawn();
+        server
+    }
+
+    /// Starts the process on `self.addr` (port 0 at first) and records the bound address.
+    fn spawn(&mut self) {
+        let port_file = self._dir.path().join("port");
+        let _ = std::fs::remove_file(&port_file);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new(bin("ferryd"))
+            .arg("--export")
+            .arg(&self.export)
+            .args(["--listen", &self.addr, "--port-file"])
+            .arg(&port_file)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn ferryd");
+        self.child = Some(child);
         let ok = wait_for(Duration::from_secs(10), || port_file.exists());
-        assert!(ok, "ferryd did not start: {}", server.log_text());
-        server.addr = std::fs::read_to_string(&port_file)
+        assert!(ok, "ferryd did not start: {}", self.log_text());
+        self.addr = std::fs::read_to_string(&port_file)
             .expect("port file")
             .trim()
             .to_string();
-        server
+    }
+
+    /// Kills the server with SIGKILL (no chance to say goodbye) and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same address (after [`TestServer::kill9`]).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
     }
 
     /// The server's log so far.

@@ -23,7 +23,7 @@ pub mod syncer;
 
 pub use local::LocalCopy;
 pub use mirror::{Mirror, MirrorConfig, MirrorError};
-pub use progress::{MountStatus, Progress, Status};
+pub use progress::{Faults, MountStatus, Progress, Status};
 pub use state::{CacheDir, FileState};
 pub use syncer::Syncer;
 

@@ -161,13 +161,15 @@ impl Mirror {
         label: String,
         cfg: MirrorConfig,
     ) -> Mirror {
+        let progress = Arc::new(Progress::default());
+        progress.attach_client(&client);
         Mirror {
             client,
             cache,
             root,
             label,
             cfg,
-            progress: Arc::new(Progress::default()),
+            progress,
             syncer: None,
         }
     }

@@ -45,6 +45,8 @@ pub struct Progress {
     errors: Mutex<Vec<String>>,
     error_count: AtomicU64,
     rate: Mutex<RateWindow>,
+    /// The connection pool whose fault counters the status shows.
+    client: std::sync::OnceLock<ferry_client::Client>,
 }
 
 #[derive(Debug, Default)]
@@ -72,6 +74,7 @@ impl Default for Progress {
             errors: Mutex::new(Vec::new()),
             error_count: AtomicU64::new(0),
             rate: Mutex::new(RateWindow::default()),
+            client: std::sync::OnceLock::new(),
         }
     }
 }
@@ -133,7 +136,24 @@ impl Progress {
     }
 
     /// A snapshot for the status file.
+    /// Shows `client`'s fault counters (retries, checksum failures, reconnects, stalls,
+    /// server restarts) in the snapshots.
+    pub fn attach_client(&self, client: &ferry_client::Client) {
+        let _ = self.client.set(client.clone());
+    }
+
     pub fn snapshot(&self, state: &str, remote: &str) -> Status {
+        let faults = self.client.get().map(|c| {
+            let k = c.counters();
+            Faults {
+                retries: k.retries.load(Ordering::Relaxed),
+                checksum_failures: k.checksum_failures.load(Ordering::Relaxed),
+                reconnects: k.reconnects.load(Ordering::Relaxed),
+                stalls: k.stalls.load(Ordering::Relaxed),
+                server_restarts: k.server_restarts.load(Ordering::Relaxed),
+                live_streams: c.live_streams() as u64,
+            }
+        });
         let rate = self.rate();
         let total = self.bytes_total.load(Ordering::Relaxed);
         let done = self.bytes_done.load(Ordering::Relaxed);
@@ -164,6 +184,7 @@ impl Progress {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
+            faults: faults.unwrap_or_default(),
             mount: None,
         }
     }
@@ -214,9 +235,29 @@ pub struct Status {
     pub error_count: u64,
     /// The most recent errors.
     pub errors: Vec<String>,
+    /// What the connection pool went through.
+    #[serde(default)]
+    pub faults: Faults,
     /// Present when the status is a mount's (`ferry status MOUNTPOINT`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount: Option<MountStatus>,
+}
+
+/// Faults the connection pool met and recovered from (all zero on a healthy network).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Faults {
+    /// Requests sent again because their stream was lost.
+    pub retries: u64,
+    /// Read payloads that failed their checksum and were fetched again.
+    pub checksum_failures: u64,
+    /// Streams re-established after being lost.
+    pub reconnects: u64,
+    /// Streams closed because they stalled.
+    pub stalls: u64,
+    /// Times the server was found restarted (a new instance id).
+    pub server_restarts: u64,
+    /// Streams connected when the status was taken.
+    pub live_streams: u64,
 }
 
 /// What a mount adds to its status: its reads and its local copy.

@@ -27,6 +27,14 @@ pub enum ClientError {
     /// The server sent something that breaks the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// No stream could reach the server for the whole request timeout.
+    #[error("cannot reach ferryd at {addr}: no connection for {} s (still trying to reconnect)", waited.as_secs())]
+    Unreachable {
+        /// Address.
+        addr: String,
+        /// How long the request waited.
+        waited: std::time::Duration,
+    },
     /// The connection carrying the request closed before the answer arrived.
     #[error("connection to the server was lost")]
     ConnectionLost,

@@ -14,8 +14,8 @@ use ferry_proto::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, Semaphore};
-use tracing::debug;
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tracing::{debug, info, warn};
 
 use crate::error::ClientError;
 
@@ -34,6 +34,15 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Identification in the server's log.
     pub client_name: String,
+    /// How long a request may wait for the server — through lost streams and reconnects —
+    /// before it fails ([`ClientError::Unreachable`]).
+    pub request_timeout: Duration,
+    /// A stream with requests outstanding that receives nothing for this long is taken for
+    /// dead: it is closed, its requests go to other streams, and it is reconnected.
+    pub stall_timeout: Duration,
+    /// An idle stream sends a Ping after this long without traffic (finds dead connections
+    /// before a reader does, and keeps the server's idle timeout from closing it).
+    pub keepalive: Duration,
 }
 
 impl Default for ClientConfig {
@@ -45,6 +54,9 @@ impl Default for ClientConfig {
             compression: true,
             connect_timeout: Duration::from_secs(10),
             client_name: format!("ferry {}", env!("CARGO_PKG_VERSION")),
+            request_timeout: Duration::from_secs(60),
+            stall_timeout: Duration::from_secs(15),
+            keepalive: Duration::from_secs(30),
         }
     }
 }
@@ -69,18 +81,45 @@ struct Outgoing {
     reply: Reply,
 }
 
-/// One stream: a writer task fed by `tx`, a reader task completing `pending`.
+/// One connection: a writer task fed by `tx`, a reader task completing `pending`, a
+/// watchdog for stalls and keepalives.
 struct Conn {
     tx: mpsc::Sender<Outgoing>,
-    /// Ends the writer (and so closes the socket) when the reader ends.
-    _closed: Arc<tokio::sync::Notify>,
+    inflight: Arc<Semaphore>,
+    alive: Arc<AtomicBool>,
+    /// Ends the reader (which then ends the writer and the watchdog).
+    kill: Arc<Notify>,
+    instance_id: [u8; 16],
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // The pool let go of this connection: close it.
+        self.kill.notify_one();
+    }
+}
+
+/// One of the pool's streams: its current connection (replaced when it is reconnected)
+/// and what outlives connections.
+struct Slot {
+    conn: Mutex<Arc<Conn>>,
     /// Bytes requested and not yet answered: the scheduling load.
     load: AtomicU64,
-    inflight: Arc<Semaphore>,
     /// Bytes of background requests in flight allowed (one chunk's worth): a foreground
     /// read on this stream waits behind at most that much background data.
     background: Arc<Semaphore>,
-    alive: Arc<AtomicBool>,
+    /// A reconnect task is running for this slot.
+    reconnecting: AtomicBool,
+}
+
+impl Slot {
+    fn current(&self) -> Arc<Conn> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn alive(&self) -> bool {
+        self.current().alive.load(Ordering::Relaxed)
+    }
 }
 
 #[derive(Default)]
@@ -99,6 +138,16 @@ pub struct Counters {
     pub decoded_bytes: AtomicU64,
     /// Read requests completed.
     pub reads: AtomicU64,
+    /// Requests sent again because their stream was lost.
+    pub retries: AtomicU64,
+    /// Read payloads that failed their checksum (each was fetched again).
+    pub checksum_failures: AtomicU64,
+    /// Streams re-established after being lost.
+    pub reconnects: AtomicU64,
+    /// Streams closed because they stalled (requests outstanding, nothing received).
+    pub stalls: AtomicU64,
+    /// Times the server was found to have restarted (a new instance id).
+    pub server_restarts: AtomicU64,
 }
 
 /// A read's result.
@@ -131,15 +180,22 @@ pub struct Client {
 }
 
 struct Inner {
-    conns: Vec<Conn>,
+    config: ClientConfig,
+    slots: Vec<Slot>,
     session: SessionInfo,
+    /// The server instance the streams are connected to (changes when it restarts).
+    instance: Mutex<[u8; 16]>,
     compression: bool,
     next: AtomicUsize,
-    counters: Counters,
+    counters: Arc<Counters>,
     /// Reference point of `last_foreground`.
     started: Instant,
     /// When the last foreground request was made (ms since `started`, plus one; 0: never).
     last_foreground: AtomicU64,
+    /// Woken whenever a stream is (re)connected.
+    changed: Notify,
+    /// Tells the supervisor that a slot's connection ended.
+    dead: mpsc::UnboundedSender<usize>,
 }
 
 /// How long after a foreground request background requests keep to their half of the
@@ -149,7 +205,7 @@ const FOREGROUND_QUIET: Duration = Duration::from_secs(1);
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("streams", &self.inner.conns.len())
+            .field("streams", &self.inner.slots.len())
             .field("session", &self.inner.session)
             .finish()
     }
@@ -280,20 +336,43 @@ impl Client {
                 max_inflight: w.max_inflight,
             }
         };
-        let conns = opened
+        let counters = Arc::new(Counters::default());
+        let (dead_tx, dead_rx) = mpsc::unbounded_channel();
+        let background_budget = session.chunk_size.max(4096) as usize;
+        let slots = opened
             .into_iter()
-            .map(|(stream, w, leftover)| start_conn(stream, &w, leftover))
+            .enumerate()
+            .map(|(i, (stream, w, leftover))| Slot {
+                conn: Mutex::new(Arc::new(start_conn(
+                    stream,
+                    &w,
+                    leftover,
+                    i,
+                    dead_tx.clone(),
+                    &config,
+                    counters.clone(),
+                ))),
+                load: AtomicU64::new(0),
+                background: Arc::new(Semaphore::new(background_budget)),
+                reconnecting: AtomicBool::new(false),
+            })
             .collect();
+        let inner = Arc::new(Inner {
+            compression: config.compression && session.features & features::LZ4 != 0,
+            instance: Mutex::new(session.instance_id),
+            config,
+            slots,
+            session,
+            next: AtomicUsize::new(0),
+            counters,
+            started: Instant::now(),
+            last_foreground: AtomicU64::new(0),
+            changed: Notify::new(),
+            dead: dead_tx,
+        });
+        tokio::spawn(supervise(Arc::downgrade(&inner), dead_rx));
         Ok(Client {
-            inner: Arc::new(Inner {
-                conns,
-                compression: config.compression && session.features & features::LZ4 != 0,
-                session,
-                next: AtomicUsize::new(0),
-                counters: Counters::default(),
-                started: Instant::now(),
-                last_foreground: AtomicU64::new(0),
-            }),
+            inner,
             background: false,
         })
     }
@@ -322,31 +401,29 @@ impl Client {
         &self.inner.counters
     }
 
-    /// Streams still connected.
+    /// Streams connected now.
     pub fn live_streams(&self) -> usize {
-        self.inner
-            .conns
-            .iter()
-            .filter(|c| c.alive.load(Ordering::Relaxed))
-            .count()
+        self.inner.slots.iter().filter(|s| s.alive()).count()
     }
 
     /// Picks the live stream with the least outstanding bytes; ties rotate.
-    fn pick(&self) -> Result<&Conn, ClientError> {
-        let conns = &self.inner.conns;
+    fn pick(&self) -> Result<(&Slot, Arc<Conn>), ClientError> {
+        let slots = &self.inner.slots;
         let start = self.inner.next.fetch_add(1, Ordering::Relaxed);
-        let mut best: Option<(&Conn, u64)> = None;
-        for i in 0..conns.len() {
-            let c = &conns[(start + i) % conns.len()];
+        let mut best: Option<(&Slot, Arc<Conn>, u64)> = None;
+        for i in 0..slots.len() {
+            let s = &slots[(start + i) % slots.len()];
+            let c = s.current();
             if !c.alive.load(Ordering::Relaxed) {
                 continue;
             }
-            let load = c.load.load(Ordering::Relaxed);
-            if best.is_none_or(|(_, l)| load < l) {
-                best = Some((c, load));
+            let load = s.load.load(Ordering::Relaxed);
+            if best.as_ref().is_none_or(|(_, _, l)| load < *l) {
+                best = Some((s, c, load));
             }
         }
-        best.map(|(c, _)| c).ok_or(ClientError::ConnectionLost)
+        best.map(|(s, c, _)| (s, c))
+            .ok_or(ClientError::ConnectionLost)
     }
 
     fn now_ms(&self) -> u64 {
@@ -361,60 +438,102 @@ impl Client {
 
     /// Picks a stream for a background request: among the streams background work may use
     /// now, the live one with the most background budget left (ties: least load).
-    fn pick_background(&self) -> Result<&Conn, ClientError> {
-        let conns = &self.inner.conns;
+    fn pick_background(&self) -> Result<(&Slot, Arc<Conn>), ClientError> {
+        let slots = &self.inner.slots;
         let usable = if self.foreground_active() {
-            conns.len().div_ceil(2)
+            slots.len().div_ceil(2)
         } else {
-            conns.len()
+            slots.len()
         };
         let start = self.inner.next.fetch_add(1, Ordering::Relaxed);
-        let mut best: Option<(&Conn, usize, u64)> = None;
+        let mut best: Option<(&Slot, Arc<Conn>, usize, u64)> = None;
         for i in 0..usable {
-            let c = &conns[(start + i) % usable];
+            let s = &slots[(start + i) % usable];
+            let c = s.current();
             if !c.alive.load(Ordering::Relaxed) {
                 continue;
             }
-            let free = c.background.available_permits();
-            let load = c.load.load(Ordering::Relaxed);
-            if best.is_none_or(|(_, f, l)| free > f || (free == f && load < l)) {
-                best = Some((c, free, load));
+            let free = s.background.available_permits();
+            let load = s.load.load(Ordering::Relaxed);
+            if best
+                .as_ref()
+                .is_none_or(|(_, _, f, l)| free > *f || (free == *f && load < *l))
+            {
+                best = Some((s, c, free, load));
             }
         }
         match best {
-            Some((c, _, _)) => Ok(c),
+            Some((s, c, _, _)) => Ok((s, c)),
             // The background half is gone: any live stream will do.
             None => self.pick(),
         }
     }
 
-    /// Sends one request and waits for its response.
+    /// Waits until some stream is connected, or `deadline`. Returns whether one is.
+    async fn wait_for_stream(&self, deadline: tokio::time::Instant) -> bool {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.live_streams() > 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.live_streams() > 0;
+            }
+        }
+    }
+
+    /// Sends one request and waits for its response. A request whose stream is lost is
+    /// sent again on another (all requests are reads, so this is safe); while no stream is
+    /// connected it waits for a reconnect, up to the request timeout.
     ///
     /// # Errors
-    /// Connection lost, protocol violations, or the server's error status.
+    /// The server stays unreachable for the request timeout; protocol violations; the
+    /// server's error status.
     pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        let timeout = self.inner.config.request_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match self.call_once(request.clone()).await {
+                Err(ClientError::ConnectionLost) => {
+                    if !self.wait_for_stream(deadline).await {
+                        return Err(ClientError::Unreachable {
+                            addr: self.inner.config.addr.clone(),
+                            waited: timeout,
+                        });
+                    }
+                    self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn call_once(&self, request: Request) -> Result<Response, ClientError> {
         let weight = match &request {
             Request::Read { len, .. } => u64::from(*len),
             _ => 4096,
         };
-        let (conn, _background) = if self.background {
-            let conn = self.pick_background()?;
+        let (slot, conn, _background) = if self.background {
+            let (slot, conn) = self.pick_background()?;
             let budget = self.inner.session.chunk_size.max(4096);
             let units = weight.clamp(4096, u64::from(budget)) as u32;
-            let permit = conn
+            let permit = slot
                 .background
                 .clone()
                 .acquire_many_owned(units)
                 .await
                 .map_err(|_| ClientError::ConnectionLost)?;
-            (conn, Some(permit))
+            (slot, conn, Some(permit))
         } else {
             self.inner
                 .last_foreground
                 .store(self.now_ms(), Ordering::Relaxed);
-            (self.pick()?, None)
+            let (slot, conn) = self.pick()?;
+            (slot, conn, None)
         };
-        conn.load.fetch_add(weight, Ordering::Relaxed);
+        slot.load.fetch_add(weight, Ordering::Relaxed);
         let result = async {
             let _permit = conn
                 .inflight
@@ -429,7 +548,7 @@ impl Client {
             rx.await.map_err(|_| ClientError::ConnectionLost)?
         }
         .await;
-        conn.load.fetch_sub(weight, Ordering::Relaxed);
+        slot.load.fetch_sub(weight, Ordering::Relaxed);
         match result? {
             Response::Error { status, message } => Err(ClientError::Remote { status, message }),
             r => Ok(r),
@@ -550,6 +669,34 @@ impl Client {
         offset: u64,
         len: u32,
     ) -> Result<Chunk, ClientError> {
+        let mut failures = 0;
+        loop {
+            match self.read_chunk_once(path.clone(), offset, len).await {
+                Err(ClientError::Payload(e)) => {
+                    self.inner
+                        .counters
+                        .checksum_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    failures += 1;
+                    warn!(
+                        "read of /{} at {offset}: {e}; fetching it again",
+                        String::from_utf8_lossy(&path)
+                    );
+                    if failures >= 3 {
+                        return Err(ClientError::Payload(e));
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn read_chunk_once(
+        &self,
+        path: Bytes,
+        offset: u64,
+        len: u32,
+    ) -> Result<Chunk, ClientError> {
         let r = match self
             .call(Request::Read {
                 path,
@@ -609,36 +756,228 @@ where
     out
 }
 
-fn start_conn(stream: TcpStream, welcome: &Welcome, leftover: BytesMut) -> Conn {
-    let background_budget = welcome.chunk_size.max(4096) as usize;
+/// Milliseconds since a process-wide reference point (for last-received stamps).
+fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+fn start_conn(
+    stream: TcpStream,
+    welcome: &Welcome,
+    leftover: BytesMut,
+    slot: usize,
+    dead: mpsc::UnboundedSender<usize>,
+    config: &ClientConfig,
+    counters: Arc<Counters>,
+) -> Conn {
     let (rd, wr) = stream.into_split();
     let pending = Arc::new(Mutex::new(Pending {
         next_id: 1,
         ..Pending::default()
     }));
     let alive = Arc::new(AtomicBool::new(true));
-    let closed = Arc::new(tokio::sync::Notify::new());
+    let kill = Arc::new(Notify::new());
+    let last_rx = Arc::new(AtomicU64::new(now_ms()));
     let (tx, rx) = mpsc::channel(welcome.max_inflight as usize);
-    tokio::spawn(write_loop(
+    let writer = tokio::spawn(write_loop(
         wr,
         rx,
         pending.clone(),
         alive.clone(),
-        closed.clone(),
+        kill.clone(),
     ));
-    let reader = read_loop(rd, welcome.max_frame, leftover, pending, alive.clone());
-    let wake = closed.clone();
+    let reader = read_loop(
+        rd,
+        welcome.max_frame,
+        leftover,
+        pending.clone(),
+        last_rx.clone(),
+        kill.clone(),
+    );
+    let (a, p) = (alive.clone(), pending.clone());
     tokio::spawn(async move {
         reader.await;
-        wake.notify_one();
+        close(&p, &a);
+        // A writer blocked on a socket the server stopped reading ends here too.
+        writer.abort();
+        let _ = dead.send(slot);
     });
+    tokio::spawn(watchdog(
+        tx.clone(),
+        pending,
+        alive.clone(),
+        last_rx,
+        kill.clone(),
+        config.stall_timeout,
+        config.keepalive,
+        counters,
+        slot,
+    ));
     Conn {
         tx,
-        _closed: closed,
-        load: AtomicU64::new(0),
         inflight: Arc::new(Semaphore::new(welcome.max_inflight as usize)),
-        background: Arc::new(Semaphore::new(background_budget)),
         alive,
+        kill,
+        instance_id: welcome.instance_id,
+    }
+}
+
+/// Closes a stream that stalls (requests outstanding, nothing received for `stall`), and
+/// pings one that has been quiet for `keepalive`.
+#[allow(clippy::too_many_arguments)]
+async fn watchdog(
+    tx: mpsc::Sender<Outgoing>,
+    pending: Arc<Mutex<Pending>>,
+    alive: Arc<AtomicBool>,
+    last_rx: Arc<AtomicU64>,
+    kill: Arc<Notify>,
+    stall: Duration,
+    keepalive: Duration,
+    counters: Arc<Counters>,
+    slot: usize,
+) {
+    let tick = (stall / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        if !alive.load(Ordering::Relaxed) {
+            kill.notify_one();
+            return;
+        }
+        let waiting = pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .waiting
+            .len();
+        let quiet = Duration::from_millis(now_ms().saturating_sub(last_rx.load(Ordering::Relaxed)));
+        if waiting > 0 && quiet >= stall {
+            counters.stalls.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                "stream {slot}: nothing received for {:.0} s with {waiting} requests waiting; closing it, its requests go to other streams",
+                quiet.as_secs_f64()
+            );
+            kill.notify_one();
+            return;
+        }
+        if waiting == 0 && quiet >= keepalive {
+            // The answer only refreshes `last_rx`; a missing one shows up as a stall.
+            let (reply, _) = oneshot::channel();
+            if tx
+                .try_send(Outgoing {
+                    request: Request::Ping,
+                    reply,
+                })
+                .is_err()
+            {
+                return;
+            }
+            // The stall clock starts now: the Pong has `stall` to arrive.
+            last_rx.store(now_ms(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Re-establishes the connections of slots whose connection ended.
+async fn supervise(inner: std::sync::Weak<Inner>, mut dead: mpsc::UnboundedReceiver<usize>) {
+    while let Some(slot) = dead.recv().await {
+        let Some(i) = inner.upgrade() else { return };
+        if i.slots[slot].reconnecting.swap(true, Ordering::AcqRel) {
+            continue;
+        }
+        debug!("stream {slot} closed; reconnecting");
+        tokio::spawn(reconnect(inner.clone(), slot));
+    }
+}
+
+async fn reconnect(inner: std::sync::Weak<Inner>, slot: usize) {
+    let mut delay = Duration::from_millis(50);
+    let mut attempts = 0u32;
+    loop {
+        tokio::time::sleep(delay).await;
+        let Some(config) = inner.upgrade().map(|i| i.config.clone()) else {
+            return;
+        };
+        let r = tokio::time::timeout(config.connect_timeout, open_stream(&config)).await;
+        let Some(i) = inner.upgrade() else { return };
+        attempts += 1;
+        let why = match r {
+            Ok(Ok((stream, w, leftover))) => match i.adopt(slot, stream, &w, leftover) {
+                Ok(()) => {
+                    i.slots[slot].reconnecting.store(false, Ordering::Release);
+                    i.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+                    info!("stream {slot} reconnected to {}", config.addr);
+                    i.changed.notify_waiters();
+                    return;
+                }
+                Err(why) => why,
+            },
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {:?}", config.connect_timeout),
+        };
+        // Said once per outage, not at every attempt.
+        if attempts == 3 {
+            warn!("cannot reconnect to {}: {why}; still trying", config.addr);
+        } else {
+            debug!("reconnect of stream {slot}: {why}");
+        }
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+impl Inner {
+    /// Takes a newly opened connection into `slot`, if it reaches a server the pool can use.
+    fn adopt(
+        &self,
+        slot: usize,
+        stream: TcpStream,
+        w: &Welcome,
+        leftover: BytesMut,
+    ) -> Result<(), String> {
+        if w.chunk_size != self.session.chunk_size || w.features != self.session.features {
+            return Err(format!(
+                "the server now runs with other settings (chunk size {}, features {:#x}; this mount has {} and {:#x}): remount",
+                w.chunk_size, w.features, self.session.chunk_size, self.session.features
+            ));
+        }
+        {
+            let mut instance = self.instance.lock().unwrap_or_else(|e| e.into_inner());
+            if w.instance_id != *instance {
+                let old_alive = self.slots.iter().any(|s| {
+                    let c = s.current();
+                    c.alive.load(Ordering::Relaxed) && c.instance_id == *instance
+                });
+                if old_alive {
+                    return Err(
+                        "reached another server instance than the other streams (a load balancer?)"
+                            .into(),
+                    );
+                }
+                *instance = w.instance_id;
+                self.counters
+                    .server_restarts
+                    .fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    "{} restarted (new server instance): reconnecting; every read checks the file's version",
+                    self.config.addr
+                );
+            }
+        }
+        let conn = start_conn(
+            stream,
+            w,
+            leftover,
+            slot,
+            self.dead.clone(),
+            &self.config,
+            self.counters.clone(),
+        );
+        *self.slots[slot]
+            .conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(conn);
+        Ok(())
     }
 }
 
@@ -660,18 +999,11 @@ async fn write_loop(
     mut rx: mpsc::Receiver<Outgoing>,
     pending: Arc<Mutex<Pending>>,
     alive: Arc<AtomicBool>,
-    closed: Arc<tokio::sync::Notify>,
+    kill: Arc<Notify>,
 ) {
     let mut w = BufWriter::with_capacity(64 * 1024, wr);
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    loop {
-        let first = tokio::select! {
-            m = rx.recv() => match m {
-                Some(m) => m,
-                None => break,
-            },
-            _ = closed.notified() => break,
-        };
+    while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(out) = next {
             let id = {
@@ -695,6 +1027,9 @@ async fn write_loop(
         buf.clear();
     }
     close(&pending, &alive);
+    // The reader may be blocked on a socket that will never say more: end it too, so the
+    // stream is reconnected.
+    kill.notify_one();
 }
 
 /// Frames at least this large are read into a buffer of their own.
@@ -708,6 +1043,7 @@ async fn read_frame(
     rd: &mut OwnedReadHalf,
     buf: &mut BytesMut,
     max_frame: u32,
+    last_rx: &AtomicU64,
 ) -> std::io::Result<Option<Frame>> {
     let invalid =
         |e: ferry_proto::FrameError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
@@ -727,6 +1063,7 @@ async fn read_frame(
                         if (&mut *rd).take(want).read_buf(&mut own).await? == 0 {
                             return Err(std::io::ErrorKind::UnexpectedEof.into());
                         }
+                        last_rx.store(now_ms(), Ordering::Relaxed);
                     }
                     return Frame::parse(&mut own, max_frame).map_err(invalid);
                 }
@@ -739,6 +1076,7 @@ async fn read_frame(
         if rd.read_buf(buf).await? == 0 {
             return Ok(None);
         }
+        last_rx.store(now_ms(), Ordering::Relaxed);
     }
 }
 
@@ -747,16 +1085,20 @@ async fn read_loop(
     max_frame: u32,
     mut buf: BytesMut,
     pending: Arc<Mutex<Pending>>,
-    alive: Arc<AtomicBool>,
+    last_rx: Arc<AtomicU64>,
+    kill: Arc<Notify>,
 ) {
     loop {
-        let frame = match read_frame(&mut rd, &mut buf, max_frame).await {
-            Ok(Some(f)) => f,
-            Ok(None) => break,
-            Err(e) => {
-                debug!("stream closed: {e}");
-                break;
-            }
+        let frame = tokio::select! {
+            r = read_frame(&mut rd, &mut buf, max_frame, &last_rx) => match r {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    debug!("stream closed: {e}");
+                    break;
+                }
+            },
+            _ = kill.notified() => break,
         };
         let id = frame.request_id;
         let response = Response::decode(frame)
@@ -780,5 +1122,4 @@ async fn read_loop(
             break;
         }
     }
-    close(&pending, &alive);
 }

@@ -1,0 +1,115 @@
+//! The pool against a real in-process ferryd that goes away and comes back: requests wait
+//! and then succeed on reconnected streams; a server that stays away gives a clear error
+//! after the request timeout.
+
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_client::{Client, ClientConfig, ClientError};
+
+/// Serves `dir` on `listener` until the returned sender is dropped or fired.
+fn serve_on(
+    listener: tokio::net::TcpListener,
+    dir: &std::path::Path,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let config = ferry_server::ServerConfig {
+        export: dir.to_path_buf(),
+        ..Default::default()
+    };
+    let task = tokio::spawn(async move {
+        ferry_server::run(listener, config, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    (tx, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_wait_for_a_restarted_server_and_then_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..(3 << 20))
+        .map(|i: usize| (i * 31 + i / 999) as u8)
+        .collect();
+    std::fs::write(dir.path().join("f"), &data).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, task) = serve_on(listener, dir.path());
+    let client = Client::connect(ClientConfig {
+        addr: addr.to_string(),
+        streams: 4,
+        request_timeout: Duration::from_secs(20),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (first, _) = client
+        .read(Bytes::from_static(b"f"), 0, 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(&first[..], &data[..1 << 20]);
+
+    // The server goes away (all streams close) and comes back on the same port.
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    let reader = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .read(Bytes::from_static(b"f"), 2 << 20, 1 << 20)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!reader.is_finished(), "the read waits for the server");
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let (_stop2, _task2) = serve_on(listener, dir.path());
+    let (third, _) = reader.await.unwrap().unwrap();
+    assert_eq!(&third[..], &data[2 << 20..3 << 20]);
+
+    let c = client.counters();
+    assert!(c.reconnects.load(Ordering::Relaxed) >= 1);
+    assert_eq!(c.server_restarts.load(Ordering::Relaxed), 1);
+    // Every stream comes back.
+    let t = Instant::now();
+    while client.live_streams() < 4 && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(client.live_streams(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stays_away_gives_a_clear_error_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"hello").unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, task) = serve_on(listener, dir.path());
+    let client = Client::connect(ClientConfig {
+        addr: addr.to_string(),
+        streams: 2,
+        request_timeout: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    let t = Instant::now();
+    let err = client.stat(Bytes::from_static(b"f")).await.unwrap_err();
+    let waited = t.elapsed();
+    assert!(matches!(err, ClientError::Unreachable { .. }), "{err:?}");
+    assert!(err.to_string().contains("no connection for 2 s"), "{err}");
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_secs(6),
+        "{waited:?}"
+    );
+}
