@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Load: N clients (default 32) mirror the same data set from one ferryd at once, over
+# loopback. Reports every client's time and rate (min, median, max), ferryd's peak resident
+# memory, and checks that every mirror completed verified (`ferry mirror` exits 0 only then)
+# and, with `diff -r`, that a few of them equal the source.
+#
+#   bench/load.sh [--clients N] [--streams N] [--dataset dbdir] [--out FILE]
+#
+# Needs the data set generated (bench/out/data, made by bench/run.sh or
+# scripts/gen-data.py) and free disk space for N copies. Nothing is left running.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+clients=32 streams=4 dataset=dbdir out=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --clients) clients=$2; shift 2 ;;
+        --streams) streams=$2; shift 2 ;;
+        --dataset) dataset=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        *) echo "load.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
+    esac
+done
+data=bench/out/data
+[ -d "$data/$dataset" ] || python3 scripts/gen-data.py "$data" --only "$dataset" >&2
+cargo build --release --bins -q
+
+work=$(mktemp -d /tmp/ferry-load.XXXXXX)
+ferryd_pid=""
+cleanup() {
+    pkill -f -- "ferry mirror .* $work/" 2>/dev/null || true
+    [ -n "$ferryd_pid" ] && kill "$ferryd_pid" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+target/release/ferryd --export "$data" --listen 127.0.0.1:0 --port-file "$work/port" 2>"$work/ferryd.log" &
+ferryd_pid=$!
+for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
+addr=$(cat "$work/port")
+bytes=$(du -sb "$data/$dataset" | cut -f1)
+# The source is read once before, so that every client is served from the page cache and
+# the run measures ferry, not the first reader's disk.
+find "$data/$dataset" -type f -exec cat {} + >/dev/null
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+log "$clients clients × $streams streams mirroring $dataset ($(numfmt --to=iec "$bytes")) from ferryd at $addr"
+t0=$(date +%s.%N)
+for i in $(seq "$clients"); do
+    (
+        s=$(date +%s.%N)
+        if target/release/ferry mirror "$addr:/$dataset" "$work/c$i" -q --streams "$streams" 2>"$work/c$i.log"; then
+            e=$(date +%s.%N); echo "$i ok $(awk -v a="$s" -v z="$e" 'BEGIN { print z - a }')" >> "$work/results"
+        else
+            echo "$i failed" >> "$work/results"
+        fi
+    ) &
+done
+peak=0
+while [ "$(wc -l < "$work/results" 2>/dev/null || echo 0)" -lt "$clients" ]; do
+    kb=$(awk '/VmHWM/ {print $2}' "/proc/$ferryd_pid/status")
+    [ "$kb" -gt "$peak" ] && peak=$kb
+    sleep 0.5
+done
+wait
+t1=$(date +%s.%N)
+peak=$(awk '/VmHWM/ {print $2}' "/proc/$ferryd_pid/status")
+failed=$(grep -c failed "$work/results" || true)
+checked=0
+for i in 1 $((clients / 2)) "$clients"; do
+    [ -d "$work/c$i" ] || continue
+    diff -r --no-dereference -x .ferry "$data/$dataset" "$work/c$i" >/dev/null || { echo "load.sh: client $i differs from the source" >&2; exit 1; }
+    checked=$((checked + 1))
+done
+report=$(
+    echo "ferry $(git rev-parse --short HEAD), $(date -u '+%F %H:%M UTC'), $(nproc) cores, kernel $(uname -r)"
+    echo "$clients clients × $streams streams, each mirroring $dataset ($bytes bytes) from one ferryd over loopback"
+    awk -v b="$bytes" -v n="$clients" -v wall="$(awk -v a="$t0" -v z="$t1" 'BEGIN { print z - a }')" '
+        $2 == "ok" { t[++k] = $3 }
+        END {
+            asort(t)
+            printf "completed and verified: %d of %d; wall time %.1f s; aggregate %.0f MB/s\n", k, n, wall, k * b / wall / 1e6
+            printf "per-client time: min %.1f s, median %.1f s, max %.1f s\n", t[1], t[int((k + 1) / 2)], t[k]
+            printf "per-client rate: min %.1f MB/s, median %.1f MB/s, max %.1f MB/s\n", b / t[k] / 1e6, b / t[int((k + 1) / 2)] / 1e6, b / t[1] / 1e6
+        }' "$work/results"
+    echo "ferryd peak resident memory: $((peak / 1024)) MiB"
+    echo "failed clients: $failed; copies compared with diff -r: $checked (all identical)"
+)
+echo "$report"
+[ -n "$out" ] && echo "$report" > "$out"
+[ "$failed" = 0 ]
