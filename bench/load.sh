@@ -46,6 +46,8 @@ find "$data/$dataset" -type f -exec cat {} + >/dev/null
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
 log "$clients clients × $streams streams mirroring $dataset ($(numfmt --to=iec "$bytes")) from ferryd at $addr"
 t0=$(date +%s.%N)
+: > "$work/results"
+pids=()
 for i in $(seq "$clients"); do
     (
         s=$(date +%s.%N)
@@ -55,14 +57,15 @@ for i in $(seq "$clients"); do
             echo "$i failed" >> "$work/results"
         fi
     ) &
+    pids+=($!)
 done
 peak=0
-while [ "$(wc -l < "$work/results" 2>/dev/null || echo 0)" -lt "$clients" ]; do
+while [ "$(wc -l < "$work/results")" -lt "$clients" ]; do
     kb=$(awk '/VmHWM/ {print $2}' "/proc/$ferryd_pid/status")
     [ "$kb" -gt "$peak" ] && peak=$kb
     sleep 0.5
 done
-wait
+wait "${pids[@]}"
 t1=$(date +%s.%N)
 peak=$(awk '/VmHWM/ {print $2}' "/proc/$ferryd_pid/status")
 failed=$(grep -c failed "$work/results" || true)
@@ -75,14 +78,13 @@ done
 report=$(
     echo "ferry $(git rev-parse --short HEAD), $(date -u '+%F %H:%M UTC'), $(nproc) cores, kernel $(uname -r)"
     echo "$clients clients × $streams streams, each mirroring $dataset ($bytes bytes) from one ferryd over loopback"
-    awk -v b="$bytes" -v n="$clients" -v wall="$(awk -v a="$t0" -v z="$t1" 'BEGIN { print z - a }')" '
-        $2 == "ok" { t[++k] = $3 }
+    grep ' ok ' "$work/results" | sort -k3 -g | awk -v b="$bytes" -v n="$clients" -v wall="$(awk -v a="$t0" -v z="$t1" 'BEGIN { print z - a }')" '
+        { t[++k] = $3 }
         END {
-            asort(t)
             printf "completed and verified: %d of %d; wall time %.1f s; aggregate %.0f MB/s\n", k, n, wall, k * b / wall / 1e6
             printf "per-client time: min %.1f s, median %.1f s, max %.1f s\n", t[1], t[int((k + 1) / 2)], t[k]
             printf "per-client rate: min %.1f MB/s, median %.1f MB/s, max %.1f MB/s\n", b / t[k] / 1e6, b / t[int((k + 1) / 2)] / 1e6, b / t[1] / 1e6
-        }' "$work/results"
+        }'
     echo "ferryd peak resident memory: $((peak / 1024)) MiB"
     echo "failed clients: $failed; copies compared with diff -r: $checked (all identical)"
 )

@@ -175,3 +175,99 @@ fn tls_request_to_a_plaintext_server_gets_a_clear_refusal() {
     let got = expect_closed(&server.addr, b"FERRY\x01\x01\x00");
     assert_eq!(got, b"FERRY\x01\xff\x02", "refusal: TLS unavailable");
 }
+
+/// A raw client past the handshake: the socket and bytes read past the Welcome.
+fn handshaken(addr: &str) -> (TcpStream, bytes::BytesMut) {
+    use ferry_proto::{Frame, Handshake};
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&preamble()).unwrap();
+    s.write_all(&hello()).unwrap();
+    let mut pre = [0u8; 8];
+    s.read_exact(&mut pre).unwrap();
+    let mut buf = bytes::BytesMut::new();
+    let frame = loop {
+        if let Some(f) = Frame::parse(&mut buf, 1 << 20).unwrap() {
+            break f;
+        }
+        let mut tmp = [0u8; 4096];
+        let n = s.read(&mut tmp).unwrap();
+        assert!(n > 0, "closed during the handshake");
+        buf.extend_from_slice(&tmp[..n]);
+    };
+    assert!(
+        matches!(Handshake::decode(frame).unwrap(), Handshake::Welcome(_)),
+        "no Welcome"
+    );
+    (s, buf)
+}
+
+#[test]
+fn an_idle_connection_is_closed_after_the_idle_timeout() {
+    let src = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(src.path(), &["--idle-timeout", "1"]);
+    let (mut s, _) = handshaken(&server.addr);
+    let t = std::time::Instant::now();
+    let mut rest = vec![];
+    s.read_to_end(&mut rest).unwrap();
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(800) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+}
+
+#[test]
+fn sigterm_drains_the_replies_of_requests_in_flight() {
+    use ferry_proto::{Frame, Request, Response};
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f"), 16 << 20, 9);
+    let want = std::fs::read(src.path().join("f")).unwrap();
+    let mut server = TestServer::start(src.path());
+    let (mut s, mut buf) = handshaken(&server.addr);
+    let mut out = bytes::BytesMut::new();
+    for i in 0..16u32 {
+        Request::Read {
+            path: bytes::Bytes::from_static(b"f"),
+            offset: u64::from(i) << 20,
+            len: 1 << 20,
+            allow_lz4: false,
+        }
+        .encode(i + 1, &mut out);
+    }
+    s.write_all(&out).unwrap();
+    // Once the first reply starts, the server has taken all sixteen requests (they
+    // arrived together); then it is told to stop.
+    let mut tmp = vec![0u8; 256 << 10];
+    while buf.is_empty() {
+        let n = s.read(&mut tmp).unwrap();
+        assert!(n > 0);
+        buf.extend_from_slice(&tmp[..n]);
+    }
+    // SAFETY: kill on the pid of a child we spawned.
+    unsafe { libc::kill(server.pid() as i32, libc::SIGTERM) };
+    let mut replies = 0;
+    loop {
+        while let Some(frame) = Frame::parse(&mut buf, 2 << 20).unwrap() {
+            let id = frame.request_id;
+            match Response::decode(frame).unwrap() {
+                Response::Read(r) => {
+                    let off = ((id - 1) as usize) << 20;
+                    assert!(r.data[..] == want[off..off + (1 << 20)], "reply {id}");
+                    replies += 1;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let n = s.read(&mut tmp).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
+    assert_eq!(
+        replies, 16,
+        "every request in flight was answered before the close"
+    );
+    assert!(ferry_tests::wait_for(Duration::from_secs(15), || !server.is_running()));
+}
