@@ -298,3 +298,43 @@ fn a_cache_disk_that_fills_during_the_mount_mirror_leaves_reads_working() {
         }
     }
 }
+
+#[test]
+fn a_server_away_longer_than_the_timeout_gives_eio_then_the_same_handle_works_again() {
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f.bin"), 128 << 20, 7);
+    let want = std::fs::read(src.path().join("f.bin")).unwrap();
+    let mut server = TestServer::start(src.path());
+    let mount = TestMount::mount(&server.addr, &["--timeout", "2", "--attr-timeout", "600"]);
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(mount.path().join("f.bin")).unwrap();
+    // Random access: no kernel readahead that could answer the reads below from its cache.
+    use std::os::fd::AsRawFd;
+    // SAFETY: an open fd; the advice only changes readahead.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    let mut buf = vec![0u8; 4096];
+    f.read_at(&mut buf, 0).unwrap();
+    assert!(buf[..] == want[..4096]);
+
+    server.kill9();
+    let t = std::time::Instant::now();
+    let err = f.read_at(&mut buf, 100 << 20).unwrap_err();
+    let waited = t.elapsed();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_secs(10),
+        "EIO after {waited:?}"
+    );
+    assert!(
+        mount.log_text().contains("cannot reach ferryd"),
+        "{}",
+        mount.log_text()
+    );
+
+    // The server comes back: the same open handle reads again, correctly.
+    server.restart();
+    let n = f.read_at(&mut buf, 110 << 20).unwrap();
+    assert_eq!(n, 4096);
+    assert!(buf[..] == want[110 << 20..(110 << 20) + 4096]);
+}
