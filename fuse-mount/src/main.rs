@@ -93,6 +93,8 @@ struct MirrorArgs {
     connect_timeout: u64,
     #[command(flatten)]
     faults: FaultArgs,
+    #[command(flatten)]
+    security: SecurityArgs,
     /// Write the log here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -152,6 +154,8 @@ struct MountArgs {
     connect_timeout: u64,
     #[command(flatten)]
     faults: FaultArgs,
+    #[command(flatten)]
+    security: SecurityArgs,
     /// Write the log here (in the background the log is otherwise discarded).
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -172,6 +176,33 @@ struct MountArgs {
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+}
+
+/// Encryption and authentication (mount and mirror).
+#[derive(Debug, clap::Args)]
+struct SecurityArgs {
+    /// Connect with TLS. The server is checked with --ca or --tls-fingerprint (either
+    /// implies --tls).
+    #[arg(long)]
+    tls: bool,
+    /// Trust server certificates signed by this CA (PEM); the certificate must be for the
+    /// host name or address given.
+    #[arg(long, value_name = "FILE", conflicts_with = "tls_fingerprint")]
+    ca: Option<PathBuf>,
+    /// Trust exactly the server certificate with this fingerprint, as `ferryd gen-cert`
+    /// prints it: SHA256:<base64>.
+    #[arg(long, value_name = "SHA256:…")]
+    tls_fingerprint: Option<String>,
+    /// Client certificate for servers that require one (PEM; with --key).
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key of --cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Prove the token in this file when the server asks (the same file as ferryd's
+    /// --token-file; the token itself never travels).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
 }
 
 /// How long to wait through faults (mount and mirror).
@@ -262,12 +293,15 @@ fn main() {
 
 fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
     let (target, client) = connection(
-        &a.remote,
-        a.streams,
-        a.chunk_size,
-        !a.no_compression,
-        a.connect_timeout,
-        &a.faults,
+        &Connection {
+            remote: &a.remote,
+            streams: a.streams,
+            chunk_kib: a.chunk_size,
+            compression: !a.no_compression,
+            connect_timeout: a.connect_timeout,
+            faults: &a.faults,
+            security: &a.security,
+        },
         "mirror",
     )?;
     anyhow::ensure!((1..=4096).contains(&a.files), "--files must be 1 to 4096");
@@ -288,15 +322,27 @@ fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
 }
 
 /// The remote and the connection settings `mount` and `mirror` share, checked.
-fn connection(
-    remote: &str,
+/// The connection options `mount` and `mirror` share.
+struct Connection<'a> {
+    remote: &'a str,
     streams: usize,
     chunk_kib: u32,
     compression: bool,
     connect_timeout: u64,
-    faults: &FaultArgs,
-    what: &str,
-) -> anyhow::Result<(Target, ClientConfig)> {
+    faults: &'a FaultArgs,
+    security: &'a SecurityArgs,
+}
+
+fn connection(c: &Connection<'_>, what: &str) -> anyhow::Result<(Target, ClientConfig)> {
+    let Connection {
+        remote,
+        streams,
+        chunk_kib,
+        compression,
+        connect_timeout,
+        faults,
+        security,
+    } = *c;
     let target = Target::parse(remote).map_err(|e| anyhow::anyhow!(e))?;
     anyhow::ensure!(
         (4..=16 * 1024).contains(&chunk_kib),
@@ -316,19 +362,58 @@ fn connection(
         client_name: format!("ferry {} {what}", env!("CARGO_PKG_VERSION")),
         request_timeout: Duration::from_secs(faults.timeout),
         stall_timeout: Duration::from_secs(faults.stall_timeout),
+        tls: tls_client(security)?,
+        token: match &security.token_file {
+            Some(p) => {
+                let raw = std::fs::read(p).map_err(|e| {
+                    anyhow::anyhow!("--token-file {}: cannot read it: {e}", p.display())
+                })?;
+                Some(
+                    ferry_client::Token::from_file_contents(&raw)
+                        .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", p.display()))?,
+                )
+            }
+            None => None,
+        },
         ..ClientConfig::default()
     };
     Ok((target, client))
 }
 
+/// The TLS configuration the security options ask for, if any.
+fn tls_client(s: &SecurityArgs) -> anyhow::Result<Option<ferry_client::TlsClient>> {
+    if !s.tls && s.ca.is_none() && s.tls_fingerprint.is_none() {
+        anyhow::ensure!(
+            s.cert.is_none(),
+            "--cert/--key are for TLS: give --ca or --tls-fingerprint too"
+        );
+        return Ok(None);
+    }
+    let fingerprint = match &s.tls_fingerprint {
+        Some(f) => Some(ferry_proto::auth::parse_fingerprint(f).map_err(|e| anyhow::anyhow!(e))?),
+        None => None,
+    };
+    let t = ferry_client::TlsClient::new(&ferry_client::TlsOptions {
+        ca: s.ca.clone(),
+        fingerprint,
+        cert: s.cert.clone(),
+        key: s.key.clone(),
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Some(t))
+}
+
 fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
     let (target, client) = connection(
-        &a.remote,
-        a.streams,
-        a.chunk_size,
-        !a.no_compression,
-        a.connect_timeout,
-        &a.faults,
+        &Connection {
+            remote: &a.remote,
+            streams: a.streams,
+            chunk_kib: a.chunk_size,
+            compression: !a.no_compression,
+            connect_timeout: a.connect_timeout,
+            faults: &a.faults,
+            security: &a.security,
+        },
         "mount",
     )?;
     anyhow::ensure!(

@@ -40,6 +40,12 @@ pub enum ConnError {
     /// No complete handshake within the time limit.
     #[error("handshake timed out")]
     HandshakeTimeout,
+    /// The TLS handshake failed (the client's certificate, versions, a plaintext peer...).
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
+    /// The client's token proof was wrong.
+    #[error("authentication failed: wrong token")]
+    AuthFailed,
 }
 
 fn protocol(e: impl std::fmt::Display) -> ConnError {
@@ -83,17 +89,73 @@ async fn read_frame<R: AsyncRead + Unpin>(
     }
 }
 
-/// Serves one accepted connection until the client leaves, misbehaves or shutdown.
-pub(crate) async fn serve<S>(stream: S, shared: Arc<Shared>) -> Result<(), ConnError>
+/// Serves one accepted TCP connection: the preamble in plain bytes, then TLS if asked for
+/// and configured, then [`serve`]. The whole handshake (preamble, TLS, Hello/Welcome, token)
+/// must finish within the handshake timeout.
+pub(crate) async fn serve_tcp(
+    mut tcp: tokio::net::TcpStream,
+    shared: Arc<Shared>,
+) -> Result<(), ConnError> {
+    let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
+    let transport = tokio::time::timeout_at(deadline, answer_preamble(&mut tcp, &shared))
+        .await
+        .map_err(|_| ConnError::HandshakeTimeout)??;
+    match transport {
+        None => Ok(()),
+        Some(Transport::Plain) => serve(tcp, shared, deadline).await,
+        Some(Transport::Tls) => {
+            let Some(tls) = shared.config.tls.clone() else {
+                return Err(protocol("TLS accepted without a configuration"));
+            };
+            let stream =
+                tokio::time::timeout_at(deadline, tokio_rustls::TlsAcceptor::from(tls).accept(tcp))
+                    .await
+                    .map_err(|_| ConnError::HandshakeTimeout)?
+                    .map_err(|e| ConnError::Tls(e.to_string()))?;
+            serve(stream, shared, deadline).await
+        }
+    }
+}
+
+/// Reads the client's preamble and answers it: the transport to go on with, or `None`
+/// after a refusal.
+async fn answer_preamble(
+    tcp: &mut tokio::net::TcpStream,
+    shared: &Shared,
+) -> Result<Option<Transport>, ConnError> {
+    let mut pre = [0u8; PREAMBLE_LEN];
+    tcp.read_exact(&mut pre).await?;
+    let tls = shared.config.tls.is_some();
+    let answer = match preamble::parse_client_preamble(&pre).map_err(protocol)? {
+        Ok(Transport::Plain) if tls => Err(Refusal::TlsRequired),
+        Ok(Transport::Tls) if !tls => Err(Refusal::TlsUnavailable),
+        other => other,
+    };
+    tcp.write_all(&preamble::server_preamble(answer)).await?;
+    match answer {
+        Ok(t) => Ok(Some(t)),
+        Err(refusal) => {
+            info!("refused a client: {refusal}");
+            Ok(None)
+        }
+    }
+}
+
+/// Serves one connection, past its preamble (and TLS), until the client leaves, misbehaves
+/// or shutdown.
+pub(crate) async fn serve<S>(
+    stream: S,
+    shared: Arc<Shared>,
+    deadline: tokio::time::Instant,
+) -> Result<(), ConnError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
-    let timeout = shared.config.handshake_timeout;
     // The handshake's buffer carries on: a client may pipeline requests right behind its
     // Hello, and those bytes must not be lost.
     let mut buf = BytesMut::with_capacity(64 * 1024);
-    let welcome = tokio::time::timeout(timeout, handshake(&mut rd, &mut wr, &shared, &mut buf))
+    let welcome = tokio::time::timeout_at(deadline, handshake(&mut rd, &mut wr, &shared, &mut buf))
         .await
         .map_err(|_| ConnError::HandshakeTimeout)??;
     let Some(welcome) = welcome else {
@@ -225,7 +287,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     w.shutdown().await
 }
 
-/// Preamble and Hello/Welcome. `Ok(None)`: refused politely, close.
+/// Hello/Welcome, and the token proof when the server has a token. `Ok(None)`: refused
+/// politely, close.
 async fn handshake<R, W>(
     rd: &mut R,
     wr: &mut W,
@@ -236,26 +299,6 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut pre = [0u8; PREAMBLE_LEN];
-    rd.read_exact(&mut pre).await?;
-    match preamble::parse_client_preamble(&pre).map_err(protocol)? {
-        Ok(Transport::Plain) => {
-            wr.write_all(&preamble::server_preamble(Ok(Transport::Plain)))
-                .await?
-        }
-        Ok(Transport::Tls) => {
-            wr.write_all(&preamble::server_preamble(Err(Refusal::TlsUnavailable)))
-                .await?;
-            info!("refused a TLS client: this server has no certificate");
-            return Ok(None);
-        }
-        Err(refusal) => {
-            wr.write_all(&preamble::server_preamble(Err(refusal)))
-                .await?;
-            info!("refused client: {refusal}");
-            return Ok(None);
-        }
-    }
     let Some(frame) = read_frame(rd, buf, HANDSHAKE_MAX_FRAME).await? else {
         return Ok(None);
     };
@@ -285,12 +328,48 @@ where
         max_frame: chunk_size + FRAME_OVERHEAD,
         max_inflight: cfg.max_inflight,
         instance_id: shared.instance_id,
-        auth: AuthMethod::None,
+        auth: match &cfg.token {
+            Some(_) => {
+                let mut challenge = [0u8; 32];
+                rustix::rand::getrandom(&mut challenge, rustix::rand::GetRandomFlags::empty())
+                    .map_err(io::Error::from)?;
+                AuthMethod::Token { challenge }
+            }
+            None => AuthMethod::None,
+        },
     };
     debug!(client = %hello.client_name, chunk_size, "handshake");
     Handshake::Welcome(welcome.clone()).encode(&mut out);
     wr.write_all(&out).await?;
     wr.flush().await?;
+    if let (AuthMethod::Token { challenge }, Some(token)) = (&welcome.auth, &cfg.token) {
+        let Some(frame) = read_frame(rd, buf, HANDSHAKE_MAX_FRAME).await? else {
+            return Ok(None);
+        };
+        let proof = match Handshake::decode(frame).map_err(protocol)? {
+            Handshake::AuthProof(p) => p,
+            other => return Err(protocol(format!("expected AuthProof, got {other:?}"))),
+        };
+        let key = token.key();
+        let mut out = BytesMut::new();
+        let want = ferry_proto::auth::client_proof(key, challenge, &proof.client_nonce);
+        if !ferry_proto::auth::same(&want, &proof.proof) {
+            Handshake::Failed {
+                status: Status::AuthFailed,
+                message: "wrong token: the client's --token-file does not match ferryd's".into(),
+            }
+            .encode(&mut out);
+            wr.write_all(&out).await?;
+            wr.flush().await?;
+            return Err(ConnError::AuthFailed);
+        }
+        Handshake::AuthOk(ferry_proto::AuthOk {
+            server_proof: ferry_proto::auth::server_proof(key, challenge, &proof.client_nonce),
+        })
+        .encode(&mut out);
+        wr.write_all(&out).await?;
+        wr.flush().await?;
+    }
     Ok(Some(welcome))
 }
 

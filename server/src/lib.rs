@@ -9,6 +9,7 @@
 
 mod conn;
 pub mod export;
+pub mod tls;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -43,6 +44,36 @@ pub struct ServerConfig {
     /// A connection with no request for this long, and none in flight, is closed (clients
     /// send keepalives well within it; a vanished client's connection does not stay).
     pub idle_timeout: Duration,
+    /// TLS: when set, every connection must use it (plain clients are refused with
+    /// `TlsRequired`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// A shared token clients must prove they hold (challenge-response).
+    pub token: Option<Token>,
+}
+
+/// A shared secret, kept as its derived key; never printed.
+#[derive(Clone)]
+pub struct Token([u8; 32]);
+
+impl Token {
+    /// The token in a token file's contents.
+    ///
+    /// # Errors
+    /// Too short.
+    pub fn from_file_contents(contents: &[u8]) -> Result<Token, String> {
+        let t = ferry_proto::auth::token_from_file_contents(contents)?;
+        Ok(Token(ferry_proto::auth::token_key(&t)))
+    }
+
+    pub(crate) fn key(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
 }
 
 impl Default for ServerConfig {
@@ -56,6 +87,8 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(600),
+            tls: None,
+            token: None,
         }
     }
 }
@@ -154,7 +187,7 @@ pub async fn run(
         let span = tracing::info_span!("conn", %peer);
         tasks.spawn(
             async move {
-                match conn::serve(stream, shared).await {
+                match conn::serve_tcp(stream, shared).await {
                     Ok(()) => tracing::debug!("closed"),
                     Err(ConnError::Io(e)) => tracing::debug!("closed: {e}"),
                     Err(e) => warn!("closed connection: {e}"),

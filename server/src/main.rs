@@ -9,14 +9,20 @@ use ferry_server::ServerConfig;
 
 /// Export a directory, read-only, to `ferry mount` clients.
 ///
-/// Example:
-///   ferryd --export /srv/oradata --listen 0.0.0.0:7070
+/// Examples:
+///   ferryd --export /srv/oradata                                    (loopback only)
+///   ferryd gen-cert --cert /etc/ferry/cert.pem --key /etc/ferry/key.pem --name db1.example.com
+///   ferryd --export /srv/oradata --listen 0.0.0.0:7070 \
+///       --tls-cert /etc/ferry/cert.pem --tls-key /etc/ferry/key.pem --token-file /etc/ferry/token
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
+#[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Directory to export (read-only; nothing outside it is ever served).
-    #[arg(long, value_name = "DIR")]
-    export: PathBuf,
+    #[arg(long, value_name = "DIR", required = true)]
+    export: Option<PathBuf>,
     /// Address to listen on. Port 0 picks a free port (see --port-file).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
@@ -39,9 +45,48 @@ struct Args {
     /// ferry clients send keepalives every 30 s.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     idle_timeout: u64,
+    /// Serve over TLS with this certificate (PEM; with --tls-key). Clients then need
+    /// `--tls` and `--ca FILE` or `--tls-fingerprint SHA256:…`; plain clients are refused.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: clients must present a certificate signed by this CA (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
+    /// Clients must prove they hold the token in this file (challenge-response; the token
+    /// never travels). At least 16 bytes, e.g. `head -c 32 /dev/urandom | base64 > FILE`.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Allow listening on a non-loopback address with neither TLS nor a token.
+    #[arg(long)]
+    insecure: bool,
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Write a self-signed certificate and key for TLS, and print the certificate's
+    /// fingerprint (SHA256:…) for clients' --tls-fingerprint.
+    ///
+    /// Example:
+    ///   ferryd gen-cert --cert cert.pem --key key.pem --name db1.example.com --name 10.0.0.5
+    #[command(verbatim_doc_comment)]
+    GenCert {
+        /// Where to write the certificate (PEM).
+        #[arg(long, value_name = "FILE")]
+        cert: PathBuf,
+        /// Where to write the private key (PEM, mode 0600).
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+        /// Host names or IP addresses the certificate is for (repeat); default: localhost,
+        /// 127.0.0.1 and this host's name.
+        #[arg(long, value_name = "NAME")]
+        name: Vec<String>,
+    },
 }
 
 /// Caps glibc's malloc arenas. By default every thread that allocates may get an arena of
@@ -59,6 +104,31 @@ fn main() {
     limit_malloc_arenas();
     let args = Args::parse();
     init_logging(args.verbose);
+    if let Some(Command::GenCert { cert, key, name }) = &args.command {
+        let mut names = name.clone();
+        if names.is_empty() {
+            names = vec!["localhost".into(), "127.0.0.1".into()];
+            if let Ok(h) = rustix::system::uname().nodename().to_str() {
+                names.push(h.to_string());
+            }
+        }
+        match ferry_server::tls::gen_cert(cert, key, &names) {
+            Ok(fp) => {
+                println!("{fp}");
+                eprintln!(
+                    "ferryd: wrote {} and {} for {}; clients: ferry mount --tls-fingerprint {fp} ...",
+                    cert.display(),
+                    key.display(),
+                    names.join(", ")
+                );
+                return;
+            }
+            Err(e) => {
+                eprintln!("ferryd: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
     if let Err(e) = run(args) {
         eprintln!("ferryd: {e:#}");
         std::process::exit(1);
@@ -80,25 +150,56 @@ fn init_logging(verbose: u8) {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    let meta = std::fs::metadata(&args.export)
-        .with_context(|| format!("cannot export {}: check the path", args.export.display()))?;
+    let Some(export) = args.export.clone() else {
+        anyhow::bail!("--export DIR is required");
+    };
+    let meta = std::fs::metadata(&export)
+        .with_context(|| format!("cannot export {}: check the path", export.display()))?;
     anyhow::ensure!(
         meta.is_dir(),
         "cannot export {}: not a directory",
-        args.export.display()
+        export.display()
     );
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some(ferry_server::tls::server_config(
+            c,
+            k,
+            args.client_ca.as_deref(),
+        )?),
+        _ => None,
+    };
+    let token = match &args.token_file {
+        Some(p) => {
+            let raw = std::fs::read(p)
+                .with_context(|| format!("--token-file {}: cannot read it", p.display()))?;
+            Some(
+                ferry_server::Token::from_file_contents(&raw)
+                    .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", p.display()))?,
+            )
+        }
+        None => None,
+    };
+    if !args.listen.ip().is_loopback() && tls.is_none() && token.is_none() && !args.insecure {
+        anyhow::bail!(
+            "refusing to serve {} on {} without encryption or authentication: add --tls-cert/--tls-key and/or --token-file, or --insecure on a network you trust",
+            export.display(),
+            args.listen
+        );
+    }
     let kib = args.chunk_size;
     anyhow::ensure!(
         (4..=16 * 1024).contains(&kib),
         "--chunk-size {kib} KiB is out of range: use 4 to 16384"
     );
     let config = ServerConfig {
-        export: args.export.clone(),
+        export: export.clone(),
         chunk_size: kib * 1024,
         max_inflight: args.max_inflight.max(1),
         max_connections: args.max_connections.max(1),
         memory_budget: args.memory_budget.max(1) << 20,
         idle_timeout: std::time::Duration::from_secs(args.idle_timeout.max(1)),
+        tls: tls.clone(),
+        token: token.clone(),
         ..ServerConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -127,8 +228,22 @@ fn run(args: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot write --port-file {}", pf.display()))?;
         }
         tracing::info!(
-            "listening on {addr}, exporting {} read-only",
-            args.export.display()
+            "listening on {addr}, exporting {} read-only ({}, {})",
+            export.display(),
+            if tls.is_some() {
+                if args.client_ca.is_some() {
+                    "TLS with client certificates"
+                } else {
+                    "TLS"
+                }
+            } else {
+                "plain TCP"
+            },
+            if token.is_some() {
+                "token required"
+            } else {
+                "no token"
+            }
         );
         ferry_server::run(listener, config, shutdown_signal()).await?;
         tracing::info!("stopped");

@@ -166,11 +166,16 @@ impl TestServer {
 
     /// Starts ferryd with extra arguments.
     pub fn start_with(export: &Path, args: &[&str]) -> TestServer {
+        Self::start_on(export, "127.0.0.1:0", args)
+    }
+
+    /// Starts ferryd listening on `listen` (port 0: any free port), with extra arguments.
+    pub fn start_on(export: &Path, listen: &str, args: &[&str]) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("ferryd.log");
         let mut server = TestServer {
             child: None,
-            addr: "127.0.0.1:0".into(),
+            addr: listen.into(),
             export: export.to_path_buf(),
             log,
             args: args.iter().map(|a| a.to_string()).collect(),

@@ -17,8 +17,10 @@ pub mod chunks;
 pub mod error;
 pub mod pool;
 pub mod prefetch;
+pub mod tls;
 
 pub use chunks::{ChunkBacking, ChunkStats, ChunkStore, FileKey};
 pub use error::ClientError;
 pub use pool::{Chunk, Client, ClientConfig, SessionInfo};
 pub use prefetch::{PrefetchConfig, Prefetcher};
+pub use tls::{TlsClient, TlsOptions, Token};

@@ -11,8 +11,8 @@ use ferry_proto::{
     features, payload, Attr, DirEntry, FileHash, Frame, Handshake, Hello, Request, Response,
     StatFs, Version, Welcome, DEFAULT_CHUNK_SIZE, HANDSHAKE_MAX_FRAME, PROTOCOL_VERSION,
 };
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tracing::{debug, info, warn};
@@ -43,6 +43,10 @@ pub struct ClientConfig {
     /// An idle stream sends a Ping after this long without traffic (finds dead connections
     /// before a reader does, and keeps the server's idle timeout from closing it).
     pub keepalive: Duration,
+    /// Connect with TLS, verifying the server this way.
+    pub tls: Option<crate::tls::TlsClient>,
+    /// Prove this token when the server asks for one.
+    pub token: Option<crate::tls::Token>,
 }
 
 impl Default for ClientConfig {
@@ -57,6 +61,8 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(60),
             stall_timeout: Duration::from_secs(15),
             keepalive: Duration::from_secs(30),
+            tls: None,
+            token: None,
         }
     }
 }
@@ -211,7 +217,23 @@ impl std::fmt::Debug for Client {
     }
 }
 
-async fn open_stream(cfg: &ClientConfig) -> Result<(TcpStream, Welcome, BytesMut), ClientError> {
+/// The two halves of a connection, plain or TLS.
+type Halves = (
+    Box<dyn AsyncRead + Send + Unpin>,
+    Box<dyn AsyncWrite + Send + Unpin>,
+);
+
+/// The host part of `host:port` (`[v6]:port` too), as a TLS server name.
+fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let host = match addr.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+        None => addr,
+    };
+    rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("{host} cannot be checked against a certificate: {e}"))
+}
+
+async fn open_stream(cfg: &ClientConfig) -> Result<(Halves, Welcome, BytesMut), ClientError> {
     let addr = cfg.addr.clone();
     let hs_err = |reason: String| ClientError::Handshake {
         addr: addr.clone(),
@@ -224,8 +246,13 @@ async fn open_stream(cfg: &ClientConfig) -> Result<(TcpStream, Welcome, BytesMut
             reason: e.to_string(),
         })?;
     stream.set_nodelay(true).ok();
+    let asked = if cfg.tls.is_some() {
+        Transport::Tls
+    } else {
+        Transport::Plain
+    };
     stream
-        .write_all(&preamble::client_preamble(Transport::Plain))
+        .write_all(&preamble::client_preamble(asked))
         .await
         .map_err(|e| hs_err(e.to_string()))?;
     let mut pre = [0u8; PREAMBLE_LEN];
@@ -235,11 +262,26 @@ async fn open_stream(cfg: &ClientConfig) -> Result<(TcpStream, Welcome, BytesMut
         ))
     })?;
     let transport = preamble::parse_server_preamble(&pre).map_err(|e| hs_err(e.to_string()))?;
-    if transport != Transport::Plain {
+    if transport != asked {
         return Err(hs_err(format!(
-            "server answered with transport {transport:?}, asked for plain"
+            "server answered with transport {transport:?}, asked for {asked:?}"
         )));
     }
+    let (mut rd, mut wr): Halves = match &cfg.tls {
+        None => {
+            let (r, w) = stream.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        Some(tls) => {
+            let name = server_name(&cfg.addr).map_err(hs_err)?;
+            let s = tokio_rustls::TlsConnector::from(tls.config.clone())
+                .connect(name, stream)
+                .await
+                .map_err(|e| hs_err(crate::tls::explain(&e)))?;
+            let (r, w) = tokio::io::split(s);
+            (Box::new(r), Box::new(w))
+        }
+    };
     let mut out = BytesMut::new();
     Handshake::Hello(Hello {
         version: PROTOCOL_VERSION,
@@ -252,44 +294,91 @@ async fn open_stream(cfg: &ClientConfig) -> Result<(TcpStream, Welcome, BytesMut
         client_name: cfg.client_name.clone(),
     })
     .encode(&mut out);
-    stream
-        .write_all(&out)
+    wr.write_all(&out)
         .await
         .map_err(|e| hs_err(e.to_string()))?;
+    wr.flush().await.map_err(|e| hs_err(e.to_string()))?;
     let mut buf = BytesMut::with_capacity(1024);
-    let frame = loop {
-        if let Some(f) =
-            Frame::parse(&mut buf, HANDSHAKE_MAX_FRAME).map_err(|e| hs_err(e.to_string()))?
-        {
-            break f;
+    let w = match read_handshake(&mut rd, &mut buf).await.map_err(&hs_err)? {
+        Handshake::Welcome(w) => w,
+        Handshake::Failed { status, message } => {
+            return Err(hs_err(format!("{status}: {message}")))
         }
-        let n = stream
-            .read_buf(&mut buf)
+        other => return Err(hs_err(format!("unexpected handshake message {other:?}"))),
+    };
+    if !(ferry_proto::MIN_CHUNK_SIZE..=ferry_proto::MAX_CHUNK_SIZE).contains(&w.chunk_size)
+        || w.max_frame < w.chunk_size + 256
+        || w.max_inflight == 0
+    {
+        return Err(hs_err(format!("unusable session parameters {w:?}")));
+    }
+    if let ferry_proto::AuthMethod::Token { challenge } = &w.auth {
+        let Some(token) = &cfg.token else {
+            return Err(hs_err(
+                "the server requires a token: give --token-file FILE (the same token as ferryd's)"
+                    .into(),
+            ));
+        };
+        let mut nonce = [0u8; 32];
+        rustls::crypto::ring::default_provider()
+            .secure_random
+            .fill(&mut nonce)
+            .map_err(|_| hs_err("no random numbers for the token proof".into()))?;
+        let key = token.key();
+        let mut out = BytesMut::new();
+        Handshake::AuthProof(ferry_proto::AuthProof {
+            client_nonce: nonce,
+            proof: ferry_proto::auth::client_proof(key, challenge, &nonce),
+        })
+        .encode(&mut out);
+        wr.write_all(&out)
             .await
             .map_err(|e| hs_err(e.to_string()))?;
+        wr.flush().await.map_err(|e| hs_err(e.to_string()))?;
+        match read_handshake(&mut rd, &mut buf).await.map_err(&hs_err)? {
+            Handshake::AuthOk(ok) => {
+                let want = ferry_proto::auth::server_proof(key, challenge, &nonce);
+                if !ferry_proto::auth::same(&want, &ok.server_proof) {
+                    return Err(hs_err(
+                        "the server could not prove it holds the token: it is not the ferryd you meant"
+                            .into(),
+                    ));
+                }
+            }
+            Handshake::Failed { status, message } => {
+                return Err(hs_err(format!("{status}: {message}")))
+            }
+            other => return Err(hs_err(format!("unexpected handshake message {other:?}"))),
+        }
+    }
+    Ok(((rd, wr), w, buf))
+}
+
+/// Reads one handshake frame (bytes past it stay in `buf`).
+async fn read_handshake(
+    rd: &mut Box<dyn AsyncRead + Send + Unpin>,
+    buf: &mut BytesMut,
+) -> Result<Handshake, String> {
+    let frame = loop {
+        if let Some(f) = Frame::parse(buf, HANDSHAKE_MAX_FRAME).map_err(|e| e.to_string())? {
+            break f;
+        }
+        let n = rd.read_buf(buf).await.map_err(|e| {
+            // TLS 1.3 reports a refused client certificate only now, as an alert.
+            if e.get_ref().is_some_and(|x| x.is::<rustls::Error>()) {
+                crate::tls::explain(&e)
+            } else {
+                e.to_string()
+            }
+        })?;
         if n == 0 {
-            return Err(hs_err("the server closed the connection".into()));
+            return Err(
+                "the server closed the connection during the handshake (wrong token, or a client certificate required?)"
+                    .into(),
+            );
         }
     };
-    match Handshake::decode(frame).map_err(|e| hs_err(e.to_string()))? {
-        Handshake::Welcome(w) => {
-            if w.auth != ferry_proto::AuthMethod::None {
-                return Err(hs_err(
-                    "the server requires token authentication, which this client does not support yet"
-                        .into(),
-                ));
-            }
-            if !(ferry_proto::MIN_CHUNK_SIZE..=ferry_proto::MAX_CHUNK_SIZE).contains(&w.chunk_size)
-                || w.max_frame < w.chunk_size + 256
-                || w.max_inflight == 0
-            {
-                return Err(hs_err(format!("unusable session parameters {w:?}")));
-            }
-            Ok((stream, w, buf))
-        }
-        Handshake::Failed { status, message } => Err(hs_err(format!("{status}: {message}"))),
-        other => Err(hs_err(format!("unexpected handshake message {other:?}"))),
-    }
+    Handshake::decode(frame).map_err(|e| e.to_string())
 }
 
 impl Client {
@@ -763,7 +852,7 @@ fn now_ms() -> u64 {
 }
 
 fn start_conn(
-    stream: TcpStream,
+    stream: Halves,
     welcome: &Welcome,
     leftover: BytesMut,
     slot: usize,
@@ -771,7 +860,7 @@ fn start_conn(
     config: &ClientConfig,
     counters: Arc<Counters>,
 ) -> Conn {
-    let (rd, wr) = stream.into_split();
+    let (rd, wr) = stream;
     let pending = Arc::new(Mutex::new(Pending {
         next_id: 1,
         ..Pending::default()
@@ -931,7 +1020,7 @@ impl Inner {
     fn adopt(
         &self,
         slot: usize,
-        stream: TcpStream,
+        stream: Halves,
         w: &Welcome,
         leftover: BytesMut,
     ) -> Result<(), String> {
@@ -995,7 +1084,7 @@ fn close(pending: &Mutex<Pending>, alive: &AtomicBool) {
 }
 
 async fn write_loop(
-    wr: OwnedWriteHalf,
+    wr: Box<dyn AsyncWrite + Send + Unpin>,
     mut rx: mpsc::Receiver<Outgoing>,
     pending: Arc<Mutex<Pending>>,
     alive: Arc<AtomicBool>,
@@ -1040,7 +1129,7 @@ const OWN_BUFFER_FRAME: usize = 64 * 1024;
 /// never a shared receive buffer. Its bytes are copied once from the socket, except the
 /// few already read into the shared buffer with the header, which are copied twice.
 async fn read_frame(
-    rd: &mut OwnedReadHalf,
+    rd: &mut Box<dyn AsyncRead + Send + Unpin>,
     buf: &mut BytesMut,
     max_frame: u32,
     last_rx: &AtomicU64,
@@ -1081,7 +1170,7 @@ async fn read_frame(
 }
 
 async fn read_loop(
-    mut rd: OwnedReadHalf,
+    mut rd: Box<dyn AsyncRead + Send + Unpin>,
     max_frame: u32,
     mut buf: BytesMut,
     pending: Arc<Mutex<Pending>>,

@@ -18,6 +18,7 @@
 //! `docs/PROTOCOL.md` at the repository root describes the same format byte by byte.
 
 pub mod attr;
+pub mod auth;
 mod codec;
 pub mod frame;
 pub mod message;

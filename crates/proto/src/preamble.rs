@@ -62,7 +62,7 @@ impl Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Refusal::TlsRequired => "the server requires TLS (use --tls)",
+            Refusal::TlsRequired => "the server requires TLS (add --tls-fingerprint SHA256:… or --ca FILE)",
             Refusal::TlsUnavailable => "the server does not offer TLS (drop --tls, or start ferryd with --tls-cert/--tls-key)",
             Refusal::VersionUnsupported => "the server does not speak this preamble version (upgrade ferry or ferryd)",
         })

@@ -1,0 +1,131 @@
+//! TLS for ferryd: loading the certificate and key (and, for mutual TLS, the CA that signs
+//! client certificates), and `ferryd gen-cert`'s self-signed pair.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Why TLS could not be set up; one line each.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read or parsed.
+    #[error("{path}: {reason}")]
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// rustls refused the combination.
+    #[error("TLS setup: {0}")]
+    Config(String),
+}
+
+fn file_err(path: &Path, reason: impl std::fmt::Display) -> TlsError {
+    TlsError::File {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The certificates in a PEM file.
+///
+/// # Errors
+/// Unreadable, or no certificate in it.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_err(path, format!("cannot read certificates: {e}")))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_err(path, format!("not a PEM certificate file: {e}")))?;
+    if certs.is_empty() {
+        return Err(file_err(
+            path,
+            "no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)",
+        ));
+    }
+    Ok(certs)
+}
+
+/// The private key in a PEM file.
+///
+/// # Errors
+/// Unreadable, or no key in it.
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| {
+        file_err(
+            path,
+            format!("no usable private key (PEM PKCS#8, RSA or EC): {e}"),
+        )
+    })
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The server's TLS configuration: `cert`/`key`, and with `client_ca` mutual TLS (clients
+/// must present a certificate signed by it).
+///
+/// # Errors
+/// Unreadable files, a key that does not match the certificate.
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let chain = load_certs(cert)?;
+    let key_der = load_key(key)?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in load_certs(ca)? {
+                roots
+                    .add(c)
+                    .map_err(|e| file_err(ca, format!("not a usable CA certificate: {e}")))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider(),
+            )
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let cfg = builder
+        .with_single_cert(chain, key_der)
+        .map_err(|e| file_err(key, format!("does not go with {}: {e}", cert.display())))?;
+    Ok(Arc::new(cfg))
+}
+
+/// Writes a new self-signed certificate for `names` (DNS names or IP addresses) and its key
+/// (mode 0600) as PEM; returns the certificate's fingerprint (`SHA256:…`).
+///
+/// # Errors
+/// Invalid names, files that cannot be written.
+pub fn gen_cert(cert: &Path, key: &Path, names: &[String]) -> Result<String, TlsError> {
+    let ck = rcgen::generate_simple_self_signed(names.to_vec())
+        .map_err(|e| TlsError::Config(format!("cannot make a certificate for {names:?}: {e}")))?;
+    let write = |path: &Path, text: &str, mode: u32| -> Result<(), TlsError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(path)
+            .map_err(|e| file_err(path, format!("cannot write: {e}")))?;
+        f.write_all(text.as_bytes())
+            .map_err(|e| file_err(path, format!("cannot write: {e}")))
+    };
+    write(key, &ck.key_pair.serialize_pem(), 0o600)?;
+    write(cert, &ck.cert.pem(), 0o644)?;
+    Ok(ferry_proto::auth::fingerprint(ck.cert.der()))
+}

@@ -1,0 +1,292 @@
+//! TLS and token authentication end to end: a TLS mount copies identically; every way of
+//! getting it wrong is refused promptly with one clear line and no mount.
+
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ferry_tests::{bin, is_mounted, require_fuse, run, write_random, TestMount, TestServer};
+
+/// A CA, a server certificate it signed (for localhost and 127.0.0.1), an expired one, a
+/// client certificate, and an unrelated CA; written as PEM files into `dir`.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new(dir: &Path) -> Pki {
+        use rcgen::{date_time_ymd, BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let write = |name: &str, text: String| std::fs::write(dir.join(name), text).unwrap();
+        let ca = |cn: &str| {
+            let key = KeyPair::generate().unwrap();
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p.distinguished_name.push(DnType::CommonName, cn);
+            let cert = p.self_signed(&key).unwrap();
+            (cert, key)
+        };
+        let (ca_cert, ca_key) = ca("ferry test CA");
+        let (other_cert, _) = ca("some other CA");
+        write("ca.pem", ca_cert.pem());
+        write("other-ca.pem", other_cert.pem());
+        let leaf = |names: Vec<String>, expired: bool, file: &str| {
+            let key = KeyPair::generate().unwrap();
+            let mut p = CertificateParams::new(names).unwrap();
+            if expired {
+                p.not_before = date_time_ymd(2020, 1, 1);
+                p.not_after = date_time_ymd(2021, 1, 1);
+            }
+            let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
+            write(&format!("{file}.pem"), cert.pem());
+            write(&format!("{file}-key.pem"), key.serialize_pem());
+        };
+        leaf(
+            vec!["localhost".into(), "127.0.0.1".into()],
+            false,
+            "server",
+        );
+        leaf(
+            vec!["localhost".into(), "127.0.0.1".into()],
+            true,
+            "expired",
+        );
+        leaf(vec!["client.example".into()], false, "client");
+        Pki {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_str().unwrap().to_string()
+    }
+}
+
+/// `ferry mount` expected to fail: its one-line error, after checking it came promptly and
+/// left nothing mounted.
+fn mount_fails(remote: &str, args: &[&str]) -> String {
+    let mnt = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let out = Command::new(bin("ferry"))
+        .arg("mount")
+        .arg(remote)
+        .arg(mnt.path())
+        .args(["--connect-timeout", "5"])
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "mount with {args:?} should fail");
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "{args:?}: took {:?}",
+        t.elapsed()
+    );
+    assert!(!is_mounted(mnt.path()), "{args:?} left a mount");
+    let last = err.lines().last().unwrap_or_default().to_string();
+    assert!(last.starts_with("ferry: "), "{args:?}: {err}");
+    last
+}
+
+fn token_file(dir: &Path, name: &str) -> String {
+    let p = dir.join(name);
+    let mut t = vec![0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut t);
+    std::fs::write(
+        &p,
+        format!(
+            "{}\n",
+            t.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+    )
+    .unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_tls_mount_with_a_token_copies_identically_and_mistakes_are_refused() {
+    require_fuse!();
+    let keys = tempfile::tempdir().unwrap();
+    let pki = Pki::new(keys.path());
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f.bin"), (24 << 20) + 5, 1);
+    let token = token_file(keys.path(), "token");
+    let server = TestServer::start_with(
+        src.path(),
+        &[
+            "--tls-cert",
+            &pki.path("server.pem"),
+            "--tls-key",
+            &pki.path("server-key.pem"),
+            "--token-file",
+            &token,
+        ],
+    );
+    let ca = pki.path("ca.pem");
+    let mount = TestMount::mount(&server.addr, &["--ca", &ca, "--token-file", &token]);
+    let dst = tempfile::tempdir().unwrap();
+    run(Command::new("cp")
+        .arg(mount.path().join("f.bin"))
+        .arg(dst.path()));
+    run(Command::new("cmp")
+        .arg(src.path().join("f.bin"))
+        .arg(dst.path().join("f.bin")));
+    drop(mount);
+
+    // Plain client to a TLS server.
+    let e = mount_fails(&server.addr, &["--token-file", &token]);
+    assert!(e.contains("requires TLS"), "{e}");
+    // Another CA.
+    let e = mount_fails(
+        &server.addr,
+        &["--ca", &pki.path("other-ca.pem"), "--token-file", &token],
+    );
+    assert!(e.contains("not signed by the --ca given"), "{e}");
+    // A wrong pinned fingerprint.
+    let e = mount_fails(
+        &server.addr,
+        &[
+            "--tls-fingerprint",
+            "SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "--token-file",
+            &token,
+        ],
+    );
+    assert!(e.contains("not the one pinned"), "{e}");
+    // No token, a wrong token.
+    let e = mount_fails(&server.addr, &["--ca", &ca]);
+    assert!(e.contains("requires a token"), "{e}");
+    let wrong = token_file(keys.path(), "wrong");
+    let e = mount_fails(&server.addr, &["--ca", &ca, "--token-file", &wrong]);
+    assert!(e.contains("wrong token"), "{e}");
+    assert!(server
+        .log_text()
+        .contains("authentication failed: wrong token"));
+}
+
+#[test]
+fn an_expired_certificate_and_a_plaintext_server_are_refused_clearly() {
+    require_fuse!();
+    let keys = tempfile::tempdir().unwrap();
+    let pki = Pki::new(keys.path());
+    let src = tempfile::tempdir().unwrap();
+    let expired = TestServer::start_with(
+        src.path(),
+        &[
+            "--tls-cert",
+            &pki.path("expired.pem"),
+            "--tls-key",
+            &pki.path("expired-key.pem"),
+        ],
+    );
+    let e = mount_fails(&expired.addr, &["--ca", &pki.path("ca.pem")]);
+    assert!(e.contains("has expired"), "{e}");
+    // TLS client, plaintext server.
+    let plain = TestServer::start(src.path());
+    let e = mount_fails(&plain.addr, &["--ca", &pki.path("ca.pem")]);
+    assert!(e.contains("does not offer TLS"), "{e}");
+}
+
+#[test]
+fn pinning_the_fingerprint_gen_cert_prints_works() {
+    require_fuse!();
+    let keys = tempfile::tempdir().unwrap();
+    let (cert, key) = (keys.path().join("c.pem"), keys.path().join("k.pem"));
+    let out = Command::new(bin("ferryd"))
+        .args(["gen-cert", "--cert"])
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fp = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(fp.starts_with("SHA256:") && fp.len() == 7 + 44, "{fp}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("x"), 100_000, 2);
+    let server = TestServer::start_with(
+        src.path(),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let mount = TestMount::mount(&server.addr, &["--tls-fingerprint", &fp]);
+    run(Command::new("cmp")
+        .arg(src.path().join("x"))
+        .arg(mount.path().join("x")));
+}
+
+#[test]
+fn mutual_tls_needs_a_client_certificate_from_the_client_ca() {
+    require_fuse!();
+    let keys = tempfile::tempdir().unwrap();
+    let pki = Pki::new(keys.path());
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("x"), 5000, 3);
+    let server = TestServer::start_with(
+        src.path(),
+        &[
+            "--tls-cert",
+            &pki.path("server.pem"),
+            "--tls-key",
+            &pki.path("server-key.pem"),
+            "--client-ca",
+            &pki.path("ca.pem"),
+        ],
+    );
+    let ca = pki.path("ca.pem");
+    let e = mount_fails(&server.addr, &["--ca", &ca]);
+    assert!(e.contains("client certificate"), "{e}");
+    let mount = TestMount::mount(
+        &server.addr,
+        &[
+            "--ca",
+            &ca,
+            "--cert",
+            &pki.path("client.pem"),
+            "--key",
+            &pki.path("client-key.pem"),
+        ],
+    );
+    run(Command::new("cmp")
+        .arg(src.path().join("x"))
+        .arg(mount.path().join("x")));
+}
+
+#[test]
+fn ferryd_will_not_serve_a_network_in_the_clear_unless_told_to() {
+    let src = tempfile::tempdir().unwrap();
+    let out = Command::new(bin("ferryd"))
+        .arg("--export")
+        .arg(src.path())
+        .args(["--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("without encryption or authentication"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // A token is enough; so is --insecure.
+    let keys = tempfile::tempdir().unwrap();
+    let token = token_file(keys.path(), "t");
+    for extra in [&["--token-file", token.as_str()][..], &["--insecure"][..]] {
+        let s = TestServer::start_on(src.path(), "0.0.0.0:0", extra);
+        assert!(s.addr.starts_with("0.0.0.0:"), "{}", s.addr);
+    }
+}
