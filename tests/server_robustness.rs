@@ -271,3 +271,176 @@ fn sigterm_drains_the_replies_of_requests_in_flight() {
     );
     assert!(ferry_tests::wait_for(Duration::from_secs(15), || !server.is_running()));
 }
+
+/// Sends one request on a handshaken raw connection and returns its response.
+fn ask(
+    s: &mut TcpStream,
+    buf: &mut bytes::BytesMut,
+    id: u32,
+    req: &ferry_proto::Request,
+) -> ferry_proto::Response {
+    use ferry_proto::{Frame, Response};
+    let mut out = bytes::BytesMut::new();
+    req.encode(id, &mut out);
+    s.write_all(&out).unwrap();
+    let mut tmp = vec![0u8; 64 << 10];
+    loop {
+        if let Some(frame) = Frame::parse(buf, 2 << 20).unwrap() {
+            assert_eq!(frame.request_id, id);
+            return Response::decode(frame).unwrap();
+        }
+        let n = s.read(&mut tmp).unwrap();
+        assert!(n > 0, "the server closed the connection on {req:?}");
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+#[test]
+fn traversal_attempts_are_refused_and_nothing_outside_the_export_is_read() {
+    use bytes::Bytes;
+    use ferry_proto::{Request, Response, Status};
+    let outside = tempfile::tempdir().unwrap();
+    let secret = b"SECRET-OUTSIDE-THE-EXPORT-0123456789";
+    std::fs::write(outside.path().join("secret"), secret).unwrap();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir(src.path().join("a")).unwrap();
+    std::fs::write(src.path().join("a/inside"), b"inside").unwrap();
+    std::os::unix::fs::symlink("/", src.path().join("rootlink")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), src.path().join("a/out")).unwrap();
+    std::os::unix::fs::symlink("../..", src.path().join("a/up")).unwrap();
+    let server = TestServer::start(src.path());
+    let (mut s, mut buf) = handshaken(&server.addr);
+    let long_name = "x".repeat(4096);
+    let long_path = vec!["d"; 2100].join("/");
+    let secret_path = outside.path().join("secret");
+    let attempts: Vec<(&str, Bytes)> = vec![
+        ("..", Bytes::from_static(b"..")),
+        ("/etc/passwd", Bytes::from_static(b"/etc/passwd")),
+        ("a/../../x", Bytes::from_static(b"a/../../x")),
+        (
+            "absolute path of the secret",
+            Bytes::from(secret_path.to_str().unwrap().to_string()),
+        ),
+        ("./a/inside", Bytes::from_static(b"./a/inside")),
+        ("a//inside", Bytes::from_static(b"a//inside")),
+        ("NUL byte", Bytes::from_static(b"a/ins\0ide")),
+        ("4096-byte name", Bytes::from(long_name)),
+        ("path over 4096 bytes", Bytes::from(long_path)),
+        (
+            "through a symlink to /",
+            Bytes::from_static(b"rootlink/etc/passwd"),
+        ),
+        (
+            "through a symlink to ../..",
+            Bytes::from_static(b"a/up/etc/passwd"),
+        ),
+        ("a symlink to a file outside", Bytes::from_static(b"a/out")),
+        ("a symlink to /", Bytes::from_static(b"rootlink")),
+    ];
+    let mut id = 1;
+    for (what, path) in &attempts {
+        for req in [
+            Request::Read {
+                path: path.clone(),
+                offset: 0,
+                len: 4096,
+                allow_lz4: false,
+            },
+            Request::Hash { path: path.clone() },
+            Request::ReadDir {
+                path: path.clone(),
+                cookie: 0,
+                max_entries: 100,
+            },
+        ] {
+            let r = ask(&mut s, &mut buf, id, &req);
+            id += 1;
+            match r {
+                Response::Error { status, .. } => assert!(
+                    matches!(
+                        status,
+                        Status::InvalidName
+                            | Status::NameTooLong
+                            | Status::SymlinkInPath
+                            | Status::InvalidArgument
+                            | Status::NotFound
+                            | Status::NotDirectory
+                    ),
+                    "{what}: {req:?} got {status:?}"
+                ),
+                other => panic!("{what}: {req:?} was answered: {other:?}"),
+            }
+        }
+    }
+    // Symlinks are described, never followed: Stat of a link to / is the link itself.
+    match ask(
+        &mut s,
+        &mut buf,
+        id,
+        &Request::Stat {
+            path: Bytes::from_static(b"rootlink"),
+        },
+    ) {
+        Response::Attr(a) => assert_eq!(a.kind, ferry_proto::FileKind::Symlink),
+        other => panic!("{other:?}"),
+    }
+    id += 1;
+
+    // A file swapped for a symlink to the secret, again and again, while it is read: every
+    // answer is the file's own bytes or an error, never the secret.
+    let victim = src.path().join("a/swap");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let tmp_file = src.path().join("a/.swap-file");
+            let tmp_link = src.path().join("a/.swap-link");
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::fs::write(&tmp_file, b"harmless bytes").unwrap();
+                std::fs::rename(&tmp_file, &victim).unwrap();
+                let _ = std::fs::remove_file(&tmp_link);
+                std::os::unix::fs::symlink(&secret_path, &tmp_link).unwrap();
+                std::fs::rename(&tmp_link, &victim).unwrap();
+            }
+        });
+        let mut answered = 0;
+        for _ in 0..2000 {
+            let r = ask(
+                &mut s,
+                &mut buf,
+                id,
+                &Request::Read {
+                    path: Bytes::from_static(b"a/swap"),
+                    offset: 0,
+                    len: 4096,
+                    allow_lz4: false,
+                },
+            );
+            id += 1;
+            if let Response::Read(d) = r {
+                assert!(
+                    d.data[..] != secret[..],
+                    "the secret was read through a swapped symlink"
+                );
+                assert_eq!(&d.data[..], b"harmless bytes");
+                answered += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(answered > 0, "the regular file was never read");
+    });
+    // The connection is still good for honest requests.
+    match ask(
+        &mut s,
+        &mut buf,
+        id,
+        &Request::Read {
+            path: Bytes::from_static(b"a/inside"),
+            offset: 0,
+            len: 100,
+            allow_lz4: false,
+        },
+    ) {
+        Response::Read(d) => assert_eq!(&d.data[..], b"inside"),
+        other => panic!("{other:?}"),
+    }
+}
