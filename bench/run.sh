@@ -16,7 +16,8 @@
 #             and a cap of 25 MB/s per TCP connection (how one stream with a limited window
 #             behaves on a long fat pipe). The tbf rate is 2 Gbit/s because every byte crosses
 #             the loopback twice, once on each side of the proxy.
-# Methods: ferry, nc-raw, nc-lz4, scp, rsync, sshfs, sshfs4 (max_conns=4), rclone (mount over
+# Methods: ferry, ferry-tls (TLS to a second, TLS-only ferryd; pinned self-signed certificate),
+#   nc-raw, nc-lz4, scp, rsync, sshfs, sshfs4 (max_conns=4), rclone (mount over
 #   sftp); for directory data sets also mirror (`ferry mirror`) and rsync8 (fpart + 8 parallel
 #   rsync over ssh). Data sets (scripts/gen-data.py): db.dat (database-like, lz4 ratio ~11),
 #   mixed.bin (lz4 ratio ~2), random.bin, tree/ (many small files); dbdir/ (a PostgreSQL-like
@@ -170,13 +171,22 @@ bg_ns "$ROOT/target/release/ferryd" --export "$DATA" --listen 127.0.0.1:7070 ${F
 sleep 0.5
 ferryd_pid=$(pgrep -f -- "ferryd --export $DATA --listen 127.0.0.1:7070" | head -1)
 [ -n "$ferryd_pid" ] || die "ferryd did not start: $(cat "$WORK/logs/ferryd.log")"
+# A second ferryd, TLS only, for the ferry-tls method (a self-signed certificate, pinned).
+TLS_FP=""
+if [[ ",$methods," == *",ferry-tls,"* ]]; then
+    TLS_FP=$("$ROOT/target/release/ferryd" gen-cert --cert "$WORK/cert.pem" --key "$WORK/key.pem" 2>/dev/null)
+    # shellcheck disable=SC2086 # FERRYD_ARGS: extra ferryd options, split on purpose
+    bg_ns "$ROOT/target/release/ferryd" --export "$DATA" --listen 127.0.0.1:7071 \
+        --tls-cert "$WORK/cert.pem" --tls-key "$WORK/key.pem" ${FERRYD_ARGS:-} 2>"$WORK/logs/ferryd-tls.log"
+    sleep 0.3
+fi
 
 # ---------------------------------------------------------------- links
 TOXI=127.0.0.1:8474
 toxi() { in_ns "$BIN/toxiproxy-cli" -h "$TOXI" "$@" >/dev/null; }
 set_link() {
     tc -n "$NS" qdisc del dev lo root 2>/dev/null || true
-    P_FERRY=7070 P_SSH=2222 P_NC=9000
+    P_FERRY=7070 P_FERRY_TLS=7071 P_SSH=2222 P_NC=9000
     case "$1" in
         loopback) ;;
         1gbit) tc -n "$NS" qdisc add dev lo root tbf rate 1gbit burst 2mb latency 100ms ;;
@@ -190,7 +200,7 @@ set_link() {
             bg_ns "$BIN/toxiproxy-server" -host 127.0.0.1 -port 8474 >"$WORK/logs/toxiproxy.log" 2>&1
             for _ in $(seq 50); do in_ns curl -s "http://$TOXI/version" >/dev/null 2>&1 && break; sleep 0.1; done
         fi
-        for p in ferry:17070:7070 ssh:12222:2222 nc:19000:9000 probe:19100:9100; do
+        for p in ferry:17070:7070 tls:17071:7071 ssh:12222:2222 nc:19000:9000 probe:19100:9100; do
             IFS=: read -r name listen upstream <<<"$p"
             toxi delete "$name" 2>/dev/null || true
             toxi create -l "127.0.0.1:$listen" -u "127.0.0.1:$upstream" "$name"
@@ -200,7 +210,7 @@ set_link() {
                 toxi toxic add -t bandwidth -a rate=25000 "$dir" -n "bw$dir" "$name"
             done
         done
-        P_FERRY=17070 P_SSH=12222 P_NC=19000
+        P_FERRY=17070 P_FERRY_TLS=17071 P_SSH=12222 P_NC=19000
         # The random-read bound: J jobs / the measured round trip of one 16 KiB read.
         bg_ns python3 "$ROOT/bench/rtt_probe.py" server 9100
         sleep 0.3
@@ -313,6 +323,9 @@ mount_method() {
         # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
         ferry) in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY" "$mnt" \
                    --log-file "$WORK/logs/ferry-$link.log" ${FERRY_ARGS:-} ;;
+        # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
+        ferry-tls) in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY_TLS" "$mnt" \
+                   --tls-fingerprint "$TLS_FP" --log-file "$WORK/logs/ferry-tls-$link.log" ${FERRY_ARGS:-} ;;
         sshfs|sshfs4)
             local extra=""; [ "$method" = sshfs4 ] && extra=",max_conns=4"
             in_ns sshfs -p "$P_SSH" "root@127.0.0.1:$DATA" "$mnt" \
@@ -443,7 +456,7 @@ for link in "${LINKS[@]}"; do
     set_link "$link"
     for method in "${METHODS[@]}"; do
         case "$method" in
-            ferry|sshfs|sshfs4|rclone)
+            ferry|ferry-tls|sshfs|sshfs4|rclone)
                 if ! mount_method "$method" 2>"$WORK/logs/mount.log"; then
                     log "  $method did not mount: $(head -1 "$WORK/logs/mount.log")"
                     for ds in "${DATASETS[@]}"; do echo "$link|$ds|$method|failed (did not mount)||" >> "$ROWS"; done
@@ -557,6 +570,13 @@ ratio() {  # ratio LINK DATASET BASE [METHOD]: METHOD's (default ferry) speed ov
     if grep -q "^wan|" "$FIOM"; then
         med=$(awk -F'|' '$1 == "wan" { print ($3 / $2) * (1 - ($4 > 0 ? $5 / $4 : 0)) }' "$FIOM" | sort -g | awk '{ a[NR] = $0 } END { printf "%.2f", a[int((NR + 1) / 2)] }')
         target "wan: fio IOPS while the mount's mirror runs ÷ IOPS without it, network reads only, median of $(grep -c '^wan|' "$FIOM") (≥ 0.8)" "$med" 0.8
+    fi
+    if [[ ",$methods," == *",ferry-tls,"* ]] && [[ ",$methods," == *",ferry,"* ]]; then
+        for ds in "${DATASETS[@]}"; do
+            [ -f "$DATA/$ds" ] || continue
+            [[ " ${LINKS[*]} " == *" 1gbit "* ]] && target "1gbit: ferry TLS ÷ ferry, $ds (≥ 0.9)" "$(ratio 1gbit "$ds" ferry ferry-tls)" 0.9
+            [[ " ${LINKS[*]} " == *" loopback "* ]] && target "loopback: ferry TLS ÷ ferry, $ds (reported)" "$(ratio loopback "$ds" ferry ferry-tls)" 0
+        done
     fi
     if [[ ",$methods," == *",mirror,"* ]]; then
         for ds in "${DATASETS[@]}"; do

@@ -109,6 +109,69 @@ pub(crate) struct Shared {
     pub(crate) hash_slots: Arc<Semaphore>,
 }
 
+impl Shared {
+    fn new(config: ServerConfig, shutdown: watch::Receiver<bool>) -> std::io::Result<Arc<Shared>> {
+        let export = Export::open(&config.export)?;
+        let mut instance_id = [0u8; 16];
+        rustix::rand::getrandom(&mut instance_id, rustix::rand::GetRandomFlags::empty())
+            .map_err(std::io::Error::from)?;
+        // The floor keeps one maximal read always possible (same rounding as conn.rs).
+        let units = (config.memory_budget / 4096).max(conn::read_units(config.chunk_size) as usize);
+        Ok(Arc::new(Shared {
+            read_budget: Arc::new(Semaphore::new(units)),
+            read_budget_units: units as u32,
+            export,
+            instance_id,
+            shutdown,
+            config,
+            hashes: std::sync::Mutex::new(HashCache::default()),
+            hash_slots: Arc::new(Semaphore::new(2)),
+        }))
+    }
+}
+
+/// For fuzzing (`fuzz/`): serves `input` as everything one client sends after the preamble
+/// (so it starts with a Hello) on an export of `export`, collects and drops the server's
+/// output, and returns when the connection ends (or after 2 s). Not a stable API.
+#[doc(hidden)]
+pub fn fuzz_serve(export: &std::path::Path, input: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    rt.block_on(async {
+        let (_stop, stop_rx) = watch::channel(false);
+        let config = ServerConfig {
+            export: export.to_path_buf(),
+            chunk_size: 64 << 10,
+            ..ServerConfig::default()
+        };
+        let Ok(shared) = Shared::new(config, stop_rx) else {
+            return;
+        };
+        let (client, server) = tokio::io::duplex(256 << 10);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let serve = conn::serve(server, shared, deadline);
+        let feed = async move {
+            let (mut r, mut w) = tokio::io::split(client);
+            let write = async {
+                let _ = w.write_all(input).await;
+                let _ = w.shutdown().await;
+            };
+            let drain = async {
+                let mut sink = vec![0u8; 64 << 10];
+                while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {}
+            };
+            tokio::join!(write, drain);
+        };
+        let _ =
+            tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(serve, feed) }).await;
+    });
+}
+
 /// Recently computed whole-file hashes, least recently inserted dropped first.
 #[derive(Default)]
 pub(crate) struct HashCache {
@@ -145,23 +208,8 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let export = Export::open(&config.export)?;
-    let mut instance_id = [0u8; 16];
-    rustix::rand::getrandom(&mut instance_id, rustix::rand::GetRandomFlags::empty())
-        .map_err(std::io::Error::from)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    // The floor keeps one maximal read always possible (same rounding as conn.rs).
-    let units = (config.memory_budget / 4096).max(conn::read_units(config.chunk_size) as usize);
-    let shared = Arc::new(Shared {
-        read_budget: Arc::new(Semaphore::new(units)),
-        read_budget_units: units as u32,
-        export,
-        instance_id,
-        shutdown: stop_rx,
-        config,
-        hashes: std::sync::Mutex::new(HashCache::default()),
-        hash_slots: Arc::new(Semaphore::new(2)),
-    });
+    let shared = Shared::new(config, stop_rx)?;
     let limit = Arc::new(Semaphore::new(shared.config.max_connections));
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
