@@ -550,12 +550,12 @@ ratio() {  # ratio LINK DATASET BASE [METHOD]: METHOD's (default ferry) speed ov
         local met; met=$(awk -v v="$2" -v m="$3" 'BEGIN { if (v == "n/a") print "n/a"; else if (v + 0 >= m) print "yes"; else print "**no**" }')
         echo "| $1 | $2 | $met |"
     }
-    if [[ " ${LINKS[*]} " == *" 1gbit "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]] && [[ ",$methods," == *",ferry,"* ]]; then
+    if [[ " ${LINKS[*]} " == *" 1gbit "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]] && [[ ",$methods," == *",ferry,"* ]] && [[ ",$methods," == *",nc-raw,"* ]]; then
         target "1gbit: ferry ÷ nc raw, random (≥ 0.95)" "$(ratio 1gbit random.bin nc-raw)" 0.95
         target "1gbit: ferry ÷ nc\|lz4, mixed (≥ 1.0)" "$(ratio 1gbit mixed.bin nc-lz4)" 1.0
         target "1gbit: ferry ÷ nc\|lz4, db (≥ 1.0)" "$(ratio 1gbit db.dat nc-lz4)" 1.0
     fi
-    if [[ " ${LINKS[*]} " == *" wan "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]] && [[ ",$methods," == *",ferry,"* ]]; then
+    if [[ " ${LINKS[*]} " == *" wan "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]] && [[ ",$methods," == *",ferry,"* ]] && [[ ",$methods," == *",nc-raw,"* ]]; then
         target "wan: ferry ÷ nc raw, random (≥ 4)" "$(ratio wan random.bin nc-raw)" 4
         target "wan: ferry ÷ nc\|lz4, mixed (≥ 4)" "$(ratio wan mixed.bin nc-lz4)" 4
         iops=$(awk -F'|' '$1 == "wan" && $2 == "ferry" {print $3}' "$FIO")
@@ -564,7 +564,7 @@ ratio() {  # ratio LINK DATASET BASE [METHOD]: METHOD's (default ferry) speed ov
         target "wan: ferry fio IOPS ÷ round-trip bound $bound (4 jobs ÷ ${WAN_RTT_MS:-40} ms measured) (≥ 0.95)" \
             "$(awk -v i="${iops:-0}" -v b="$bound" 'BEGIN { printf "%.2f", i / b }')" 0.95
     fi
-    if [[ " ${LINKS[*]} " == *" loopback "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]] && [[ ",$methods," == *",ferry,"* ]]; then
+    if [[ " ${LINKS[*]} " == *" loopback "* ]] && [[ " ${DATASETS[*]} " == *" random.bin "* ]] && [[ ",$methods," == *",ferry,"* ]] && [[ ",$methods," == *",nc-raw,"* ]]; then
         target "loopback: ferry ÷ nc raw, random (≥ 0.8)" "$(ratio loopback random.bin nc-raw)" 0.8
     fi
     if grep -q "^wan|" "$FIOM"; then
