@@ -11,12 +11,13 @@ ifeq ($(shell command -v $(CARGO) 2>/dev/null),)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help demo prereqs test build lint clean-mounts bench bench-quick bench-loopback fuzz-build fuzz-smoke
+.PHONY: help demo prereqs test build install uninstall lint clean-mounts bench bench-quick bench-loopback fuzz-build fuzz-smoke
 
 help:
 	@echo "make demo          build, export generated data with ferryd, mount it, copy and verify (FERRY_DEMO_MIB=512)"
 	@echo "make test          install missing prerequisites (fuse3, rsync, lz4), build, run all tests"
 	@echo "make build         release build of ferryd and ferry"
+	@echo "make install       ferry, ferryd -> PREFIX/bin (/usr/local); mount.fuse.ferry -> SBINDIR (/sbin) for fstab and mount -t fuse.ferry"
 	@echo "make lint          cargo fmt --check and clippy -D warnings"
 	@echo "make clean-mounts  unmount leftover ferry mounts under /tmp and .demo"
 	@echo "make bench         ferry vs nc, scp, rsync, sshfs, rclone on emulated links -> docs/BENCHMARKS.md"
@@ -39,6 +40,20 @@ test: prereqs
 
 build:
 	$(CARGO) build --release --bins
+
+# mount(8) looks for helpers in /sbin only, so the helper goes there whatever PREFIX is.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SBINDIR ?= /sbin
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR)
+	install -m 755 target/release/ferry target/release/ferryd $(DESTDIR)$(BINDIR)/
+	sed 's|@FERRY@|$(BINDIR)/ferry|' scripts/mount.fuse.ferry > $(DESTDIR)$(SBINDIR)/mount.fuse.ferry
+	chmod 755 $(DESTDIR)$(SBINDIR)/mount.fuse.ferry
+	@echo "installed ferry and ferryd in $(DESTDIR)$(BINDIR), mount.fuse.ferry in $(DESTDIR)$(SBINDIR)"
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/ferry $(DESTDIR)$(BINDIR)/ferryd $(DESTDIR)$(SBINDIR)/mount.fuse.ferry
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -28,10 +28,19 @@ enum Command {
     /// the foreground). Unmount with `fusermount3 -u MOUNTPOINT`, or SIGINT/SIGTERM to the
     /// ferry process.
     ///
+    /// Every --flag below is also accepted sshfs-style as `-o flag` or `-o flag=value`
+    /// (underscores or dashes), several at once: `-o allow_other,streams=16,cache_dir=/x`.
+    /// mount(8)'s generic options (_netdev, nofail, noauto, x-systemd.*, ro, rw, …) are
+    /// ignored, so /etc/fstab lines work through the mount.fuse.ferry helper
+    /// (`make install`):
+    ///   db1:7070:/u01/oradata /mnt/oradata fuse.ferry _netdev,allow_other,cache_dir=/nvme/o,mirror 0 0
+    ///
     /// Examples:
     ///   ferry mount db1:/u01/oradata /mnt/oradata
     ///   ferry mount db1:7070 /mnt/db1 --streams 16 --allow-other
     ///   ferry mount db1:/u01/oradata /mnt/oradata --cache-dir /nvme/oradata --mirror --bwlimit 100M
+    ///   ferry mount db1:/u01/oradata /mnt/oradata -o allow_other,streams=16,tls_fingerprint=SHA256:…
+    ///   mount -t fuse.ferry db1:7070:/u01/oradata /mnt/oradata -o allow_other,cache_dir=/nvme/o
     #[command(verbatim_doc_comment)]
     Mount(MountArgs),
     /// Copy a ferryd export into a local directory: complete, verified, resumable.
@@ -279,7 +288,15 @@ fn raise_nofile_limit() {
 fn main() {
     limit_malloc_arenas();
     raise_nofile_limit();
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let argv = match expand_mount_options(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("ferry: {e}");
+            std::process::exit(1);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     let r = match cli.command {
         Command::Mount(args) => mount(args),
         Command::Mirror(args) => mirror(args),
@@ -289,6 +306,110 @@ fn main() {
         eprintln!("ferry: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// Options mount(8) and fstab pass that mean nothing to ferry (or that ferry always does):
+/// accepted and ignored.
+const IGNORED_MOUNT_OPTIONS: &[&str] = &[
+    "_netdev",
+    "nofail",
+    "noauto",
+    "auto",
+    "user",
+    "users",
+    "nouser",
+    "owner",
+    "group",
+    "defaults",
+    "ro",
+    "rw",
+    "nodev",
+    "nosuid",
+    "dev",
+    "suid",
+    "exec",
+    "noexec",
+    "atime",
+    "noatime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "diratime",
+    "nodiratime",
+    "lazytime",
+    "sync",
+    "async",
+    "dirsync",
+    "loud",
+    "silent",
+    "nomand",
+    "delay_connect",
+];
+
+/// sshfs-style `-o opt,opt=val,…` for `ferry mount`: each option becomes the long flag of
+/// the same name (`cache_dir=/x` → `--cache-dir /x`, `allow_other` → `--allow-other`);
+/// mount(8)'s generic options (`_netdev`, `noauto`, `x-systemd.*`, `comment=…`, …) are
+/// ignored (`rw` too, which mount(8) always passes: the mount is read-only whatever it says).
+///
+/// # Errors
+/// An option that is not a `ferry mount` flag, with a one-line explanation.
+fn expand_mount_options(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+    use clap::CommandFactory;
+    if argv.get(1).and_then(|a| a.to_str()) != Some("mount") {
+        return Ok(argv);
+    }
+    let cmd = Cli::command();
+    let mount = cmd
+        .find_subcommand("mount")
+        .ok_or_else(|| "no mount subcommand".to_string())?;
+    let mut out = Vec::with_capacity(argv.len());
+    let mut flags = Vec::new();
+    let mut it = argv.into_iter();
+    while let Some(arg) = it.next() {
+        let list = match arg.to_str() {
+            Some("-o") => match it.next() {
+                Some(v) => v.to_string_lossy().into_owned(),
+                None => {
+                    return Err("-o needs a list of options, e.g. -o allow_other,streams=16".into())
+                }
+            },
+            Some(a) if a.starts_with("-o") && a.len() > 2 => a[2..].to_string(),
+            _ => {
+                out.push(arg);
+                continue;
+            }
+        };
+        for opt in list.split(',').filter(|o| !o.is_empty()) {
+            let (key, value) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            if IGNORED_MOUNT_OPTIONS.contains(&key) || key.starts_with("x-") || key == "comment" {
+                continue;
+            }
+            let long = key.replace('_', "-");
+            let Some(def) = mount
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long.as_str()))
+            else {
+                return Err(format!(
+                    "-o {key}: not a ferry mount option (see `ferry mount --help`; every --flag works as -o flag or -o flag=value)"
+                ));
+            };
+            let takes_value = def.get_action().takes_values();
+            match (takes_value, value) {
+                (true, Some(v)) => {
+                    flags.push(format!("--{long}").into());
+                    flags.push(v.into());
+                }
+                (true, None) => return Err(format!("-o {key} needs a value: -o {key}=VALUE")),
+                (false, None) => flags.push(format!("--{long}").into()),
+                (false, Some(_)) => return Err(format!("-o {key} takes no value: write -o {key}")),
+            }
+        }
+    }
+    out.extend(flags);
+    Ok(out)
 }
 
 fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
@@ -510,6 +631,124 @@ fn detach_stdio() {
         for fd in 0..3 {
             // SAFETY: dup2 onto the standard descriptors, which this process owns.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_mount_options;
+
+    fn expand(args: &[&str]) -> Result<Vec<String>, String> {
+        let argv = args.iter().map(std::ffi::OsString::from).collect();
+        expand_mount_options(argv).map(|v| {
+            v.into_iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        })
+    }
+
+    #[test]
+    fn dash_o_options_become_flags() {
+        let table: &[(&[&str], Result<&[&str], &str>)] = &[
+            (
+                &[
+                    "ferry",
+                    "mount",
+                    "h:/p",
+                    "/m",
+                    "-o",
+                    "allow_other,streams=16",
+                ],
+                Ok(&[
+                    "ferry",
+                    "mount",
+                    "h:/p",
+                    "/m",
+                    "--allow-other",
+                    "--streams",
+                    "16",
+                ]),
+            ),
+            (
+                &[
+                    "ferry",
+                    "mount",
+                    "h",
+                    "/m",
+                    "-ocache_dir=/nvme/x,mirror,bwlimit=100M",
+                ],
+                Ok(&[
+                    "ferry",
+                    "mount",
+                    "h",
+                    "/m",
+                    "--cache-dir",
+                    "/nvme/x",
+                    "--mirror",
+                    "--bwlimit",
+                    "100M",
+                ]),
+            ),
+            (
+                &[
+                    "ferry",
+                    "mount",
+                    "h",
+                    "/m",
+                    "-o",
+                    "ro,_netdev,nofail,noauto,x-systemd.automount,comment=x,defaults,dev,suid",
+                ],
+                Ok(&["ferry", "mount", "h", "/m"]),
+            ),
+            (
+                &[
+                    "ferry",
+                    "mount",
+                    "-o",
+                    "tls_fingerprint=SHA256:ab=,token_file=/t",
+                    "h",
+                    "/m",
+                ],
+                Ok(&[
+                    "ferry",
+                    "mount",
+                    "h",
+                    "/m",
+                    "--tls-fingerprint",
+                    "SHA256:ab=",
+                    "--token-file",
+                    "/t",
+                ]),
+            ),
+            (
+                &["ferry", "mount", "h", "/m", "-o", "rw"],
+                Ok(&["ferry", "mount", "h", "/m"]),
+            ),
+            (
+                &["ferry", "mount", "h", "/m", "-o", "frobnicate"],
+                Err("not a ferry mount option"),
+            ),
+            (
+                &["ferry", "mount", "h", "/m", "-o", "streams"],
+                Err("needs a value"),
+            ),
+            (
+                &["ferry", "mount", "h", "/m", "-o", "mirror=yes"],
+                Err("takes no value"),
+            ),
+            (&["ferry", "mount", "h", "/m", "-o"], Err("needs a list")),
+            (
+                &["ferry", "mirror", "-o", "x"],
+                Ok(&["ferry", "mirror", "-o", "x"]),
+            ),
+        ];
+        for (args, want) in table {
+            match (expand(args), want) {
+                (Ok(got), Ok(w)) => assert_eq!(got, *w, "{args:?}"),
+                (Err(e), Err(w)) => assert!(e.contains(w), "{args:?}: {e}"),
+                (got, w) => panic!("{args:?}: got {got:?}, want {w:?}"),
+            }
         }
     }
 }
