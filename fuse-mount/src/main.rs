@@ -650,7 +650,8 @@ mod tests {
 
     #[test]
     fn dash_o_options_become_flags() {
-        let table: &[(&[&str], Result<&[&str], &str>)] = &[
+        type Case<'a> = (&'a [&'a str], Result<&'a [&'a str], &'a str>);
+        let table: &[Case] = &[
             (
                 &[
                     "ferry",
