@@ -104,6 +104,10 @@ struct MirrorArgs {
     faults: FaultArgs,
     #[command(flatten)]
     security: SecurityArgs,
+    /// Serve Prometheus metrics (names ferry_*: bytes, chunks, compression, retries,
+    /// checksum failures, streams, mirror progress, cache hits) on http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// Write the log here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -165,6 +169,10 @@ struct MountArgs {
     faults: FaultArgs,
     #[command(flatten)]
     security: SecurityArgs,
+    /// Serve Prometheus metrics (names ferry_*: bytes, chunks, compression, retries,
+    /// checksum failures, streams, mirror progress, cache hits) on http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// Write the log here (in the background the log is otherwise discarded).
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -439,6 +447,7 @@ fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
             ..ferry_cache::MirrorConfig::default()
         },
         progress: !a.quiet,
+        metrics: a.metrics,
     })
 }
 
@@ -561,6 +570,7 @@ fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
         cache_dir: a.cache_dir.clone(),
         mirror: a.mirror,
         bwlimit: a.bwlimit,
+        metrics: a.metrics,
         ..MountConfig::default()
     })
 }

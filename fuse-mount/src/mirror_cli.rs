@@ -26,6 +26,8 @@ pub struct MirrorOptions {
     pub engine: MirrorConfig,
     /// Show a progress bar (when stderr is a terminal).
     pub progress: bool,
+    /// Serve Prometheus metrics here (`GET /metrics`).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Parses a rate such as `100M`, `1.5G`, `750K` or `12345` (bytes per second; K, M, G, T
@@ -91,6 +93,19 @@ async fn run_async(opts: MirrorOptions) -> anyhow::Result<()> {
         opts.engine.clone(),
     );
     let progress = mirror.progress();
+    let _metrics = match opts.metrics {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics {addr}: cannot listen there"))?;
+            let (p, label) = (progress.clone(), label.clone());
+            Some(tokio::spawn(ferry_cache::progress::serve_metrics(
+                l,
+                Arc::new(move || p.snapshot("running", &label).to_prometheus()),
+            )))
+        }
+        None => None,
+    };
     let bar = (opts.progress && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(

@@ -41,6 +41,8 @@ pub struct MountConfig {
     pub mirror: bool,
     /// Cap on the background mirror's transfer, bytes per second.
     pub bwlimit: Option<u64>,
+    /// Serve Prometheus metrics here (`GET /metrics`).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Default for MountConfig {
@@ -61,6 +63,7 @@ impl Default for MountConfig {
             cache_dir: None,
             mirror: false,
             bwlimit: None,
+            metrics: None,
         }
     }
 }
@@ -291,10 +294,28 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
         local.as_ref().map(|(l, _, _)| l.clone()),
         background.clone(),
     );
+    // Metrics are served from the status the mount reports.
+    let _metrics = match cfg.metrics {
+        Some(addr) => {
+            let l = rt
+                .block_on(tokio::net::TcpListener::bind(addr))
+                .with_context(|| format!("--metrics {addr}: cannot listen there"))?;
+            info!("metrics on http://{}/metrics", l.local_addr()?);
+            let st = status.clone();
+            Some(rt.spawn(ferry_cache::progress::serve_metrics(
+                l,
+                Arc::new(move || st().to_prometheus()),
+            )))
+        }
+        None => None,
+    };
     let (destroyed_tx, mut destroyed_rx) = tokio::sync::mpsc::unbounded_channel();
+    let json_status = status.clone();
     let adapter = FerryFuse::new(fs.clone(), rt.handle().clone(), destroyed_tx)
         .with_passthrough(local.is_some())
-        .with_status(status);
+        .with_status(Arc::new(move || {
+            serde_json::to_vec_pretty(&json_status()).unwrap_or_default()
+        }));
     let mut fcfg = Config::default();
     let fsname = format!(
         "ferry:{}:/{}",
@@ -533,7 +554,7 @@ fn status_fn(
     fs: Arc<Fs>,
     local: Option<Arc<ferry_cache::LocalCopy>>,
     background: BackgroundMirror,
-) -> crate::fuse::StatusFn {
+) -> Arc<dyn Fn() -> ferry_cache::Status + Send + Sync> {
     use std::sync::atomic::Ordering::Relaxed;
     let mounted = Arc::new(ferry_cache::Progress::default());
     mounted.attach_client(&client);
@@ -570,7 +591,7 @@ fn status_fn(
             files_verified_by_reads: local.as_ref().map_or(0, |l| l.verified.load(Relaxed)),
             passthrough_opens: fs.passthrough_opens(),
         });
-        serde_json::to_vec_pretty(&s).unwrap_or_default()
+        s
     })
 }
 

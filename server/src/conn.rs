@@ -12,6 +12,7 @@
 //! this connection with a logged reason and touches nothing else.
 
 use std::io;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -217,6 +218,8 @@ where
         let chunk = welcome.chunk_size;
         let max_frame = welcome.max_frame;
         let conn_budget = conn_budget.clone();
+        shared.stats.requests.fetch_add(1, Relaxed);
+        shared.stats.inflight.fetch_add(1, Relaxed);
         tokio::spawn(async move {
             let mut permits = vec![permit];
             let response = handle(
@@ -229,6 +232,20 @@ where
                 &mut permits,
             )
             .await;
+            let st = &shared.stats;
+            match &response {
+                Response::Read(r) => {
+                    st.reads.fetch_add(1, Relaxed);
+                    st.bytes_wire.fetch_add(r.data.len() as u64, Relaxed);
+                    st.bytes_decoded
+                        .fetch_add(u64::from(r.decoded_len), Relaxed);
+                }
+                Response::Error { .. } => {
+                    st.errors.fetch_add(1, Relaxed);
+                }
+                _ => {}
+            }
+            st.inflight.fetch_sub(1, Relaxed);
             let mut head = BytesMut::with_capacity(128);
             let tail = response.encode(id, &mut head);
             // A send error means the writer is gone: the connection is closing anyway.

@@ -13,6 +13,7 @@ pub mod tls;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +50,8 @@ pub struct ServerConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// A shared token clients must prove they hold (challenge-response).
     pub token: Option<Token>,
+    /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// A shared secret, kept as its derived key; never printed.
@@ -89,6 +92,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(600),
             tls: None,
             token: None,
+            metrics: None,
         }
     }
 }
@@ -107,6 +111,117 @@ pub(crate) struct Shared {
     pub(crate) hashes: std::sync::Mutex<HashCache>,
     /// Hashes computed at once: each reads a whole file, so they must not crowd out reads.
     pub(crate) hash_slots: Arc<Semaphore>,
+    pub(crate) stats: Stats,
+}
+
+/// What `--metrics` reports.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub(crate) connections: AtomicU64,
+    pub(crate) connections_open: AtomicU64,
+    pub(crate) requests: AtomicU64,
+    pub(crate) inflight: AtomicU64,
+    pub(crate) reads: AtomicU64,
+    pub(crate) bytes_wire: AtomicU64,
+    pub(crate) bytes_decoded: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) auth_failures: AtomicU64,
+    pub(crate) tls_failures: AtomicU64,
+    pub(crate) protocol_errors: AtomicU64,
+}
+
+impl Shared {
+    /// The Prometheus page.
+    fn metrics_page(&self) -> String {
+        let s = &self.stats;
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        let mut e = ferry_proto::metrics::Exposition::new();
+        e.gauge(
+            "server_connected_clients",
+            "Connections open now.",
+            g(&s.connections_open) as f64,
+        )
+        .counter(
+            "server_connections_total",
+            "Connections accepted.",
+            g(&s.connections),
+        )
+        .counter(
+            "server_requests_total",
+            "Requests received.",
+            g(&s.requests),
+        )
+        .gauge(
+            "server_inflight_requests",
+            "Requests being served now.",
+            g(&s.inflight) as f64,
+        )
+        .counter(
+            "server_chunks_total",
+            "Read requests answered with data.",
+            g(&s.reads),
+        )
+        .counter_by(
+            "server_sent_bytes_total",
+            "File bytes sent: as sent (wire, after lz4) and decoded.",
+            "kind",
+            &[("wire", g(&s.bytes_wire)), ("decoded", g(&s.bytes_decoded))],
+        )
+        .gauge(
+            "server_compression_ratio",
+            "Decoded bytes over wire bytes of file data sent so far.",
+            g(&s.bytes_decoded) as f64 / (g(&s.bytes_wire).max(1)) as f64,
+        )
+        .counter(
+            "server_error_responses_total",
+            "Requests answered with an error status.",
+            g(&s.errors),
+        )
+        .counter(
+            "server_auth_failures_total",
+            "Connections refused for a wrong token.",
+            g(&s.auth_failures),
+        )
+        .counter(
+            "server_tls_failures_total",
+            "TLS handshakes that failed.",
+            g(&s.tls_failures),
+        )
+        .counter(
+            "server_protocol_errors_total",
+            "Connections closed for breaking the protocol (or timing out the handshake).",
+            g(&s.protocol_errors),
+        );
+        e.finish()
+    }
+}
+
+/// Serves the Prometheus page on `listener` (`GET /metrics`) until the task is dropped.
+async fn serve_metrics(listener: TcpListener, shared: Arc<Shared>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut n = 0;
+            // The request line is enough; give up on a client that sends nothing.
+            while n < buf.len() && !buf[..n].contains(&b'\n') {
+                match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf[n..])).await {
+                    Ok(Ok(k)) if k > 0 => n += k,
+                    _ => return,
+                }
+            }
+            let line = String::from_utf8_lossy(&buf[..n]);
+            let first = line.lines().next().unwrap_or("");
+            let resp = ferry_proto::metrics::http_response(first, || shared.metrics_page());
+            let _ = s.write_all(&resp).await;
+            let _ = s.shutdown().await;
+        });
+    }
 }
 
 impl Shared {
@@ -126,6 +241,7 @@ impl Shared {
             config,
             hashes: std::sync::Mutex::new(HashCache::default()),
             hash_slots: Arc::new(Semaphore::new(2)),
+            stats: Stats::default(),
         }))
     }
 }
@@ -172,6 +288,14 @@ pub fn fuzz_serve(export: &std::path::Path, input: &[u8]) {
     });
 }
 
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Recently computed whole-file hashes, least recently inserted dropped first.
 #[derive(Default)]
 pub(crate) struct HashCache {
@@ -209,7 +333,18 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
+    let metrics_addr = config.metrics;
     let shared = Shared::new(config, stop_rx)?;
+    let _metrics = match metrics_addr {
+        Some(addr) => {
+            let l = TcpListener::bind(addr).await.map_err(|e| {
+                std::io::Error::new(e.kind(), format!("--metrics {addr}: cannot listen: {e}"))
+            })?;
+            info!("metrics on http://{}/metrics", l.local_addr()?);
+            Some(AbortOnDrop(tokio::spawn(serve_metrics(l, shared.clone()))))
+        }
+        None => None,
+    };
     let limit = Arc::new(Semaphore::new(shared.config.max_connections));
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
@@ -235,11 +370,22 @@ pub async fn run(
         let span = tracing::info_span!("conn", %peer);
         tasks.spawn(
             async move {
-                match conn::serve_tcp(stream, shared).await {
+                let st = &shared.stats;
+                st.connections.fetch_add(1, Relaxed);
+                st.connections_open.fetch_add(1, Relaxed);
+                match conn::serve_tcp(stream, shared.clone()).await {
                     Ok(()) => tracing::debug!("closed"),
                     Err(ConnError::Io(e)) => tracing::debug!("closed: {e}"),
-                    Err(e) => warn!("closed connection: {e}"),
+                    Err(e) => {
+                        match e {
+                            ConnError::AuthFailed => st.auth_failures.fetch_add(1, Relaxed),
+                            ConnError::Tls(_) => st.tls_failures.fetch_add(1, Relaxed),
+                            _ => st.protocol_errors.fetch_add(1, Relaxed),
+                        };
+                        warn!("closed connection: {e}")
+                    }
                 }
+                st.connections_open.fetch_sub(1, Relaxed);
                 drop(permit);
             }
             .instrument(span),

@@ -62,6 +62,9 @@ struct Args {
     /// Allow listening on a non-loopback address with neither TLS nor a token.
     #[arg(long)]
     insecure: bool,
+    /// Serve Prometheus metrics (names ferry_server_*) on http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -200,6 +203,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         idle_timeout: std::time::Duration::from_secs(args.idle_timeout.max(1)),
         tls: tls.clone(),
         token: token.clone(),
+        metrics: args.metrics,
         ..ServerConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

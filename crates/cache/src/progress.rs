@@ -152,6 +152,10 @@ impl Progress {
                 stalls: k.stalls.load(Ordering::Relaxed),
                 server_restarts: k.server_restarts.load(Ordering::Relaxed),
                 live_streams: c.live_streams() as u64,
+                inflight_requests: c.inflight() as u64,
+                wire_bytes: k.wire_bytes.load(Ordering::Relaxed),
+                decoded_bytes: k.decoded_bytes.load(Ordering::Relaxed),
+                chunks: k.reads.load(Ordering::Relaxed),
             }
         });
         let rate = self.rate();
@@ -258,6 +262,18 @@ pub struct Faults {
     pub server_restarts: u64,
     /// Streams connected when the status was taken.
     pub live_streams: u64,
+    /// Requests sent and not yet answered.
+    #[serde(default)]
+    pub inflight_requests: u64,
+    /// File bytes received as sent (after lz4).
+    #[serde(default)]
+    pub wire_bytes: u64,
+    /// The same after decoding.
+    #[serde(default)]
+    pub decoded_bytes: u64,
+    /// Read requests answered with data.
+    #[serde(default)]
+    pub chunks: u64,
 }
 
 /// What a mount adds to its status: its reads and its local copy.
@@ -336,5 +352,145 @@ impl Status {
         Err(std::io::Error::other(
             last.map_or_else(String::new, |e| e.to_string()),
         ))
+    }
+}
+
+impl Status {
+    /// This status as a Prometheus page (names `ferry_…`), for `--metrics`.
+    pub fn to_prometheus(&self) -> String {
+        let f = &self.faults;
+        let mut e = ferry_proto::metrics::Exposition::new();
+        e.counter_by(
+            "received_bytes_total",
+            "File bytes received from ferryd: as sent (wire, after lz4) and decoded.",
+            "kind",
+            &[("wire", f.wire_bytes), ("decoded", f.decoded_bytes)],
+        )
+        .gauge(
+            "compression_ratio",
+            "Decoded bytes over wire bytes received so far.",
+            f.decoded_bytes as f64 / f.wire_bytes.max(1) as f64,
+        )
+        .counter(
+            "chunks_total",
+            "Read requests answered with data.",
+            f.chunks,
+        )
+        .gauge(
+            "inflight_requests",
+            "Requests sent and not yet answered.",
+            f.inflight_requests as f64,
+        )
+        .gauge(
+            "connected_streams",
+            "Streams connected to ferryd now.",
+            f.live_streams as f64,
+        )
+        .counter(
+            "retries_total",
+            "Requests sent again after their stream was lost.",
+            f.retries,
+        )
+        .counter(
+            "checksum_failures_total",
+            "Payloads that failed their checksum and were fetched again.",
+            f.checksum_failures,
+        )
+        .counter("reconnects_total", "Streams re-established.", f.reconnects)
+        .counter(
+            "stalls_total",
+            "Streams closed because they stalled.",
+            f.stalls,
+        )
+        .counter(
+            "server_restarts_total",
+            "Times ferryd was found restarted.",
+            f.server_restarts,
+        )
+        .gauge(
+            "mirror_bytes_done",
+            "Bytes of regular files present and recorded in the local copy (mirror).",
+            self.bytes_done as f64,
+        )
+        .gauge(
+            "mirror_bytes_total",
+            "Bytes of regular files in the tree (mirror; grows while listing).",
+            self.bytes_total as f64,
+        )
+        .gauge(
+            "mirror_files_done",
+            "Files complete and verified (mirror).",
+            self.files_done as f64,
+        )
+        .gauge(
+            "mirror_files_total",
+            "Regular files in the tree (mirror).",
+            self.files_total as f64,
+        )
+        .counter(
+            "mirror_errors_total",
+            "Errors of the mirror.",
+            self.error_count,
+        )
+        .gauge(
+            "mirror_running",
+            "1 while a mirror pass runs.",
+            f64::from(u8::from(self.state == "running")),
+        );
+        if let Some(m) = &self.mount {
+            e.counter(
+                "cache_hits_total",
+                "Chunks read from the local copy instead of ferryd.",
+                m.chunks_served_locally,
+            )
+            .counter(
+                "cache_stored_chunks_total",
+                "Chunks read for readers and written into the local copy.",
+                m.chunks_stored,
+            )
+            .counter(
+                "cache_store_errors_total",
+                "Failures to write the local copy.",
+                m.store_errors,
+            )
+            .counter(
+                "passthrough_opens_total",
+                "Opens served with FUSE passthrough.",
+                m.passthrough_opens,
+            );
+        }
+        e.finish()
+    }
+}
+
+/// Serves `page()` as Prometheus text on `listener` (`GET /metrics`) until the task ends.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    page: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        let page = page.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut n = 0;
+            while n < buf.len() && !buf[..n].contains(&b'\n') {
+                match tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf[n..]))
+                    .await
+                {
+                    Ok(Ok(k)) if k > 0 => n += k,
+                    _ => return,
+                }
+            }
+            let text = String::from_utf8_lossy(&buf[..n]);
+            let first = text.lines().next().unwrap_or("");
+            let resp = ferry_proto::metrics::http_response(first, || page());
+            let _ = s.write_all(&resp).await;
+            let _ = s.shutdown().await;
+        });
     }
 }

@@ -490,6 +490,16 @@ impl Client {
         &self.inner.counters
     }
 
+    /// Requests sent and not yet answered, over all streams.
+    pub fn inflight(&self) -> usize {
+        let max = self.inner.session.max_inflight as usize;
+        self.inner
+            .slots
+            .iter()
+            .map(|s| max.saturating_sub(s.current().inflight.available_permits()))
+            .sum()
+    }
+
     /// Streams connected now.
     pub fn live_streams(&self) -> usize {
         self.inner.slots.iter().filter(|s| s.alive()).count()

@@ -22,6 +22,7 @@ pub mod auth;
 mod codec;
 pub mod frame;
 pub mod message;
+pub mod metrics;
 pub mod name;
 pub mod payload;
 pub mod preamble;

@@ -1,0 +1,132 @@
+//! `--metrics ADDR`: ferryd and ferry serve Prometheus text on /metrics; scraped and parsed
+//! after a copy, the counters say what happened. And `ferry mirror` on a terminal draws a
+//! progress bar.
+
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::process::Command;
+
+use ferry_tests::{bin, require_fuse, run, which, write_random, TestMount, TestServer};
+
+/// The address a process logged as `metrics on http://ADDR/metrics`.
+fn metrics_addr(log: &str) -> Option<String> {
+    let at = log.find("metrics on http://")? + "metrics on http://".len();
+    let rest = &log[at..];
+    Some(rest[..rest.find("/metrics")?].to_string())
+}
+
+/// GET /metrics, parsed into `name{labels}` → value; every sample line must parse.
+fn scrape(addr: &str) -> HashMap<String, f64> {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let mut out = HashMap::new();
+    for line in body.lines() {
+        if line.starts_with('#') || line.is_empty() {
+            assert!(
+                line.is_empty()
+                    || line.starts_with("# HELP ferry_")
+                    || line.starts_with("# TYPE ferry_"),
+                "{line}"
+            );
+            continue;
+        }
+        let (name, value) = line.rsplit_once(' ').unwrap();
+        assert!(name.starts_with("ferry_"), "{line}");
+        out.insert(
+            name.to_string(),
+            value.parse::<f64>().unwrap_or_else(|_| panic!("{line}")),
+        );
+    }
+    out
+}
+
+#[test]
+fn ferryd_and_the_mount_serve_prometheus_metrics() {
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f.bin"), 6 << 20, 4);
+    let server = TestServer::start_with(src.path(), &["--metrics", "127.0.0.1:0"]);
+    let mount = TestMount::mount(
+        &server.addr,
+        &["--metrics", "127.0.0.1:0", "--streams", "3"],
+    );
+    let dst = tempfile::tempdir().unwrap();
+    run(Command::new("cp")
+        .arg(mount.path().join("f.bin"))
+        .arg(dst.path()));
+
+    let m = scrape(&metrics_addr(&mount.log_text()).expect("mount metrics address"));
+    assert!(
+        m["ferry_received_bytes_total{kind=\"decoded\"}"] >= (6 << 20) as f64,
+        "{m:?}"
+    );
+    assert!(m["ferry_chunks_total"] >= 6.0, "{m:?}");
+    assert_eq!(m["ferry_connected_streams"], 3.0);
+    assert_eq!(m["ferry_checksum_failures_total"], 0.0);
+    assert!(m.contains_key("ferry_compression_ratio"));
+
+    let s = scrape(&metrics_addr(&server.log_text()).expect("ferryd metrics address"));
+    assert!(
+        s["ferry_server_sent_bytes_total{kind=\"decoded\"}"] >= (6 << 20) as f64,
+        "{s:?}"
+    );
+    assert_eq!(s["ferry_server_connected_clients"], 3.0, "{s:?}");
+    assert!(s["ferry_server_requests_total"] >= 6.0);
+
+    // Anything but /metrics is a 404.
+    let mut c = std::net::TcpStream::connect(metrics_addr(&server.log_text()).unwrap()).unwrap();
+    c.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut r = String::new();
+    c.read_to_string(&mut r).unwrap();
+    assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+}
+
+#[test]
+fn ferry_mirror_draws_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
+    let Some(script) = which("script") else {
+        eprintln!("skipped: script(1) is not installed");
+        return;
+    };
+    let src = tempfile::tempdir().unwrap();
+    for i in 0..4 {
+        write_random(&src.path().join(format!("f{i}")), 12 << 20, 30 + i);
+    }
+    let server = TestServer::start(src.path());
+    let dst = tempfile::tempdir().unwrap();
+    // Slow enough (capped) that the bar is drawn several times.
+    let cmd = format!(
+        "{} mirror {} {} --bwlimit 24M",
+        bin("ferry").display(),
+        server.addr,
+        dst.path().join("m").display()
+    );
+    let out = Command::new(script)
+        .args(["-qefc", &cmd, "/dev/null"])
+        .output()
+        .unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    // indicatif's bar: bytes/total, percent, rate, ETA, files.
+    assert!(tty.contains("ETA"), "{tty}");
+    assert!(tty.contains("files "), "{tty}");
+    assert!(tty.contains("MiB/s") || tty.contains("KiB/s"), "{tty}");
+    // Not a terminal: no bar, only the summary line.
+    let plain = Command::new(bin("ferry"))
+        .arg("mirror")
+        .arg(&server.addr)
+        .arg(dst.path().join("n"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&plain.stderr);
+    assert!(plain.status.success(), "{err}");
+    assert!(!err.contains("ETA"), "{err}");
+    assert!(err.contains("complete and verified"), "{err}");
+}
