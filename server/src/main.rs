@@ -16,10 +16,19 @@ use ferry_server::ServerConfig;
 ///       --tls-cert /etc/ferry/cert.pem --tls-key /etc/ferry/key.pem --token-file /etc/ferry/token
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
-#[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
+#[command(
+    subcommand_negates_reqs = true,
+    args_conflicts_with_subcommands = true,
+    args_override_self = true
+)]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Read settings from this TOML file: `key = value` per option, named as the long
+    /// options (`export = "/srv/data"`, `listen = "0.0.0.0:7070"`, `tls_cert = "…"`,
+    /// `insecure = true`). Options on the command line override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Directory to export (read-only; nothing outside it is ever served).
     #[arg(long, value_name = "DIR", required = true)]
     export: Option<PathBuf>,
@@ -103,9 +112,105 @@ fn limit_malloc_arenas() {
     }
 }
 
+/// `--config FILE`: its settings become options placed before the command line's, so the
+/// command line wins (`args_override_self`).
+///
+/// # Errors
+/// An unreadable file, bad TOML, an unknown setting or a value of the wrong kind: one line.
+fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+    use clap::CommandFactory;
+    let mut rest = Vec::with_capacity(argv.len());
+    let mut path = None;
+    let mut it = argv.into_iter();
+    let program = it.next().unwrap_or_default();
+    while let Some(a) = it.next() {
+        match a.to_str() {
+            Some("--config") => {
+                path = Some(it.next().ok_or("--config needs a file")?);
+            }
+            Some(s) if s.starts_with("--config=") => path = Some(s["--config=".len()..].into()),
+            _ => rest.push(a),
+        }
+    }
+    let Some(path) = path else {
+        let mut out = vec![program];
+        out.extend(rest);
+        return Ok(out);
+    };
+    let shown = std::path::Path::new(&path).display().to_string();
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("--config {shown}: cannot read it: {e}"))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        format!(
+            "--config {shown}: not valid TOML: {}",
+            e.message().lines().next().unwrap_or("")
+        )
+    })?;
+    let cmd = Args::command();
+    let mut from_file: Vec<std::ffi::OsString> = Vec::new();
+    for (key, value) in table {
+        let long = key.replace('_', "-");
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long.as_str()) && long != "config" && long != "help")
+            .ok_or_else(|| {
+                format!("--config {shown}: unknown setting '{key}' (settings are ferryd's long options, e.g. export, listen, tls_cert)")
+            })?;
+        let takes_value = arg.get_action().takes_values();
+        match value {
+            toml::Value::Boolean(b) if !takes_value => {
+                if b {
+                    from_file.push(format!("--{long}").into());
+                }
+            }
+            toml::Value::Integer(n) if long == "verbose" => {
+                for _ in 0..n.clamp(0, 3) {
+                    from_file.push("-v".into());
+                }
+            }
+            toml::Value::String(v) if takes_value => {
+                from_file.push(format!("--{long}").into());
+                from_file.push(v.into());
+            }
+            toml::Value::Integer(n) if takes_value => {
+                from_file.push(format!("--{long}").into());
+                from_file.push(n.to_string().into());
+            }
+            other => {
+                return Err(format!(
+                    "--config {shown}: {key} is a {}: expected {}",
+                    other.type_str(),
+                    if takes_value {
+                        "a string or a number"
+                    } else {
+                        "true or false"
+                    }
+                ))
+            }
+        }
+    }
+    let mut out = vec![program];
+    out.extend(from_file);
+    out.extend(rest);
+    Ok(out)
+}
+
 fn main() {
     limit_malloc_arenas();
-    let args = Args::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let is_subcommand = argv.get(1).and_then(|a| a.to_str()) == Some("gen-cert");
+    let argv = if is_subcommand {
+        argv
+    } else {
+        match expand_config(argv) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("ferryd: {e}");
+                std::process::exit(1);
+            }
+        }
+    };
+    let args = Args::parse_from(argv);
     init_logging(args.verbose);
     if let Some(Command::GenCert { cert, key, name }) = &args.command {
         let mut names = name.clone();
