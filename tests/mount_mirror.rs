@@ -224,3 +224,41 @@ fn status_of_a_plain_directory_says_what_to_give() {
     assert!(err.contains("not a ferry mount"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn status_watch_follows_the_mount_mirror_to_the_end() {
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    for i in 0..3 {
+        write_random(&src.path().join(format!("f{i}")), 10 << 20, 70 + i);
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let cache_arg = cache.path().to_str().unwrap().to_string();
+    let server = TestServer::start(src.path());
+    let mount = TestMount::mount(
+        &server.addr,
+        &["--cache-dir", &cache_arg, "--mirror", "--bwlimit", "10M"],
+    );
+    // Not a terminal: one JSON object per line, the last one complete; exit 0.
+    let out = Command::new(bin("ferry"))
+        .arg("status")
+        .arg(mount.path())
+        .args(["--watch", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(lines.len() >= 2, "{lines:?}");
+    assert_eq!(lines[0]["state"], "running");
+    let last = lines.last().unwrap();
+    assert_eq!(last["state"], "complete");
+    assert_eq!(last["bytes_done"], 30u64 << 20);
+    assert_eq!(last["files_done"], 3);
+}

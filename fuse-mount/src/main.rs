@@ -120,9 +120,13 @@ struct MirrorArgs {
 struct StatusArgs {
     /// A ferry mount point, or a directory filled by `ferry mirror` or `--cache-dir`.
     path: PathBuf,
-    /// Machine-readable output.
+    /// Machine-readable output: the status object (schema in docs/CONFIGURATION.md).
     #[arg(long)]
     json: bool,
+    /// Follow a running mirror until it ends: a progress bar on a terminal, a line every
+    /// 5 s otherwise (one JSON object per line with --json). Exit status 0 when complete.
+    #[arg(long)]
+    watch: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -308,7 +312,7 @@ fn main() {
     let r = match cli.command {
         Command::Mount(args) => mount(args),
         Command::Mirror(args) => mirror(args),
-        Command::Status(args) => ferry_mount::mirror_cli::status(&args.path, args.json),
+        Command::Status(args) => ferry_mount::mirror_cli::status(&args.path, args.json, args.watch),
     };
     if let Err(e) = r {
         eprintln!("ferry: {e:#}");

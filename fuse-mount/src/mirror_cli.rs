@@ -210,18 +210,13 @@ fn mount_status(path: &Path) -> anyhow::Result<Option<Status>> {
     }
 }
 
-/// `ferry status PATH [--json]`: PATH is a mount point or a cache directory.
+/// The current status of PATH: a mount point or a cache directory.
 ///
 /// # Errors
 /// PATH is neither a ferry mount nor holds ferry state.
-pub fn status(path: &Path, json: bool) -> anyhow::Result<()> {
+fn read_status(path: &Path) -> anyhow::Result<Status> {
     if let Some(s) = mount_status(path)? {
-        if json {
-            println!("{}", serde_json::to_string_pretty(&s)?);
-        } else {
-            print_status(path, &s);
-        }
-        return Ok(());
+        return Ok(s);
     }
     let meta = path.join(STATE_DIR);
     if !meta.is_dir() {
@@ -239,12 +234,100 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<()> {
     if s.state == "running" && !pid_alive(s.pid) {
         s.state = "interrupted".into();
     }
+    Ok(s)
+}
+
+/// `ferry status PATH [--json] [--watch]`: PATH is a mount point or a cache directory.
+///
+/// # Errors
+/// PATH is neither a ferry mount nor holds ferry state; with `--watch`, the mirror ended
+/// incomplete.
+pub fn status(path: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
+    if watch {
+        return watch_status(path, json);
+    }
+    let s = read_status(path)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&s)?);
-        return Ok(());
+    } else {
+        print_status(path, &s);
     }
-    print_status(path, &s);
     Ok(())
+}
+
+/// Follows a running mirror (of a directory or a mount's `--mirror`) until it ends: a
+/// progress bar on a terminal, a line every 5 s otherwise (a JSON object per line with
+/// `--json`). Exit status 0 when it completed.
+fn watch_status(path: &Path, json: bool) -> anyhow::Result<()> {
+    let bar = (!json && std::io::stdout().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::with_draw_target(
+            Some(0),
+            indicatif::ProgressDrawTarget::stdout(),
+        );
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bytes:>10}/{total_bytes:<10} {bar:30} {percent:>3}% {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let mut last_line = std::time::Instant::now() - Duration::from_secs(10);
+    loop {
+        let s = read_status(path)?;
+        if s.state == "mounted" {
+            bail!(
+                "{} is a mount without --mirror: nothing to watch (`ferry status {}` shows its counters)",
+                path.display(),
+                path.display()
+            );
+        }
+        let running = s.state == "running";
+        let eta = s
+            .eta_secs
+            .map_or_else(|| "?".to_string(), |e| format!("{e:.0} s"));
+        let msg = format!(
+            "{}/s ETA {eta} files {}/{}{}",
+            human_bytes(s.rate_bytes_per_sec as u64),
+            s.files_done,
+            s.files_total,
+            if s.walk_done { "" } else { "+" }
+        );
+        if let Some(b) = &bar {
+            b.set_length(s.bytes_total);
+            b.set_position(s.bytes_done);
+            b.set_message(msg.clone());
+        } else if !running || last_line.elapsed() >= Duration::from_secs(5) {
+            last_line = std::time::Instant::now();
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "{}: {} {} of {} ({:.1} %), {msg}",
+                    path.display(),
+                    s.state,
+                    human_bytes(s.bytes_done),
+                    human_bytes(s.bytes_total),
+                    100.0 * s.bytes_done as f64 / s.bytes_total.max(1) as f64
+                );
+            }
+        }
+        if !running {
+            if let Some(b) = &bar {
+                b.finish_with_message(format!("{} {msg}", s.state));
+            }
+            if s.state == "complete" {
+                return Ok(());
+            }
+            bail!(
+                "the mirror ended {} with {} error(s): see `ferry status {}`",
+                s.state,
+                s.error_count,
+                path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 fn print_status(path: &Path, s: &Status) {
