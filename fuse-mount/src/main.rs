@@ -197,6 +197,9 @@ struct MountArgs {
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Less log output: warnings and errors only.
+    #[arg(short, long, conflicts_with = "verbose")]
+    quiet: bool,
 }
 
 /// Encryption and authentication (mount and mirror).
@@ -237,10 +240,6 @@ struct FaultArgs {
     /// for dead, closed and reconnected (its requests go to other streams).
     #[arg(long, value_name = "SECS", default_value_t = 15)]
     stall_timeout: u64,
-}
-
-fn init_logging(verbose: u8, file: Option<&PathBuf>) -> anyhow::Result<()> {
-    init_logging_at(verbose, file, "info")
 }
 
 fn init_logging_at(verbose: u8, file: Option<&PathBuf>, quiet: &str) -> anyhow::Result<()> {
@@ -582,7 +581,11 @@ fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
 fn mount(args: MountArgs) -> anyhow::Result<()> {
     let cfg = mount_config(&args)?;
     if args.foreground {
-        init_logging(args.verbose, args.log_file.as_ref())?;
+        init_logging_at(
+            args.verbose,
+            args.log_file.as_ref(),
+            if args.quiet { "warn" } else { "info" },
+        )?;
         return ferry_mount::mount::run(cfg, || {});
     }
     // Fork before any thread exists; the parent waits until the child reports the mount
@@ -613,7 +616,11 @@ fn mount(args: MountArgs) -> anyhow::Result<()> {
     let report = std::cell::RefCell::new(Some(std::fs::File::from(wr)));
     // SAFETY: setsid has no memory effects; it detaches from the terminal's session.
     unsafe { libc::setsid() };
-    if let Err(e) = init_logging(args.verbose, args.log_file.as_ref()) {
+    if let Err(e) = init_logging_at(
+        args.verbose,
+        args.log_file.as_ref(),
+        if args.quiet { "warn" } else { "info" },
+    ) {
         // Reported once, by the parent.
         if let Some(mut f) = report.borrow_mut().take() {
             let _ = f.write_all(format!("{e:#}").as_bytes());

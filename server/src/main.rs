@@ -77,6 +77,9 @@ struct Args {
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Less log output: warnings and errors only.
+    #[arg(short, long, conflicts_with = "verbose")]
+    quiet: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -211,7 +214,7 @@ fn main() {
         }
     };
     let args = Args::parse_from(argv);
-    init_logging(args.verbose);
+    init_logging(if args.quiet { None } else { Some(args.verbose) });
     if let Some(Command::GenCert { cert, key, name }) = &args.command {
         let mut names = name.clone();
         if names.is_empty() {
@@ -243,11 +246,13 @@ fn main() {
     }
 }
 
-fn init_logging(verbose: u8) {
+/// `None`: quiet (warnings only); `Some(n)`: -v count.
+fn init_logging(verbose: Option<u8>) {
     let default = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
+        None => "warn",
+        Some(0) => "info",
+        Some(1) => "debug",
+        Some(_) => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
