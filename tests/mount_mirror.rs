@@ -56,6 +56,63 @@ fn reads_during_a_running_mirror_are_correct_and_the_mirror_completes() {
         &["--cache-dir", &cache_arg, "--mirror", "--bwlimit", "6M"],
     );
     let s = status(&mount.path());
+    // The documented schema (docs/CONFIGURATION.md): every field is there.
+    for key in [
+        "state",
+        "pid",
+        "remote",
+        "started_unix",
+        "updated_unix",
+        "elapsed_secs",
+        "walk_done",
+        "bytes_total",
+        "bytes_done",
+        "bytes_fetched",
+        "files_total",
+        "files_done",
+        "files_verified",
+        "chunks_fetched",
+        "chunks_refetched",
+        "hash_mismatches",
+        "files_changed",
+        "rate_bytes_per_sec",
+        "eta_secs",
+        "error_count",
+        "errors",
+        "faults",
+        "mount",
+    ] {
+        assert!(s.get(key).is_some(), "status lacks {key}: {s}");
+    }
+    for key in [
+        "retries",
+        "checksum_failures",
+        "reconnects",
+        "stalls",
+        "server_restarts",
+        "live_streams",
+        "inflight_requests",
+        "wire_bytes",
+        "decoded_bytes",
+        "chunks",
+    ] {
+        assert!(s["faults"].get(key).is_some(), "faults lacks {key}: {s}");
+    }
+    for key in [
+        "mountpoint",
+        "cache_dir",
+        "mirror",
+        "bwlimit",
+        "wire_bytes",
+        "decoded_bytes",
+        "chunks_served_locally",
+        "chunks_stored",
+        "store_errors",
+        "files_verified_by_reads",
+        "passthrough_opens",
+    ] {
+        assert!(s["mount"].get(key).is_some(), "mount lacks {key}: {s}");
+    }
     assert_eq!(s["mount"]["mirror"], true, "{s}");
     assert_eq!(s["mount"]["bwlimit"], 6 << 20, "{s}");
     assert!(

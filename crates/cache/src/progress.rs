@@ -444,6 +444,11 @@ impl Status {
                 m.chunks_served_locally,
             )
             .counter(
+                "cache_misses_total",
+                "Chunks read from ferryd (not in the local copy).",
+                f.chunks,
+            )
+            .counter(
                 "cache_stored_chunks_total",
                 "Chunks read for readers and written into the local copy.",
                 m.chunks_stored,
