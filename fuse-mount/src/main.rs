@@ -307,7 +307,10 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let cli = Cli::parse_from(argv);
+    let cli = match <Cli as clap::Parser>::try_parse_from(argv) {
+        Ok(a) => a,
+        Err(e) => one_line_usage_error(e),
+    };
     let r = match cli.command {
         Command::Mount(args) => mount(args),
         Command::Mirror(args) => mirror(args),
@@ -654,6 +657,36 @@ fn detach_stdio() {
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
     }
+}
+
+/// Help and version print as usual; a usage error becomes one line (what is wrong, the
+/// usage, where to look) instead of clap's block.
+fn one_line_usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let mut what = Vec::new();
+    let mut usage = None;
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(u) = line.strip_prefix("Usage: ") {
+            usage = Some(u.to_string());
+        } else if !line.starts_with("For more information") && !line.starts_with("tip:") {
+            what.push(line.trim_start_matches("error: ").to_string());
+        }
+    }
+    eprintln!(
+        "ferry: {}{}; see --help",
+        what.join(" "),
+        usage.map_or_else(String::new, |u| format!(" (usage: {u})"))
+    );
+    std::process::exit(2);
 }
 
 #[cfg(test)]

@@ -213,7 +213,10 @@ fn main() {
             }
         }
     };
-    let args = Args::parse_from(argv);
+    let args = match <Args as clap::Parser>::try_parse_from(argv) {
+        Ok(a) => a,
+        Err(e) => one_line_usage_error(e),
+    };
     init_logging(if args.quiet { None } else { Some(args.verbose) });
     if let Some(Command::GenCert { cert, key, name }) = &args.command {
         let mut names = name.clone();
@@ -378,4 +381,34 @@ async fn shutdown_signal() {
         _ = term.recv() => {},
         _ = int.recv() => {},
     }
+}
+
+/// Help and version print as usual; a usage error becomes one line (what is wrong, the
+/// usage, where to look) instead of clap's block.
+fn one_line_usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let mut what = Vec::new();
+    let mut usage = None;
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(u) = line.strip_prefix("Usage: ") {
+            usage = Some(u.to_string());
+        } else if !line.starts_with("For more information") && !line.starts_with("tip:") {
+            what.push(line.trim_start_matches("error: ").to_string());
+        }
+    }
+    eprintln!(
+        "ferryd: {}{}; see --help",
+        what.join(" "),
+        usage.map_or_else(String::new, |u| format!(" (usage: {u})"))
+    );
+    std::process::exit(2);
 }
