@@ -10,25 +10,9 @@ use std::time::Duration;
 
 use ferry_tests::proxy::{Fault, FaultProxy};
 use ferry_tests::{
-    bin, is_root, require_fuse, run, wait_for, write_random, SmallTmpfs, TestMount, TestServer,
+    bin, is_root, require_fuse, run, status, wait_for, write_random, SmallTmpfs, TestMount,
+    TestServer,
 };
-
-/// `ferry status PATH --json`, parsed.
-fn status(path: &Path) -> serde_json::Value {
-    let out = Command::new(bin("ferry"))
-        .arg("status")
-        .arg(path)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ferry status {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 fn n(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))

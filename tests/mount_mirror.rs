@@ -8,24 +8,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use ferry_tests::{bin, is_root, require_fuse, run, wait_for, write_random, TestMount, TestServer};
-
-/// `ferry status PATH --json`, parsed.
-fn status(path: &Path) -> serde_json::Value {
-    let out = Command::new(bin("ferry"))
-        .arg("status")
-        .arg(path)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ferry status {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+use ferry_tests::{
+    bin, is_root, require_fuse, run, status, wait_for, write_random, TestMount, TestServer,
+};
 
 fn source_tree(root: &Path) {
     std::fs::create_dir_all(root.join("d/e")).unwrap();

@@ -527,3 +527,20 @@ impl Drop for SmallTmpfs {
             .status();
     }
 }
+
+/// `ferry status PATH --json`, parsed (panics with ferry's message if it fails).
+pub fn status(path: &Path) -> serde_json::Value {
+    let out = Command::new(bin("ferry"))
+        .arg("status")
+        .arg(path)
+        .arg("--json")
+        .output()
+        .expect("run ferry status");
+    assert!(
+        out.status.success(),
+        "ferry status {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("ferry status --json output")
+}

@@ -200,27 +200,4 @@ pub(crate) fn explain(e: &std::io::Error) -> String {
     }
 }
 
-/// A shared token, kept as its derived key; never printed.
-#[derive(Clone)]
-pub struct Token([u8; 32]);
-
-impl Token {
-    /// The token in a token file's contents.
-    ///
-    /// # Errors
-    /// Too short.
-    pub fn from_file_contents(contents: &[u8]) -> Result<Token, String> {
-        let t = ferry_proto::auth::token_from_file_contents(contents)?;
-        Ok(Token(ferry_proto::auth::token_key(&t)))
-    }
-
-    pub(crate) fn key(&self) -> &[u8; 32] {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
+pub use ferry_proto::auth::Token;

@@ -61,6 +61,31 @@ pub fn token_from_file_contents(contents: &[u8]) -> Result<Vec<u8>, String> {
     Ok(t.to_vec())
 }
 
+/// A shared token, kept only as its derived key ([`token_key`]); never printed.
+#[derive(Clone)]
+pub struct Token([u8; 32]);
+
+impl Token {
+    /// The token in a token file's contents (see [`token_from_file_contents`]).
+    ///
+    /// # Errors
+    /// Too short.
+    pub fn from_file_contents(contents: &[u8]) -> Result<Token, String> {
+        Ok(Token(token_key(&token_from_file_contents(contents)?)))
+    }
+
+    /// The derived key proofs are made with.
+    pub fn key(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
 /// `SHA256:<base64>` of a certificate's DER bytes.
 pub fn fingerprint(der: &[u8]) -> String {
     format!(
