@@ -186,6 +186,10 @@ fn an_expired_certificate_and_a_plaintext_server_are_refused_clearly() {
     let plain = TestServer::start(src.path());
     let e = mount_fails(&plain.addr, &["--ca", &pki.path("ca.pem")]);
     assert!(e.contains("does not offer TLS"), "{e}");
+    // A client with a token insists that the server proves it holds it.
+    let token = token_file(keys.path(), "t");
+    let e = mount_fails(&plain.addr, &["--token-file", &token]);
+    assert!(e.contains("did not ask for the token"), "{e}");
 }
 
 #[test]

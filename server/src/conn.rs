@@ -189,7 +189,8 @@ where
             }
         };
         let Some(frame) = frame else {
-            if inflight.available_permits() == welcome.max_inflight as usize && buf.is_empty() {
+            // Nothing in flight: an idle client, or one that vanished mid-frame.
+            if inflight.available_permits() == welcome.max_inflight as usize {
                 debug!("closing a connection idle for {} s", idle.as_secs());
                 break Ok(());
             }

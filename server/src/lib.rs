@@ -176,21 +176,35 @@ impl Shared {
 /// Serves the Prometheus page on `listener` (`GET /metrics`) until the task is dropped.
 async fn serve_metrics(listener: TcpListener, shared: Arc<Shared>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A few scrapers at a time, each with 5 s for its whole request line.
+    let slots = Arc::new(Semaphore::new(16));
     loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((mut s, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         let shared = shared.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut buf = vec![0u8; 4096];
             let mut n = 0;
-            // The request line is enough; give up on a client that sends nothing.
-            while n < buf.len() && !buf[..n].contains(&b'\n') {
-                match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf[n..])).await {
-                    Ok(Ok(k)) if k > 0 => n += k,
-                    _ => return,
+            let read_line = async {
+                while n < buf.len() && !buf[..n].contains(&b'\n') {
+                    match s.read(&mut buf[n..]).await {
+                        Ok(k) if k > 0 => n += k,
+                        _ => return false,
+                    }
                 }
+                true
+            };
+            if !matches!(
+                tokio::time::timeout(Duration::from_secs(5), read_line).await,
+                Ok(true)
+            ) {
+                return;
             }
             let line = String::from_utf8_lossy(&buf[..n]);
             let first = line.lines().next().unwrap_or("");

@@ -474,22 +474,35 @@ pub async fn serve_metrics(
     page: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A few scrapers at a time, each with 5 s for its whole request line.
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(16));
     loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((mut s, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             continue;
         };
         let page = page.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut buf = vec![0u8; 4096];
             let mut n = 0;
-            while n < buf.len() && !buf[..n].contains(&b'\n') {
-                match tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf[n..]))
-                    .await
-                {
-                    Ok(Ok(k)) if k > 0 => n += k,
-                    _ => return,
+            let read_line = async {
+                while n < buf.len() && !buf[..n].contains(&b'\n') {
+                    match s.read(&mut buf[n..]).await {
+                        Ok(k) if k > 0 => n += k,
+                        _ => return false,
+                    }
                 }
+                true
+            };
+            if !matches!(
+                tokio::time::timeout(std::time::Duration::from_secs(5), read_line).await,
+                Ok(true)
+            ) {
+                return;
             }
             let text = String::from_utf8_lossy(&buf[..n]);
             let first = text.lines().next().unwrap_or("");

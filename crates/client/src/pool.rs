@@ -308,9 +308,16 @@ async fn open_stream(cfg: &ClientConfig) -> Result<(Halves, Welcome, BytesMut), 
     };
     if !(ferry_proto::MIN_CHUNK_SIZE..=ferry_proto::MAX_CHUNK_SIZE).contains(&w.chunk_size)
         || w.max_frame < w.chunk_size + 256
+        || w.max_frame > ferry_proto::MAX_CHUNK_SIZE + ferry_proto::FRAME_OVERHEAD
         || w.max_inflight == 0
     {
         return Err(hs_err(format!("unusable session parameters {w:?}")));
+    }
+    if cfg.token.is_some() && w.auth == ferry_proto::AuthMethod::None {
+        return Err(hs_err(
+            "the server did not ask for the token, so it cannot prove it holds it: it is not the ferryd you meant, or it runs without --token-file"
+                .into(),
+        ));
     }
     if let ferry_proto::AuthMethod::Token { challenge } = &w.auth {
         let Some(token) = &cfg.token else {
@@ -596,7 +603,9 @@ impl Client {
         loop {
             match self.call_once(request.clone()).await {
                 Err(ClientError::ConnectionLost) => {
-                    if !self.wait_for_stream(deadline).await {
+                    if tokio::time::Instant::now() >= deadline
+                        || !self.wait_for_stream(deadline).await
+                    {
                         return Err(ClientError::Unreachable {
                             addr: self.inner.config.addr.clone(),
                             waited: timeout,
@@ -633,6 +642,14 @@ impl Client {
             (slot, conn, None)
         };
         slot.load.fetch_add(weight, Ordering::Relaxed);
+        // Taken back however this call ends (also when it is cancelled).
+        struct Unload<'a>(&'a AtomicU64, u64);
+        impl Drop for Unload<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(self.1, Ordering::Relaxed);
+            }
+        }
+        let _unload = Unload(&slot.load, weight);
         let result = async {
             let _permit = conn
                 .inflight
@@ -647,7 +664,6 @@ impl Client {
             rx.await.map_err(|_| ClientError::ConnectionLost)?
         }
         .await;
-        slot.load.fetch_sub(weight, Ordering::Relaxed);
         match result? {
             Response::Error { status, message } => Err(ClientError::Remote { status, message }),
             r => Ok(r),
@@ -885,6 +901,7 @@ fn start_conn(
         pending.clone(),
         alive.clone(),
         kill.clone(),
+        last_rx.clone(),
     ));
     let reader = read_loop(
         rd,
@@ -939,6 +956,8 @@ async fn watchdog(
     let tick = (stall / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The `last_rx` a mid-stall Ping was sent for (one per quiet spell).
+    let mut pinged_at = u64::MAX;
     loop {
         interval.tick().await;
         if !alive.load(Ordering::Relaxed) {
@@ -950,30 +969,44 @@ async fn watchdog(
             .unwrap_or_else(|e| e.into_inner())
             .waiting
             .len();
-        let quiet = Duration::from_millis(now_ms().saturating_sub(last_rx.load(Ordering::Relaxed)));
-        if waiting > 0 && quiet >= stall {
-            counters.stalls.fetch_add(1, Ordering::Relaxed);
-            warn!(
-                "stream {slot}: nothing received for {:.0} s with {waiting} requests waiting; closing it, its requests go to other streams",
-                quiet.as_secs_f64()
-            );
-            kill.notify_one();
-            return;
-        }
-        if waiting == 0 && quiet >= keepalive {
-            // The answer only refreshes `last_rx`; a missing one shows up as a stall.
+        // Quiet: since the last byte received, or since requests started waiting after an
+        // idle spell (the writer resets the clock then), whichever is later.
+        let rx = last_rx.load(Ordering::Relaxed);
+        let quiet = Duration::from_millis(now_ms().saturating_sub(rx));
+        let ping = || {
             let (reply, _) = oneshot::channel();
-            if tx
-                .try_send(Outgoing {
-                    request: Request::Ping,
-                    reply,
-                })
-                .is_err()
-            {
+            tx.try_send(Outgoing {
+                request: Request::Ping,
+                reply,
+            })
+        };
+        if waiting > 0 {
+            if quiet >= stall {
+                counters.stalls.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    "stream {slot}: nothing received for {:.0} s with {waiting} requests waiting; closing it, its requests go to other streams",
+                    quiet.as_secs_f64()
+                );
+                kill.notify_one();
                 return;
             }
-            // The stall clock starts now: the Pong has `stall` to arrive.
-            last_rx.store(now_ms(), Ordering::Relaxed);
+            // A slow request (a big Hash) is not a dead stream: a Ping halfway through the
+            // stall time proves the stream alive when its Pong comes back.
+            if quiet >= stall / 2 && pinged_at != rx {
+                match ping() {
+                    Ok(()) => pinged_at = rx,
+                    Err(mpsc::error::TrySendError::Full(_)) => {}
+                    Err(mpsc::error::TrySendError::Closed(_)) => return,
+                }
+            }
+        } else if quiet >= keepalive {
+            // The answer only refreshes `last_rx`; a missing one shows up as a stall.
+            match ping() {
+                // The stall clock starts now: the Pong has `stall` to arrive.
+                Ok(()) => last_rx.store(now_ms(), Ordering::Relaxed),
+                Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
         }
     }
 }
@@ -1008,7 +1041,14 @@ async fn reconnect(inner: std::sync::Weak<Inner>, slot: usize) {
                     i.counters.reconnects.fetch_add(1, Ordering::Relaxed);
                     info!("stream {slot} reconnected to {}", config.addr);
                     i.changed.notify_waiters();
-                    return;
+                    // Its end may have been reported while the flag was still set (and so
+                    // ignored): then this task carries on.
+                    if i.slots[slot].alive()
+                        || i.slots[slot].reconnecting.swap(true, Ordering::AcqRel)
+                    {
+                        return;
+                    }
+                    "the new connection ended at once".to_string()
                 }
                 Err(why) => why,
             },
@@ -1099,6 +1139,7 @@ async fn write_loop(
     pending: Arc<Mutex<Pending>>,
     alive: Arc<AtomicBool>,
     kill: Arc<Notify>,
+    last_rx: Arc<AtomicU64>,
 ) {
     let mut w = BufWriter::with_capacity(64 * 1024, wr);
     let mut buf = BytesMut::with_capacity(64 * 1024);
@@ -1114,6 +1155,10 @@ async fn write_loop(
                 }
                 let id = p.next_id;
                 p.next_id = p.next_id.wrapping_add(1).max(1);
+                if p.waiting.is_empty() {
+                    // After an idle spell the stall clock starts with this request.
+                    last_rx.store(now_ms(), Ordering::Relaxed);
+                }
                 p.waiting.insert(id, out.reply);
                 id
             };
