@@ -198,6 +198,8 @@ struct Inner {
     started: Instant,
     /// When the last foreground request was made (ms since `started`, plus one; 0: never).
     last_foreground: AtomicU64,
+    /// Each stream's background budget in bytes (one chunk).
+    background_budget: usize,
     /// Woken whenever a stream is (re)connected.
     changed: Notify,
     /// Tells the supervisor that a slot's connection ended.
@@ -463,6 +465,7 @@ impl Client {
             counters,
             started: Instant::now(),
             last_foreground: AtomicU64::new(0),
+            background_budget,
             changed: Notify::new(),
             dead: dead_tx,
         });
@@ -495,6 +498,16 @@ impl Client {
     /// Transfer counters.
     pub fn counters(&self) -> &Counters {
         &self.inner.counters
+    }
+
+    /// Background bytes in flight on each stream (each at most one chunk).
+    pub fn background_in_flight(&self) -> Vec<u64> {
+        let budget = self.inner.background_budget;
+        self.inner
+            .slots
+            .iter()
+            .map(|s| budget.saturating_sub(s.background.available_permits()) as u64)
+            .collect()
     }
 
     /// Requests sent and not yet answered, over all streams.
@@ -625,8 +638,8 @@ impl Client {
         };
         let (slot, conn, _background) = if self.background {
             let (slot, conn) = self.pick_background()?;
-            let budget = self.inner.session.chunk_size.max(4096);
-            let units = weight.clamp(4096, u64::from(budget)) as u32;
+            let budget = self.inner.background_budget as u64;
+            let units = weight.clamp(4096, budget) as u32;
             let permit = slot
                 .background
                 .clone()

@@ -113,3 +113,58 @@ async fn a_server_that_stays_away_gives_a_clear_error_after_the_timeout() {
         "{waited:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_reads_keep_to_one_chunk_per_stream_and_readers_get_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..(16 << 20))
+        .map(|i: usize| (i * 7 + i / 4099) as u8)
+        .collect();
+    std::fs::write(dir.path().join("f"), &data).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_stop, _task) = serve_on(listener, dir.path());
+    let client = Client::connect(ClientConfig {
+        addr: addr.to_string(),
+        streams: 4,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let chunk = u64::from(client.session().chunk_size);
+    let bg = client.background();
+    let tasks: Vec<_> = (0..64u64)
+        .map(|i| {
+            let bg = bg.clone();
+            tokio::spawn(async move {
+                bg.read(Bytes::from_static(b"f"), (i % 16) << 20, 1 << 20)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    // While they run: never more than one chunk of background bytes on any stream, and a
+    // foreground read is answered.
+    let mut most_streams_busy = 0;
+    let fg = {
+        let client = client.clone();
+        tokio::spawn(async move { client.read(Bytes::from_static(b"f"), 5 << 20, 4096).await })
+    };
+    while tasks.iter().any(|t| !t.is_finished()) {
+        let per_stream = bg.background_in_flight();
+        assert!(per_stream.iter().all(|&b| b <= chunk), "{per_stream:?}");
+        most_streams_busy = most_streams_busy.max(per_stream.iter().filter(|&&b| b > 0).count());
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        most_streams_busy >= 2,
+        "background work used {most_streams_busy} stream(s)"
+    );
+    let (d, _) = fg.await.unwrap().unwrap();
+    assert_eq!(&d[..], &data[5 << 20..(5 << 20) + 4096]);
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (d, _) = t.await.unwrap();
+        let off = (i % 16) << 20;
+        assert_eq!(&d[..], &data[off..off + (1 << 20)]);
+    }
+}
