@@ -118,15 +118,26 @@ fn ferry_mirror_draws_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
     assert!(tty.contains("ETA"), "{tty}");
     assert!(tty.contains("files "), "{tty}");
     assert!(tty.contains("MiB/s") || tty.contains("KiB/s"), "{tty}");
-    // Not a terminal: no bar, only the summary line.
+    // Not a terminal: no bar; a plain progress line every 5 s (this run takes about 7 s),
+    // then the summary.
     let plain = Command::new(bin("ferry"))
         .arg("mirror")
         .arg(&server.addr)
         .arg(dst.path().join("n"))
+        .args(["--bwlimit", "6M"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&plain.stderr);
     assert!(plain.status.success(), "{err}");
-    assert!(!err.contains("ETA"), "{err}");
+    assert!(!err.contains('\r'), "{err}");
+    let progress: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("ferry mirror: running "))
+        .collect();
+    assert!(!progress.is_empty(), "{err}");
+    assert!(
+        progress[0].contains(" of 48.0 MiB (") && progress[0].contains("ETA"),
+        "{err}"
+    );
     assert!(err.contains("complete and verified"), "{err}");
 }

@@ -94,7 +94,7 @@ struct MirrorArgs {
     /// Do not compare each file's BLAKE3 with the server's.
     #[arg(long)]
     no_verify: bool,
-    /// No progress bar.
+    /// No progress output (a bar on a terminal; otherwise a plain line every 5 s).
     #[arg(short, long)]
     quiet: bool,
     /// Seconds to wait for the server when connecting.

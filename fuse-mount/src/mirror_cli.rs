@@ -137,6 +137,21 @@ async fn run_async(opts: MirrorOptions) -> anyhow::Result<()> {
             }
         })
     });
+    // Not a terminal (a log, a pipe): a plain progress line every 5 s.
+    let plain = (opts.progress && bar.is_none()).then(|| {
+        let (p, label) = (progress.clone(), label.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                eprintln!(
+                    "ferry mirror: {}",
+                    progress_line(&p.snapshot("running", &label))
+                );
+            }
+        })
+    });
     let result = tokio::select! {
         r = mirror.run() => r,
         _ = tokio::signal::ctrl_c() => {
@@ -148,7 +163,7 @@ async fn run_async(opts: MirrorOptions) -> anyhow::Result<()> {
             bail!("interrupted: run the same command again to resume");
         }
     };
-    if let Some(t) = ticker {
+    for t in [ticker, plain].into_iter().flatten() {
         t.abort();
     }
     if let Some(b) = &bar {
@@ -166,6 +181,32 @@ async fn run_async(opts: MirrorOptions) -> anyhow::Result<()> {
         human_bytes((s.fetched as f64 / secs.max(1e-3)) as u64),
     );
     Ok(())
+}
+
+/// `8.0 MiB/s ETA 4 s files 1/4` (a `+` after the files while the tree is still listed).
+fn rate_eta_files(s: &Status) -> String {
+    let eta = s
+        .eta_secs
+        .map_or_else(|| "?".to_string(), |e| format!("{e:.0} s"));
+    format!(
+        "{}/s ETA {eta} files {}/{}{}",
+        human_bytes(s.rate_bytes_per_sec as u64),
+        s.files_done,
+        s.files_total,
+        if s.walk_done { "" } else { "+" }
+    )
+}
+
+/// One plain progress line, for output that is not a terminal.
+fn progress_line(s: &Status) -> String {
+    format!(
+        "{} {} of {} ({:.1} %), {}",
+        s.state,
+        human_bytes(s.bytes_done),
+        human_bytes(s.bytes_total),
+        100.0 * s.bytes_done as f64 / s.bytes_total.max(1) as f64,
+        rate_eta_files(s)
+    )
 }
 
 /// `1.5 GiB` style.
@@ -283,16 +324,7 @@ fn watch_status(path: &Path, json: bool) -> anyhow::Result<()> {
             );
         }
         let running = s.state == "running";
-        let eta = s
-            .eta_secs
-            .map_or_else(|| "?".to_string(), |e| format!("{e:.0} s"));
-        let msg = format!(
-            "{}/s ETA {eta} files {}/{}{}",
-            human_bytes(s.rate_bytes_per_sec as u64),
-            s.files_done,
-            s.files_total,
-            if s.walk_done { "" } else { "+" }
-        );
+        let msg = rate_eta_files(&s);
         if let Some(b) = &bar {
             b.set_length(s.bytes_total);
             b.set_position(s.bytes_done);
@@ -302,14 +334,7 @@ fn watch_status(path: &Path, json: bool) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
-                println!(
-                    "{}: {} {} of {} ({:.1} %), {msg}",
-                    path.display(),
-                    s.state,
-                    human_bytes(s.bytes_done),
-                    human_bytes(s.bytes_total),
-                    100.0 * s.bytes_done as f64 / s.bytes_total.max(1) as f64
-                );
+                println!("{}: {}", path.display(), progress_line(&s));
             }
         }
         if !running {
