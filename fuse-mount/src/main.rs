@@ -71,12 +71,8 @@ struct MirrorArgs {
     remote: String,
     /// Local directory to fill (created if missing; its state goes in DIR/.ferry/).
     dir: PathBuf,
-    /// TCP connections used together.
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    streams: usize,
-    /// Chunk size to request, in KiB (the server may choose smaller).
-    #[arg(long, value_name = "KIB", default_value_t = 1024)]
-    chunk_size: u32,
+    #[command(flatten)]
+    net: NetArgs,
     /// Files copied at once (each has a request in flight: many are needed to fill a
     /// long link with small files).
     #[arg(long, value_name = "N", default_value_t = 512)]
@@ -88,26 +84,12 @@ struct MirrorArgs {
     /// 1024), e.g. 100M.
     #[arg(long, value_name = "RATE", value_parser = ferry_mount::mirror_cli::parse_rate)]
     bwlimit: Option<u64>,
-    /// Never ask for lz4-compressed data.
-    #[arg(long)]
-    no_compression: bool,
     /// Do not compare each file's BLAKE3 with the server's.
     #[arg(long)]
     no_verify: bool,
     /// No progress output (a bar on a terminal; otherwise a plain line every 5 s).
     #[arg(short, long)]
     quiet: bool,
-    /// Seconds to wait for the server when connecting.
-    #[arg(long, value_name = "SECS", default_value_t = 10)]
-    connect_timeout: u64,
-    #[command(flatten)]
-    faults: FaultArgs,
-    #[command(flatten)]
-    security: SecurityArgs,
-    /// Serve Prometheus metrics (names ferry_*: bytes, chunks, compression, retries,
-    /// checksum failures, streams, mirror progress, cache hits) on http://ADDR/metrics.
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<std::net::SocketAddr>,
     /// Write the log here instead of stderr.
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -135,12 +117,8 @@ struct MountArgs {
     remote: String,
     /// Empty directory to mount on.
     mountpoint: PathBuf,
-    /// TCP connections used together.
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    streams: usize,
-    /// Chunk size to request, in KiB (the server may choose smaller).
-    #[arg(long, value_name = "KIB", default_value_t = 1024)]
-    chunk_size: u32,
+    #[command(flatten)]
+    net: NetArgs,
     /// Largest read-ahead window of a sequential reader, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     max_window: u64,
@@ -150,9 +128,6 @@ struct MountArgs {
     /// Seconds the kernel caches attributes and names.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     attr_timeout: f64,
-    /// Never ask for lz4-compressed data.
-    #[arg(long)]
-    no_compression: bool,
     /// Allow other users (e.g. postgres, oracle) to use the mount. Non-root users need
     /// `user_allow_other` in /etc/fuse.conf.
     #[arg(long)]
@@ -166,17 +141,6 @@ struct MountArgs {
     /// Kernel readahead for the mount, in KiB.
     #[arg(long, value_name = "KIB", default_value_t = 8192)]
     read_ahead_kb: u32,
-    /// Seconds to wait for the server when connecting.
-    #[arg(long, value_name = "SECS", default_value_t = 10)]
-    connect_timeout: u64,
-    #[command(flatten)]
-    faults: FaultArgs,
-    #[command(flatten)]
-    security: SecurityArgs,
-    /// Serve Prometheus metrics (names ferry_*: bytes, chunks, compression, retries,
-    /// checksum failures, streams, mirror progress, cache hits) on http://ADDR/metrics.
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<std::net::SocketAddr>,
     /// Write the log here (in the background the log is otherwise discarded).
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -200,6 +164,31 @@ struct MountArgs {
     /// Less log output: warnings and errors only.
     #[arg(short, long, conflicts_with = "verbose")]
     quiet: bool,
+}
+
+/// How to reach the server (mount and mirror).
+#[derive(Debug, clap::Args)]
+struct NetArgs {
+    /// TCP connections used together.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    streams: usize,
+    /// Chunk size to request, in KiB (the server may choose smaller).
+    #[arg(long, value_name = "KIB", default_value_t = 1024)]
+    chunk_size: u32,
+    /// Never ask for lz4-compressed data.
+    #[arg(long)]
+    no_compression: bool,
+    /// Seconds to wait for the server when connecting.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    connect_timeout: u64,
+    #[command(flatten)]
+    faults: FaultArgs,
+    #[command(flatten)]
+    security: SecurityArgs,
+    /// Serve Prometheus metrics (names ferry_*: bytes, chunks, compression, retries,
+    /// checksum failures, streams, mirror progress, cache hits) on http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// Encryption and authentication (mount and mirror).
@@ -427,18 +416,7 @@ fn expand_mount_options(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::O
 }
 
 fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
-    let (target, client) = connection(
-        &Connection {
-            remote: &a.remote,
-            streams: a.streams,
-            chunk_kib: a.chunk_size,
-            compression: !a.no_compression,
-            connect_timeout: a.connect_timeout,
-            faults: &a.faults,
-            security: &a.security,
-        },
-        "mirror",
-    )?;
+    let (target, client) = connection(&a.remote, &a.net, "mirror")?;
     anyhow::ensure!((1..=4096).contains(&a.files), "--files must be 1 to 4096");
     init_logging_at(a.verbose, a.log_file.as_ref(), "warn")?;
     ferry_mount::mirror_cli::run(ferry_mount::mirror_cli::MirrorOptions {
@@ -453,32 +431,19 @@ fn mirror(a: MirrorArgs) -> anyhow::Result<()> {
             ..ferry_cache::MirrorConfig::default()
         },
         progress: !a.quiet,
-        metrics: a.metrics,
+        metrics: a.net.metrics,
     })
 }
 
 /// The remote and the connection settings `mount` and `mirror` share, checked.
-/// The connection options `mount` and `mirror` share.
-struct Connection<'a> {
-    remote: &'a str,
-    streams: usize,
-    chunk_kib: u32,
-    compression: bool,
-    connect_timeout: u64,
-    faults: &'a FaultArgs,
-    security: &'a SecurityArgs,
-}
-
-fn connection(c: &Connection<'_>, what: &str) -> anyhow::Result<(Target, ClientConfig)> {
-    let Connection {
-        remote,
-        streams,
-        chunk_kib,
-        compression,
-        connect_timeout,
-        faults,
-        security,
-    } = *c;
+fn connection(remote: &str, n: &NetArgs, what: &str) -> anyhow::Result<(Target, ClientConfig)> {
+    let (streams, chunk_kib, compression, connect_timeout) = (
+        n.streams,
+        n.chunk_size,
+        !n.no_compression,
+        n.connect_timeout,
+    );
+    let (faults, security) = (&n.faults, &n.security);
     let target = Target::parse(remote).map_err(|e| anyhow::anyhow!(e))?;
     anyhow::ensure!(
         (4..=16 * 1024).contains(&chunk_kib),
@@ -540,18 +505,7 @@ fn tls_client(s: &SecurityArgs) -> anyhow::Result<Option<ferry_client::TlsClient
 }
 
 fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
-    let (target, client) = connection(
-        &Connection {
-            remote: &a.remote,
-            streams: a.streams,
-            chunk_kib: a.chunk_size,
-            compression: !a.no_compression,
-            connect_timeout: a.connect_timeout,
-            faults: &a.faults,
-            security: &a.security,
-        },
-        "mount",
-    )?;
+    let (target, client) = connection(&a.remote, &a.net, "mount")?;
     anyhow::ensure!(
         a.attr_timeout.is_finite() && a.attr_timeout >= 0.0,
         "--attr-timeout must be a number of seconds ≥ 0"
@@ -576,7 +530,7 @@ fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
         cache_dir: a.cache_dir.clone(),
         mirror: a.mirror,
         bwlimit: a.bwlimit,
-        metrics: a.metrics,
+        metrics: a.net.metrics,
         ..MountConfig::default()
     })
 }
