@@ -89,6 +89,12 @@ fn mount_fails(remote: &str, args: &[&str]) -> String {
     last
 }
 
+/// ferryd serving `export` over TLS with `cert` and `key`, and `extra` options.
+fn tls_server(export: &Path, cert: &str, key: &str, extra: &[&str]) -> TestServer {
+    let args = [&["--tls-cert", cert, "--tls-key", key][..], extra].concat();
+    TestServer::start_with(export, &args)
+}
+
 fn token_file(dir: &Path, name: &str) -> String {
     let p = dir.join(name);
     let mut t = vec![0u8; 32];
@@ -112,16 +118,11 @@ fn a_tls_mount_with_a_token_copies_identically_and_mistakes_are_refused() {
     let src = tempfile::tempdir().unwrap();
     write_random(&src.path().join("f.bin"), (24 << 20) + 5, 1);
     let token = token_file(keys.path(), "token");
-    let server = TestServer::start_with(
+    let server = tls_server(
         src.path(),
-        &[
-            "--tls-cert",
-            &pki.path("server.pem"),
-            "--tls-key",
-            &pki.path("server-key.pem"),
-            "--token-file",
-            &token,
-        ],
+        &pki.path("server.pem"),
+        &pki.path("server-key.pem"),
+        &["--token-file", &token],
     );
     let ca = pki.path("ca.pem");
     let mount = TestMount::mount(&server.addr, &["--ca", &ca, "--token-file", &token]);
@@ -171,14 +172,11 @@ fn an_expired_certificate_and_a_plaintext_server_are_refused_clearly() {
     let keys = tempfile::tempdir().unwrap();
     let pki = Pki::new(keys.path());
     let src = tempfile::tempdir().unwrap();
-    let expired = TestServer::start_with(
+    let expired = tls_server(
         src.path(),
-        &[
-            "--tls-cert",
-            &pki.path("expired.pem"),
-            "--tls-key",
-            &pki.path("expired-key.pem"),
-        ],
+        &pki.path("expired.pem"),
+        &pki.path("expired-key.pem"),
+        &[],
     );
     let e = mount_fails(&expired.addr, &["--ca", &pki.path("ca.pem")]);
     assert!(e.contains("has expired"), "{e}");
@@ -218,14 +216,11 @@ fn pinning_the_fingerprint_gen_cert_prints_works() {
     );
     let src = tempfile::tempdir().unwrap();
     write_random(&src.path().join("x"), 100_000, 2);
-    let server = TestServer::start_with(
+    let server = tls_server(
         src.path(),
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
+        &[],
     );
     let mount = TestMount::mount(&server.addr, &["--tls-fingerprint", &fp]);
     run(Command::new("cmp")
@@ -240,16 +235,11 @@ fn mutual_tls_needs_a_client_certificate_from_the_client_ca() {
     let pki = Pki::new(keys.path());
     let src = tempfile::tempdir().unwrap();
     write_random(&src.path().join("x"), 5000, 3);
-    let server = TestServer::start_with(
+    let server = tls_server(
         src.path(),
-        &[
-            "--tls-cert",
-            &pki.path("server.pem"),
-            "--tls-key",
-            &pki.path("server-key.pem"),
-            "--client-ca",
-            &pki.path("ca.pem"),
-        ],
+        &pki.path("server.pem"),
+        &pki.path("server-key.pem"),
+        &["--client-ca", &pki.path("ca.pem")],
     );
     let ca = pki.path("ca.pem");
     let e = mount_fails(&server.addr, &["--ca", &ca]);
