@@ -32,25 +32,15 @@ data=$out/data
 mkdir -p "$data"
 python3 scripts/gen-data.py "$data" --size-mib "$size" --only "$kinds" >/dev/null
 
-work=$(mktemp -d /tmp/ferry-bench.XXXXXX)
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_start ferry-bench
 mnt=$work/mnt
-mkdir -p "$mnt" "$work/dst"
-ferryd_pid=""
-cleanup() {
-    if grep -q " $mnt " /proc/self/mountinfo 2>/dev/null; then
-        fusermount3 -u "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-    fi
-    pkill -f -- "ferry mount .* $mnt" 2>/dev/null || true
-    [ -n "$ferryd_pid" ] && kill "$ferryd_pid" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
-
+bench_mountpoint "$mnt"
+mkdir -p "$work/dst"
 # shellcheck disable=SC2086 # word splitting of the extra arguments is intended
-target/release/ferryd --export "$data" --listen 127.0.0.1:0 --port-file "$work/port" ${FERRYD_ARGS:-} 2>"$work/ferryd.log" &
-ferryd_pid=$!
-for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
-addr=$(cat "$work/port")
+bench_ferryd "$data" ${FERRYD_ARGS:-}
+addr=$ferryd_addr
 # shellcheck disable=SC2086
 target/release/ferry mount "$addr" "$mnt" --streams "$streams" --log-file "$work/ferry.log" ${FERRY_ARGS:-}
 ferry_pid=$(pgrep -f -- "ferry mount $addr $mnt" | head -1)

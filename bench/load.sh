@@ -25,19 +25,11 @@ data=bench/out/data
 [ -d "$data/$dataset" ] || python3 scripts/gen-data.py "$data" --only "$dataset" >&2
 cargo build --release --bins -q
 
-work=$(mktemp -d /tmp/ferry-load.XXXXXX)
-ferryd_pid=""
-cleanup() {
-    pkill -f -- "ferry mirror .* $work/" 2>/dev/null || true
-    [ -n "$ferryd_pid" ] && kill "$ferryd_pid" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
-
-target/release/ferryd --export "$data" --listen 127.0.0.1:0 --port-file "$work/port" 2>"$work/ferryd.log" &
-ferryd_pid=$!
-for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
-addr=$(cat "$work/port")
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_start ferry-load
+bench_ferryd "$data"
+addr=$ferryd_addr
 bytes=$(du -sb "$data/$dataset" | cut -f1)
 # The source is read once before, so that every client is served from the page cache and
 # the run measures ferry, not the first reader's disk.

@@ -28,24 +28,14 @@ data=bench/out/data
 mkdir -p "$data"
 python3 scripts/gen-data.py "$data" --size-mib "$size" --only "$kinds" >/dev/null
 
-work=$(mktemp -d /tmp/ferry-pt.XXXXXX)
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_start ferry-pt
 mnt=$work/mnt cache=$work/cache
-mkdir -p "$mnt" "$cache"
-ferryd_pid=""
-cleanup() {
-    if grep -q " $mnt " /proc/self/mountinfo 2>/dev/null; then
-        fusermount3 -u "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-    fi
-    pkill -f -- "ferry mount .* $mnt" 2>/dev/null || true
-    [ -n "$ferryd_pid" ] && kill "$ferryd_pid" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
-
-target/release/ferryd --export "$data" --listen 127.0.0.1:0 --port-file "$work/port" 2>"$work/ferryd.log" &
-ferryd_pid=$!
-for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
-target/release/ferry mount "$(cat "$work/port")" "$mnt" --cache-dir "$cache" --log-file "$work/ferry.log" -v
+bench_mountpoint "$mnt"
+mkdir -p "$cache"
+bench_ferryd "$data"
+target/release/ferry mount "$ferryd_addr" "$mnt" --cache-dir "$cache" --log-file "$work/ferry.log" -v
 
 secs() { # secs FILE: seconds to read FILE with cp (or dd), cold
     sync; echo 3 > /proc/sys/vm/drop_caches
