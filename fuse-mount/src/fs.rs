@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use ferry_client::{
     ChunkBacking, ChunkStore, Client, ClientError, FileKey, PrefetchConfig, Prefetcher,
 };
@@ -810,84 +810,11 @@ impl Fs {
                 self.store.consumed(&h.key, i);
             }
         }
-        Ok(concat(parts))
+        Ok(ferry_client::chunks::concat(parts))
     }
 
-    /// A random read: exactly the bytes asked for, in chunk-sized requests sent together.
+    /// A random read: exactly the bytes asked for (see [`ChunkStore::read_range`]).
     async fn read_direct(&self, key: &FileKey, offset: u64, end: u64) -> Result<Bytes, Error> {
-        let cs = self.store.chunk_size();
-        if let Some(b) = self.store.backing() {
-            // A random read whose chunks the local copy holds never touches the network.
-            let (b, k) = (b.clone(), key.clone());
-            let size = key.version.size;
-            let local = tokio::task::spawn_blocking(move || {
-                let mut parts = Vec::new();
-                let mut pos = offset;
-                while pos < end {
-                    let i = pos / cs;
-                    let len = (size - i * cs).min(cs) as usize;
-                    let chunk = b.load(&k, i, len)?;
-                    let lo = (pos - i * cs) as usize;
-                    let hi = ((end - i * cs) as usize).min(chunk.len());
-                    parts.push(chunk.slice(lo..hi));
-                    pos = i * cs + hi as u64;
-                }
-                Some(parts)
-            })
-            .await
-            .ok()
-            .flatten();
-            if let Some(parts) = local {
-                return Ok(concat(parts));
-            }
-        }
-        let mut tasks = Vec::new();
-        let mut pos = offset;
-        while pos < end {
-            let len = (end - pos).min(cs - pos % cs);
-            let client = self.client.clone();
-            let path = key.path.clone();
-            let task = tokio::spawn(async move { client.read(path, pos, len as u32).await });
-            tasks.push((len, task));
-            pos += len;
-        }
-        let mut parts = Vec::with_capacity(tasks.len());
-        let mut at = offset;
-        for (len, t) in tasks {
-            let (data, version) = t
-                .await
-                .map_err(|e| Error::errno(libc::EIO, &format!("read task failed: {e}")))??;
-            // A whole chunk of the opened version goes into the local copy too.
-            if let Some(b) = self.store.backing() {
-                let whole = (key.version.size - at).min(cs);
-                if at % cs == 0 && data.len() as u64 == whole && version == key.version {
-                    let (b, k, d) = (b.clone(), key.clone(), data.clone());
-                    tokio::task::spawn_blocking(move || b.store(&k, at / cs, &d));
-                }
-            }
-            at += len;
-            // A different version than at open means the file changed on the server: the
-            // bytes are still one consistent version (what a local reader would see now).
-            let short = (data.len() as u64) < len;
-            parts.push(data);
-            if short {
-                break;
-            }
-        }
-        Ok(concat(parts))
-    }
-}
-
-fn concat(mut parts: Vec<Bytes>) -> Bytes {
-    match parts.len() {
-        0 => Bytes::new(),
-        1 => parts.pop().unwrap_or_default(),
-        _ => {
-            let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
-            for p in parts {
-                out.extend_from_slice(&p);
-            }
-            out.freeze()
-        }
+        Ok(self.store.read_range(key, offset, end).await?)
     }
 }

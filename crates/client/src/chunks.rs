@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use ferry_proto::Version;
 use tokio::sync::OnceCell;
 
@@ -210,30 +210,19 @@ impl ChunkStore {
                 if slot.len == 0 {
                     return Ok((Bytes::new(), key.version));
                 }
-                if let Some(b) = &self.backing {
-                    let (b, k, len) = (b.clone(), key.clone(), slot.len);
-                    let local = tokio::task::spawn_blocking(move || b.load(&k, index, len))
-                        .await
-                        .ok()
-                        .flatten();
-                    if let Some(data) = local {
-                        self.stats.lock().unwrap_or_else(|e| e.into_inner()).local += 1;
-                        return Ok((data, key.version));
-                    }
+                let offset = index * self.chunk_size;
+                if let Some(mut parts) =
+                    self.load_local(key, offset, offset + slot.len as u64).await
+                {
+                    self.stats.lock().unwrap_or_else(|e| e.into_inner()).local += 1;
+                    return Ok((parts.pop().unwrap_or_default(), key.version));
                 }
                 self.stats.lock().unwrap_or_else(|e| e.into_inner()).fetched += 1;
-                let offset = index * self.chunk_size;
                 let (data, version) = self
                     .client
                     .read(key.path.clone(), offset, slot.len as u32)
                     .await?;
-                if let Some(b) = &self.backing {
-                    if version == key.version {
-                        // Written in the background: the reader does not wait for the disk.
-                        let (b, k, d) = (b.clone(), key.clone(), data.clone());
-                        tokio::task::spawn_blocking(move || b.store(&k, index, &d));
-                    }
-                }
+                self.store_local(key, offset, &data, version);
                 Ok((data, version))
             })
             .await
@@ -253,6 +242,95 @@ impl ChunkStore {
             }
         }
         result.map(|(data, _)| data)
+    }
+
+    /// The bytes `offset..end` of `key`, in chunk-sized pieces, when the local copy holds
+    /// every chunk they touch (read on the blocking pool); `None` without a local copy or
+    /// when it lacks one of them.
+    async fn load_local(&self, key: &FileKey, offset: u64, end: u64) -> Option<Vec<Bytes>> {
+        let b = self.backing.clone()?;
+        let (k, cs, size) = (key.clone(), self.chunk_size, key.version.size);
+        tokio::task::spawn_blocking(move || {
+            let mut parts = Vec::new();
+            let mut pos = offset;
+            while pos < end {
+                let i = pos / cs;
+                let len = (size - i * cs).min(cs) as usize;
+                let chunk = b.load(&k, i, len)?;
+                let lo = (pos - i * cs) as usize;
+                let hi = ((end - i * cs) as usize).min(chunk.len());
+                if hi <= lo {
+                    return None;
+                }
+                parts.push(chunk.slice(lo..hi));
+                pos = i * cs + hi as u64;
+            }
+            Some(parts)
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// Hands `data`, just fetched at `offset`, to the local copy when it is a whole chunk
+    /// of `key`'s version. Written in the background: the reader does not wait for the disk.
+    fn store_local(&self, key: &FileKey, offset: u64, data: &Bytes, version: Version) {
+        let Some(b) = &self.backing else { return };
+        let whole = key.version.size.saturating_sub(offset).min(self.chunk_size);
+        if version != key.version || offset % self.chunk_size != 0 || data.len() as u64 != whole {
+            return;
+        }
+        let (b, k, d, index) = (
+            b.clone(),
+            key.clone(),
+            data.clone(),
+            offset / self.chunk_size,
+        );
+        tokio::task::spawn_blocking(move || b.store(&k, index, &d));
+    }
+
+    /// Exactly the bytes `offset..end` of `key`, outside the store (a random read): from
+    /// the local copy when it holds every chunk touched, else from the network in
+    /// chunk-sized requests sent together; whole chunks of `key`'s version fetched on the
+    /// way go to the local copy. Short only at the end of the file. Bytes of another
+    /// version than `key`'s (the file changed on the server) are still one consistent
+    /// version: what a local reader would see now.
+    ///
+    /// # Errors
+    /// A fetch failed.
+    pub async fn read_range(
+        &self,
+        key: &FileKey,
+        offset: u64,
+        end: u64,
+    ) -> Result<Bytes, ClientError> {
+        if let Some(parts) = self.load_local(key, offset, end).await {
+            return Ok(concat(parts));
+        }
+        let cs = self.chunk_size;
+        let mut tasks = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let len = (end - pos).min(cs - pos % cs);
+            let client = self.client.clone();
+            let path = key.path.clone();
+            let task = tokio::spawn(async move { client.read(path, pos, len as u32).await });
+            tasks.push((pos, len, task));
+            pos += len;
+        }
+        let mut parts = Vec::with_capacity(tasks.len());
+        for (at, len, t) in tasks {
+            let (data, version) = t
+                .await
+                .map_err(|e| ClientError::Protocol(format!("read task failed: {e}")))??;
+            self.store_local(key, at, &data, version);
+            let short = (data.len() as u64) < len;
+            parts.push(data);
+            if short {
+                break;
+            }
+        }
+        Ok(concat(parts))
     }
 
     /// Chunk `index` of `key`, fetched if needed (single-flight).
@@ -349,5 +427,20 @@ impl ChunkStore {
     /// Bytes currently accounted (present or in flight).
     pub fn used(&self) -> usize {
         self.lock().used
+    }
+}
+
+/// The parts joined into one buffer (no copy for a single part).
+pub fn concat(mut parts: Vec<Bytes>) -> Bytes {
+    match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.pop().unwrap_or_default(),
+        _ => {
+            let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+            for p in parts {
+                out.extend_from_slice(&p);
+            }
+            out.freeze()
+        }
     }
 }
