@@ -3,6 +3,12 @@
 //! Every request that may touch the network is spawned as a task on the mount's tokio
 //! runtime and replied to from there, so the FUSE worker threads only decode requests and
 //! many reads are in flight at once. Writes of any kind answer EROFS.
+//!
+//! Nothing here decides what a reply holds: directory positions, `.`/`..` and the lookup
+//! references of readdirplus are [`Fs::readdir`]/[`Fs::readdirplus`]'s, filled through the
+//! [`DirReplier`] implementations below over fuser's reply buffers. What stays here is
+//! kernel-facing only: attribute conversion, open flags, and the passthrough backing files
+//! (fuser's `BackingId`s) kept alive while their handles are open.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -19,7 +25,7 @@ use tokio::runtime::Handle;
 use tracing::{debug, warn};
 
 use crate::error::Error;
-use crate::fs::{DirItem, Fs};
+use crate::fs::{DirReplier, Fs};
 
 /// The adapter handed to fuser.
 pub struct FerryFuse {
@@ -146,25 +152,38 @@ fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.errno)
 }
 
-/// A position of a directory listing as the kernel walks it: offset 0 is ".", 1 is "..",
-/// and 2 + i is entry i.
-enum DirPos<'a> {
-    Dot,
-    DotDot,
-    Entry(&'a DirItem),
+/// A plain readdir reply as [`Fs::readdir`] fills it.
+struct DirReply<'a>(&'a mut ReplyDirectory);
+
+impl DirReplier for DirReply<'_> {
+    fn add(&mut self, ino: u64, offset: u64, name: &[u8], attr: &Attr) -> bool {
+        self.0.add(
+            INodeNo(ino),
+            offset,
+            file_type(attr.kind),
+            OsStr::from_bytes(name),
+        )
+    }
 }
 
-/// The positions from `offset` on, each with the offset that resumes after it (what the
-/// kernel passes back on its next readdir call).
-fn dir_positions(items: &[DirItem], offset: u64) -> impl Iterator<Item = (u64, DirPos<'_>)> {
-    (offset..2 + items.len() as u64).map(move |pos| {
-        let at = match pos {
-            0 => DirPos::Dot,
-            1 => DirPos::DotDot,
-            p => DirPos::Entry(&items[(p - 2) as usize]),
-        };
-        (pos + 1, at)
-    })
+/// A readdirplus reply as [`Fs::readdirplus`] fills it (entries valid for `ttl`).
+struct DirPlusReply<'a> {
+    reply: &'a mut ReplyDirectoryPlus,
+    ttl: Duration,
+    blksize: u32,
+}
+
+impl DirReplier for DirPlusReply<'_> {
+    fn add(&mut self, ino: u64, offset: u64, name: &[u8], attr: &Attr) -> bool {
+        self.reply.add(
+            INodeNo(ino),
+            offset,
+            OsStr::from_bytes(name),
+            &self.ttl,
+            &fuse_attr(ino, attr, self.blksize),
+            Generation(0),
+        )
+    }
 }
 
 impl Filesystem for FerryFuse {
@@ -373,30 +392,13 @@ impl Filesystem for FerryFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(items) = self.fs.dir_items(fh.0) else {
-            return reply.error(Errno::EBADF);
-        };
-        for (next, at) in dir_positions(&items, offset) {
-            let full = match at {
-                DirPos::Dot => reply.add(ino, next, FileType::Directory, "."),
-                DirPos::DotDot => reply.add(
-                    INodeNo(self.fs.parent_of(ino.0)),
-                    next,
-                    FileType::Directory,
-                    "..",
-                ),
-                DirPos::Entry(item) => reply.add(
-                    INodeNo(self.fs.peek_entry(ino.0, item)),
-                    next,
-                    file_type(item.attr.kind),
-                    OsStr::from_bytes(&item.name),
-                ),
-            };
-            if full {
-                break;
-            }
+        match self
+            .fs
+            .readdir(ino.0, fh.0, offset, &mut DirReply(&mut reply))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
         }
-        reply.ok();
     }
 
     fn readdirplus(
@@ -407,67 +409,15 @@ impl Filesystem for FerryFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let Some(items) = self.fs.dir_items(fh.0) else {
-            return reply.error(Errno::EBADF);
+        let mut plus = DirPlusReply {
+            reply: &mut reply,
+            ttl: self.fs.ttl(),
+            blksize: self.fs.chunk_size(),
         };
-        let ttl = self.fs.ttl();
-        let bs = self.fs.chunk_size();
-        for (next, at) in dir_positions(&items, offset) {
-            let full = match at {
-                DirPos::Dot | DirPos::DotDot => {
-                    // The kernel takes no reference for "." and ".." (it skips them), so
-                    // they only need plausible attributes.
-                    let (name, dir_ino) = match at {
-                        DirPos::Dot => (".", ino.0),
-                        _ => ("..", self.fs.parent_of(ino.0)),
-                    };
-                    let dir = Attr {
-                        ino: dir_ino,
-                        kind: FileKind::Directory,
-                        perm: 0o755,
-                        nlink: 2,
-                        uid: 0,
-                        gid: 0,
-                        rdev: 0,
-                        size: 0,
-                        blocks: 0,
-                        atime: Timestamp::default(),
-                        mtime: Timestamp::default(),
-                        ctime: Timestamp::default(),
-                    };
-                    reply.add(
-                        INodeNo(dir_ino),
-                        next,
-                        name,
-                        &ttl,
-                        &fuse_attr(dir_ino, &dir, bs),
-                        Generation(0),
-                    )
-                }
-                DirPos::Entry(item) => {
-                    let Some(child) = self.fs.remember_entry(ino.0, item) else {
-                        continue;
-                    };
-                    let full = reply.add(
-                        INodeNo(child),
-                        next,
-                        OsStr::from_bytes(&item.name),
-                        &ttl,
-                        &fuse_attr(child, &item.attr, bs),
-                        Generation(0),
-                    );
-                    if full {
-                        // Not sent: the kernel holds no reference for it.
-                        self.fs.forget(child, 1);
-                    }
-                    full
-                }
-            };
-            if full {
-                break;
-            }
+        match self.fs.readdirplus(ino.0, fh.0, offset, &mut plus) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
         }
-        reply.ok();
     }
 
     fn releasedir(

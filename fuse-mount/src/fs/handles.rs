@@ -1,0 +1,202 @@
+//! Open file handles: what each reads (a [`FileKey`]: path and the version seen at open), its
+//! read-ahead state, and whether the kernel serves it with FUSE passthrough.
+//!
+//! Invariants:
+//! - A handle's key is fixed at open: its reads are served for that version only, up to the
+//!   size seen then.
+//! - Passthrough and cached opens of one file never coexist, because the kernel refuses to
+//!   mix them on one inode: a handle may be passthrough only if no cached handle of the file
+//!   is open, and an open beside a passthrough handle is served with direct I/O. The mode is
+//!   decided and the handle inserted under one lock, so two opens cannot choose differently
+//!   unseen. A handle the kernel refused passthrough for counts as cached.
+//! - Chunks held from an earlier version of the file are dropped at the open that sees the
+//!   new one; on a first open, chunks fetched ahead for this very version stay.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_client::{FileKey, Prefetcher};
+use ferry_proto::{FileKind, Version};
+use tracing::debug;
+
+use super::{file_id, lock, Fs};
+use crate::error::Error;
+
+/// One open file.
+pub(super) struct Handle {
+    pub(super) key: FileKey,
+    pub(super) prefetcher: Mutex<Prefetcher>,
+    pub(super) stats: Mutex<HandleStats>,
+    opened: Instant,
+    /// Reads of this handle go to the local copy in the kernel (FUSE passthrough).
+    passthrough: AtomicBool,
+}
+
+/// What one open file handle did, logged (debug) when it is released: enough to tell a
+/// sequential reader that fell back to exact-byte reads, or a window that kept stalling.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct HandleStats {
+    pub(super) reads: u64,
+    pub(super) sequential: u64,
+    pub(super) direct: u64,
+    pub(super) unaligned: u64,
+    pub(super) bytes: u64,
+    /// Reads that found a chunk they needed not yet arrived.
+    pub(super) waited: u64,
+    pub(super) wait: Duration,
+}
+
+/// The open file handles of a mount.
+#[derive(Default)]
+pub(super) struct Handles {
+    open: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Opens the kernel took in passthrough mode.
+    passthrough_opens: AtomicU64,
+}
+
+impl Handles {
+    /// The handle `fh`, if open.
+    pub(super) fn get(&self, fh: u64) -> Option<Arc<Handle>> {
+        lock(&self.open).get(&fh).cloned()
+    }
+}
+
+/// The result of an open.
+#[derive(Debug)]
+pub struct Opened {
+    /// File handle to pass back on read/release.
+    pub fh: u64,
+    /// The kernel may keep its page cache from earlier opens.
+    pub keep_cache: bool,
+    /// The complete, verified local copy, for a passthrough open (`--cache-dir`).
+    pub local: Option<std::fs::File>,
+    /// Serve this handle with direct I/O: another handle of the file is open with
+    /// passthrough, and the kernel allows no cached open beside it.
+    pub direct_io: bool,
+    /// The version opened.
+    pub version: Version,
+}
+
+impl Fs {
+    /// Opens file `ino` for reading.
+    ///
+    /// # Errors
+    /// EROFS for any write access; EISDIR; ESTALE for an unknown inode; server errors.
+    pub async fn open(&self, ino: u64, write: bool) -> Result<Opened, Error> {
+        if write {
+            return Err(Error::errno(libc::EROFS, "read-only mount"));
+        }
+        let (path, fresh) = self.inodes.path_and_fresh_attr(ino, self.cfg.attr_ttl)?;
+        let attr = match fresh {
+            Some(a) => a,
+            None => self.getattr(ino).await?,
+        };
+        if attr.kind == FileKind::Directory {
+            return Err(Error::errno(libc::EISDIR, "is a directory"));
+        }
+        let version = attr.version();
+        let (keep_cache, changed) = self.inodes.opened(ino, version);
+        if changed {
+            self.store.invalidate(file_id(&path));
+        }
+        let handle = Handle {
+            key: FileKey {
+                id: file_id(&path),
+                version,
+                path,
+            },
+            prefetcher: Mutex::new(Prefetcher::new(self.cfg.prefetch)),
+            stats: Mutex::new(HandleStats::default()),
+            opened: Instant::now(),
+            passthrough: AtomicBool::new(false),
+        };
+        // Passthrough when the local copy holds this version complete and verified.
+        let mut local = match self.store.backing() {
+            Some(b) if self.cfg.passthrough => {
+                let (b, k) = (b.clone(), handle.key.clone());
+                tokio::task::spawn_blocking(move || b.complete_file(&k))
+                    .await
+                    .ok()
+                    .flatten()
+            }
+            _ => None,
+        };
+        let fh = self.next_fh();
+        let direct_io = {
+            let mut handles = lock(&self.handles.open);
+            let (mut cached, mut passthrough) = (false, false);
+            // Only a mount with passthrough has modes to reconcile.
+            if self.cfg.passthrough {
+                for o in handles.values().filter(|o| o.key.id == handle.key.id) {
+                    if o.passthrough.load(Ordering::Relaxed) {
+                        passthrough = true;
+                    } else {
+                        cached = true;
+                    }
+                }
+            }
+            if cached {
+                local = None;
+            }
+            handle.passthrough.store(local.is_some(), Ordering::Relaxed);
+            handles.insert(fh, Arc::new(handle));
+            passthrough && local.is_none()
+        };
+        if local.is_none() {
+            self.pipeline_next_files(ino);
+        }
+        Ok(Opened {
+            fh,
+            keep_cache: keep_cache && !direct_io,
+            local,
+            direct_io,
+            version,
+        })
+    }
+
+    /// Counts an open the kernel took in passthrough mode.
+    pub fn count_passthrough_open(&self) {
+        self.handles
+            .passthrough_opens
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Opens served with passthrough so far.
+    pub fn passthrough_opens(&self) -> u64 {
+        self.handles.passthrough_opens.load(Ordering::Relaxed)
+    }
+
+    /// The kernel did not take handle `fh` in passthrough mode: it is served normally.
+    pub fn passthrough_refused(&self, fh: u64) {
+        if let Some(h) = lock(&self.handles.open).get(&fh) {
+            h.passthrough.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Closes a file handle (an unknown one is ignored), logging what it did.
+    pub fn release(&self, fh: u64) {
+        let Some(h) = lock(&self.handles.open).remove(&fh) else {
+            return;
+        };
+        let st = *lock(&h.stats);
+        if st.reads > 0 {
+            let chunks = self.store.stats();
+            debug!(
+                path = %String::from_utf8_lossy(&h.key.path),
+                secs = h.opened.elapsed().as_secs_f64(),
+                reads = st.reads,
+                sequential = st.sequential,
+                direct = st.direct,
+                unaligned = st.unaligned,
+                bytes = st.bytes,
+                waited = st.waited,
+                wait_ms = st.wait.as_millis() as u64,
+                store_fetched = chunks.fetched,
+                store_evicted = chunks.evicted,
+                "released"
+            );
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The read path of one open handle.
+//!
+//! Each read asks the handle's [`ferry_client::Prefetcher`] whether the reader is
+//! sequential:
+//! - Sequential (or every chunk the read needs is already held): whole chunks through the
+//!   shared [`ferry_client::ChunkStore`]. The read's own chunks are started first, then the
+//!   read-ahead window the prefetcher asks for (stopping when the chunk budget is spent),
+//!   all in flight before the read waits for its first chunk.
+//! - Random: exactly the bytes asked for ([`ferry_client::ChunkStore::read_range`]: the
+//!   local copy if it has them, else the network).
+//!
+//! Invariants: a read is short only at the end of the file as of the version seen at open;
+//! a chunk is marked consumed (its memory may go first) only once the page cache holds all
+//! its bytes: read to its end by a sequential reader, or read whole by anyone.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use ferry_client::FileKey;
+
+use super::{lock, Fs};
+use crate::error::Error;
+
+impl Fs {
+    /// Reads up to `size` bytes at `offset` through handle `fh`. Short only at end of file
+    /// (as of the version seen at open).
+    ///
+    /// # Errors
+    /// EBADF for an unknown handle; EIO on transport failures or corruption.
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, Error> {
+        let h = self
+            .handles
+            .get(fh)
+            .ok_or_else(|| Error::errno(libc::EBADF, "unknown file handle"))?;
+        let file_size = h.key.version.size;
+        if offset >= file_size || size == 0 {
+            return Ok(Bytes::new());
+        }
+        let end = (offset + u64::from(size)).min(file_size);
+        let plan = lock(&h.prefetcher).on_read(offset, end - offset, file_size);
+        let cs = self.store.chunk_size();
+        let first = offset / cs;
+        let last = (end - 1) / cs;
+        let cached = (first..=last).all(|i| self.store.held(&h.key, i));
+        {
+            let mut st = lock(&h.stats);
+            st.reads += 1;
+            st.bytes += end - offset;
+            st.sequential += u64::from(plan.sequential);
+            st.direct += u64::from(!plan.sequential && !cached);
+            st.unaligned += u64::from(offset % cs != 0);
+        }
+        if !plan.sequential && !cached {
+            return self.read_direct(&h.key, offset, end).await;
+        }
+        // Own chunks first, then the window ahead, all in flight before waiting.
+        for i in first..=last {
+            self.store.start(&h.key, i);
+        }
+        if !plan.ahead.is_empty() {
+            let from = plan.ahead.start.div_ceil(cs).max(last + 1);
+            let to = (plan.ahead.end - 1) / cs;
+            for i in from..=to {
+                if !self.store.prefetch(&h.key, i) {
+                    break;
+                }
+            }
+        }
+        let mut parts = Vec::with_capacity((last - first + 1) as usize);
+        for i in first..=last {
+            let waiting = !self.store.contains(&h.key, i);
+            let t0 = Instant::now();
+            let chunk = self.store.get(&h.key, i).await?;
+            if waiting {
+                let mut st = lock(&h.stats);
+                st.waited += 1;
+                st.wait += t0.elapsed();
+            }
+            let start = i * cs;
+            let lo = (offset.max(start) - start) as usize;
+            let hi = ((end.min(start + cs) - start) as usize).min(chunk.len());
+            if lo >= hi {
+                break;
+            }
+            parts.push(chunk.slice(lo..hi));
+            // Read to its end by a sequential reader, or whole by anyone: the page cache
+            // has those bytes now.
+            let to_end = end >= start + chunk.len() as u64;
+            if to_end && (plan.sequential || lo == 0) {
+                self.store.consumed(&h.key, i);
+            }
+        }
+        Ok(ferry_client::chunks::concat(parts))
+    }
+
+    /// A random read: exactly the bytes asked for (see
+    /// [`ferry_client::ChunkStore::read_range`]).
+    async fn read_direct(&self, key: &FileKey, offset: u64, end: u64) -> Result<Bytes, Error> {
+        Ok(self.store.read_range(key, offset, end).await?)
+    }
+}
