@@ -1,0 +1,476 @@
+//! `Fs` driven directly, without a kernel: an in-process ferryd on 127.0.0.1:0 serves a
+//! temporary directory, and each test calls what the FUSE adapter would call, checking the
+//! answers against the source directory and the kernel's rules (offsets that resume,
+//! readdirplus references only for entries sent, forget).
+
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_client::{Client, ClientConfig};
+use ferry_mount::fs::{DirReplier, Fs, FsConfig, ROOT_INO};
+use ferry_proto::{Attr, FileKind};
+
+/// ferryd serving `dir` on 127.0.0.1:0 in this runtime, and an `Fs` over it with chunks of
+/// `chunk_size` bytes. The server stops with the test's runtime.
+async fn fs_over(dir: &Path, cfg: FsConfig, chunk_size: u32) -> Arc<Fs> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = ferry_server::ServerConfig {
+        export: dir.to_path_buf(),
+        ..Default::default()
+    };
+    tokio::spawn(ferry_server::run(listener, config, std::future::pending()));
+    let client = Client::connect(ClientConfig {
+        addr: addr.to_string(),
+        streams: 2,
+        chunk_size,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(client.session().chunk_size, chunk_size);
+    let root = client.stat(cfg.root.clone()).await.unwrap();
+    Arc::new(Fs::new(client, cfg, root))
+}
+
+/// Deterministic bytes that differ at every offset of interest.
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// One entry a replier was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    ino: u64,
+    offset: u64,
+    name: String,
+    kind: FileKind,
+}
+
+/// A reply buffer with room for `room` entries that records what it takes, and the entry
+/// it refused when full.
+struct Recorder {
+    room: usize,
+    added: Vec<Entry>,
+    refused: Option<Entry>,
+}
+
+impl Recorder {
+    fn new(room: usize) -> Self {
+        Recorder {
+            room,
+            added: Vec::new(),
+            refused: None,
+        }
+    }
+}
+
+impl DirReplier for Recorder {
+    fn add(&mut self, ino: u64, offset: u64, name: &[u8], attr: &Attr) -> bool {
+        let e = Entry {
+            ino,
+            offset,
+            name: String::from_utf8(name.to_vec()).unwrap(),
+            kind: attr.kind,
+        };
+        assert!(
+            self.refused.is_none(),
+            "add after the reply was full: {e:?}"
+        );
+        if self.added.len() == self.room {
+            self.refused = Some(e);
+            return true;
+        }
+        self.added.push(e);
+        false
+    }
+}
+
+/// All entries of directory handle `fh` of `ino`, read the way the kernel does: replies of
+/// `room` entries, each resuming at the offset of the last entry of the one before.
+fn read_all(fs: &Fs, ino: u64, fh: u64, room: usize, plus: bool) -> Vec<Entry> {
+    let mut all: Vec<Entry> = Vec::new();
+    loop {
+        let mut r = Recorder::new(room);
+        let from = all.last().map_or(0, |e| e.offset);
+        if plus {
+            fs.readdirplus(ino, fh, from, &mut r).unwrap();
+        } else {
+            fs.readdir(ino, fh, from, &mut r).unwrap();
+        }
+        if r.added.is_empty() {
+            return all;
+        }
+        all.extend(r.added);
+    }
+}
+
+fn errno<T: std::fmt::Debug>(r: Result<T, ferry_mount::error::Error>) -> i32 {
+    r.unwrap_err().errno
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_getattr_readlink_statfs_match_the_source() {
+    let src = tempfile::tempdir().unwrap();
+    let content = data(100_000, 1);
+    std::fs::write(src.path().join("f"), &content).unwrap();
+    std::fs::create_dir_all(src.path().join("d/sub")).unwrap();
+    std::os::unix::fs::symlink("d/sub", src.path().join("l")).unwrap();
+    let fs = fs_over(src.path(), FsConfig::default(), 1 << 20).await;
+
+    let (f, attr) = fs.lookup(ROOT_INO, b"f").await.unwrap();
+    let meta = std::fs::symlink_metadata(src.path().join("f")).unwrap();
+    assert_ne!(f, ROOT_INO);
+    assert_eq!(attr.kind, FileKind::File);
+    assert_eq!(attr.size, content.len() as u64);
+    assert_eq!(u32::from(attr.perm), meta.mode() & 0o7777);
+    assert_eq!(
+        (attr.mtime.sec, attr.mtime.nsec as i64),
+        (meta.mtime(), meta.mtime_nsec())
+    );
+    assert_eq!(fs.getattr(f).await.unwrap(), attr);
+    // A second lookup of the same object: the same inode, one more kernel reference.
+    assert_eq!(fs.lookup(ROOT_INO, b"f").await.unwrap().0, f);
+    assert_eq!(fs.lookup_count(f), Some(2));
+
+    let (d, dattr) = fs.lookup(ROOT_INO, b"d").await.unwrap();
+    assert_eq!(dattr.kind, FileKind::Directory);
+    let (sub, _) = fs.lookup(d, b"sub").await.unwrap();
+    assert!(sub != d && sub != f);
+    let (l, lattr) = fs.lookup(ROOT_INO, b"l").await.unwrap();
+    assert_eq!(
+        lattr.kind,
+        FileKind::Symlink,
+        "lookup does not follow symlinks"
+    );
+    assert_eq!(&fs.readlink(l).await.unwrap()[..], b"d/sub");
+
+    assert_eq!(errno(fs.lookup(ROOT_INO, b"missing").await), libc::ENOENT);
+    assert_eq!(errno(fs.lookup(f, b"x").await), libc::ENOTDIR);
+    assert_eq!(errno(fs.lookup(ROOT_INO, b"a/b").await), libc::EINVAL);
+    assert_eq!(errno(fs.lookup(ROOT_INO, b"..").await), libc::EINVAL);
+    assert_eq!(errno(fs.getattr(9999).await), libc::ESTALE);
+    assert_eq!(errno(fs.readlink(9999).await), libc::ESTALE);
+
+    let s = fs.statfs().await.unwrap();
+    let v = rustix::fs::statvfs(src.path()).unwrap();
+    assert_eq!(s.blocks, v.f_blocks);
+    assert_eq!(u64::from(s.frsize), v.f_frsize);
+    assert_eq!(u64::from(s.namelen), v.f_namemax);
+    assert_eq!(fs.chunk_size(), 1 << 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdir_offsets_resume_anywhere_and_dot_entries_come_first() {
+    let src = tempfile::tempdir().unwrap();
+    let dir = src.path().join("dir");
+    std::fs::create_dir_all(dir.join("inner")).unwrap();
+    for i in 0..40 {
+        std::fs::write(dir.join(format!("file{i:02}")), [i as u8]).unwrap();
+    }
+    std::os::unix::fs::symlink("file00", dir.join("link")).unwrap();
+    let fs = fs_over(src.path(), FsConfig::default(), 1 << 20).await;
+    let (d, _) = fs.lookup(ROOT_INO, b"dir").await.unwrap();
+    let fh = fs.opendir(d).await.unwrap();
+
+    let mut whole = Recorder::new(usize::MAX);
+    fs.readdir(d, fh, 0, &mut whole).unwrap();
+    let all = whole.added;
+    assert!(whole.refused.is_none());
+    assert_eq!(all.len(), 2 + 42);
+    assert_eq!((all[0].name.as_str(), all[0].ino), (".", d));
+    assert_eq!((all[1].name.as_str(), all[1].ino), ("..", ROOT_INO));
+    assert!(all[..2].iter().all(|e| e.kind == FileKind::Directory));
+    let mut names: Vec<String> = all[2..].iter().map(|e| e.name.clone()).collect();
+    names.sort();
+    assert_eq!(names, names_in(&dir));
+    for e in &all[2..] {
+        let want = match e.name.as_str() {
+            "inner" => FileKind::Directory,
+            "link" => FileKind::Symlink,
+            _ => FileKind::File,
+        };
+        assert_eq!(e.kind, want, "{}", e.name);
+    }
+    // Each entry resumes after itself: offsets 1, 2, 3, …
+    let offsets: Vec<u64> = all.iter().map(|e| e.offset).collect();
+    assert_eq!(offsets, (1..=all.len() as u64).collect::<Vec<_>>());
+
+    // From any offset, the rest of the same listing.
+    for from in 0..=all.len() {
+        let mut r = Recorder::new(usize::MAX);
+        fs.readdir(d, fh, from as u64, &mut r).unwrap();
+        assert_eq!(r.added, all[from..], "readdir from offset {from}");
+    }
+    // In small replies, resuming where each stopped: the same entries, none twice.
+    for room in [1, 3, 7] {
+        assert_eq!(read_all(&fs, d, fh, room, false), all, "replies of {room}");
+    }
+
+    // Plain readdir takes no references: unknown entries carry the server's inode number,
+    // known ones their mount inode.
+    let file00 = all.iter().find(|e| e.name == "file00").unwrap();
+    let server_ino = std::fs::symlink_metadata(dir.join("file00")).unwrap().ino();
+    assert_eq!(file00.ino, server_ino);
+    assert_eq!(fs.lookup_count(file00.ino), None);
+    let (mount_ino, _) = fs.lookup(d, b"file00").await.unwrap();
+    let mut r = Recorder::new(usize::MAX);
+    fs.readdir(d, fh, 0, &mut r).unwrap();
+    let again = r.added.iter().find(|e| e.name == "file00").unwrap();
+    assert_eq!(again.ino, mount_ino);
+    assert_eq!(fs.lookup_count(mount_ino), Some(1));
+
+    // "..": the parent's mount inode below the root.
+    let (inner, _) = fs.lookup(d, b"inner").await.unwrap();
+    let ifh = fs.opendir(inner).await.unwrap();
+    let mut r = Recorder::new(usize::MAX);
+    fs.readdir(inner, ifh, 0, &mut r).unwrap();
+    let dots: Vec<(String, u64)> = r.added.iter().map(|e| (e.name.clone(), e.ino)).collect();
+    assert_eq!(dots, [(".".to_string(), inner), ("..".to_string(), d)]);
+
+    fs.releasedir(fh);
+    assert_eq!(
+        errno(fs.readdir(d, fh, 0, &mut Recorder::new(9))),
+        libc::EBADF
+    );
+    assert_eq!(
+        errno(fs.readdirplus(d, 12345, 0, &mut Recorder::new(9))),
+        libc::EBADF
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdirplus_counts_a_lookup_only_for_entries_added() {
+    let src = tempfile::tempdir().unwrap();
+    let dir = src.path().join("dir");
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..10 {
+        std::fs::write(dir.join(format!("f{i}")), [i as u8; 3]).unwrap();
+    }
+    let fs = fs_over(src.path(), FsConfig::default(), 1 << 20).await;
+    let (d, _) = fs.lookup(ROOT_INO, b"dir").await.unwrap();
+    let fh = fs.opendir(d).await.unwrap();
+
+    // Room for ".", ".." and three entries: the fourth is refused.
+    let mut r = Recorder::new(5);
+    fs.readdirplus(d, fh, 0, &mut r).unwrap();
+    assert_eq!(r.added[0].name, ".");
+    assert_eq!(r.added[1].name, "..");
+    // "." and ".." take no reference: the directory and the root keep theirs.
+    assert_eq!(fs.lookup_count(d), Some(1));
+    assert_eq!(fs.lookup_count(ROOT_INO), Some(1));
+    for e in &r.added[2..] {
+        assert_eq!(fs.lookup_count(e.ino), Some(1), "{} was sent", e.name);
+    }
+    let refused = r.refused.clone().unwrap();
+    assert_eq!(
+        fs.lookup_count(refused.ino),
+        None,
+        "{} was not sent, so the kernel will not forget it",
+        refused.name
+    );
+
+    // An entry the kernel already holds keeps its count when it does not fit.
+    let (held, _) = fs.lookup(d, refused.name.as_bytes()).await.unwrap();
+    let mut r2 = Recorder::new(5);
+    fs.readdirplus(d, fh, 0, &mut r2).unwrap();
+    assert_eq!(r2.refused.as_ref().unwrap().ino, held);
+    assert_eq!(fs.lookup_count(held), Some(1));
+    for e in &r2.added[2..] {
+        assert_eq!(fs.lookup_count(e.ino), Some(2), "{} sent twice", e.name);
+    }
+
+    // The whole listing in replies of 4: every entry sent exactly once more.
+    let all = read_all(&fs, d, fh, 4, true);
+    assert_eq!(all.len(), 12);
+    let sent_before: Vec<&str> = r2.added[2..].iter().map(|e| e.name.as_str()).collect();
+    for e in &all[2..] {
+        let want = if sent_before.contains(&e.name.as_str()) {
+            3
+        } else if e.ino == held {
+            2
+        } else {
+            1
+        };
+        assert_eq!(fs.lookup_count(e.ino), Some(want), "{}", e.name);
+    }
+    // The kernel forgets what it was sent: every entry is gone, the directory stays.
+    for e in &all[2..] {
+        fs.forget(e.ino, fs.lookup_count(e.ino).unwrap());
+        assert_eq!(fs.lookup_count(e.ino), None, "{}", e.name);
+    }
+    assert_eq!(fs.lookup_count(d), Some(1));
+}
+
+/// Reads `len` bytes at `offset` through `fh` as the kernel would (short only at the end).
+async fn read_at(fs: &Fs, fh: u64, offset: u64, len: u32) -> Vec<u8> {
+    fs.read(fh, offset, len).await.unwrap().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_and_random_reads_match_the_source_byte_for_byte() {
+    let src = tempfile::tempdir().unwrap();
+    // Chunks of 64 KiB: a file of many chunks with a ragged end.
+    let content = data((5 << 20) + 12_345, 7);
+    std::fs::write(src.path().join("big"), &content).unwrap();
+    std::fs::write(src.path().join("empty"), b"").unwrap();
+    std::fs::create_dir(src.path().join("dir")).unwrap();
+    let fs = fs_over(src.path(), FsConfig::default(), 64 << 10).await;
+    let (ino, _) = fs.lookup(ROOT_INO, b"big").await.unwrap();
+
+    // Sequential, in the kernel's 128 KiB requests.
+    let o = fs.open(ino, false).await.unwrap();
+    assert!(
+        !o.keep_cache,
+        "first open: the kernel holds nothing to keep"
+    );
+    assert!(!o.direct_io && o.local.is_none());
+    assert_eq!(o.version.size, content.len() as u64);
+    let mut got = Vec::new();
+    loop {
+        let part = read_at(&fs, o.fh, got.len() as u64, 128 << 10).await;
+        if part.is_empty() {
+            break;
+        }
+        got.extend(part);
+    }
+    assert!(got == content, "sequential read differs");
+    fs.release(o.fh);
+    assert_eq!(errno(fs.read(o.fh, 0, 10).await), libc::EBADF);
+
+    // Random offsets and lengths, across chunk boundaries and the end, on a second open
+    // (unchanged: the kernel may keep its cache).
+    let o = fs.open(ino, false).await.unwrap();
+    assert!(o.keep_cache);
+    let mut x = 99u64;
+    for _ in 0..200 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let offset = (x >> 20) % (content.len() as u64 + 1000);
+        let len = ((x >> 8) % (300 << 10)) as u32 + 1;
+        let got = read_at(&fs, o.fh, offset, len).await;
+        let lo = (offset as usize).min(content.len());
+        let hi = (offset as usize + len as usize).min(content.len());
+        assert!(got == content[lo..hi], "read at {offset}+{len}");
+    }
+    // Exactly at the end, and a zero-length read.
+    assert!(read_at(&fs, o.fh, content.len() as u64, 10)
+        .await
+        .is_empty());
+    assert!(read_at(&fs, o.fh, 5, 0).await.is_empty());
+    fs.release(o.fh);
+    fs.release(o.fh); // a second release is ignored
+
+    let (empty, _) = fs.lookup(ROOT_INO, b"empty").await.unwrap();
+    let o = fs.open(empty, false).await.unwrap();
+    assert!(read_at(&fs, o.fh, 0, 4096).await.is_empty());
+    fs.release(o.fh);
+
+    assert_eq!(errno(fs.open(ino, true).await), libc::EROFS);
+    let (dir, _) = fs.lookup(ROOT_INO, b"dir").await.unwrap();
+    assert_eq!(errno(fs.open(dir, false).await), libc::EISDIR);
+    assert_eq!(errno(fs.open(4242, false).await), libc::ESTALE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_changed_between_opens_is_read_afresh() {
+    let src = tempfile::tempdir().unwrap();
+    let path = src.path().join("f");
+    let old = data(300_000, 3);
+    std::fs::write(&path, &old).unwrap();
+    // TTL 0: every open asks the server, as after the kernel's cache expired.
+    let cfg = FsConfig {
+        attr_ttl: Duration::ZERO,
+        ..FsConfig::default()
+    };
+    let fs = fs_over(src.path(), cfg, 64 << 10).await;
+    let (ino, _) = fs.lookup(ROOT_INO, b"f").await.unwrap();
+    let o = fs.open(ino, false).await.unwrap();
+    assert!(read_at(&fs, o.fh, 0, 1 << 20).await == old);
+    fs.release(o.fh);
+
+    // Rewritten in place (same server inode, other size and bytes).
+    let new = data(200_000, 4);
+    std::fs::write(&path, &new).unwrap();
+    let o = fs.open(ino, false).await.unwrap();
+    assert!(!o.keep_cache, "changed: the kernel must drop its pages");
+    assert_eq!(o.version.size, new.len() as u64);
+    assert!(read_at(&fs, o.fh, 0, 1 << 20).await == new);
+    fs.release(o.fh);
+    // Unchanged since: the cache may stay.
+    let o = fs.open(ino, false).await.unwrap();
+    assert!(o.keep_cache);
+    fs.release(o.fh);
+
+    // Replaced (a new server inode): a new mount inode; the old one lives until forgotten.
+    let newer = data(50_000, 5);
+    std::fs::write(src.path().join("f.tmp"), &newer).unwrap();
+    std::fs::rename(src.path().join("f.tmp"), &path).unwrap();
+    let (ino2, _) = fs.lookup(ROOT_INO, b"f").await.unwrap();
+    assert_ne!(ino2, ino);
+    assert_eq!(fs.lookup_count(ino), Some(1));
+    let o = fs.open(ino2, false).await.unwrap();
+    assert!(!o.keep_cache);
+    assert!(read_at(&fs, o.fh, 0, 1 << 20).await == newer);
+    fs.release(o.fh);
+    fs.forget(ino, 1);
+    assert_eq!(fs.lookup_count(ino), None);
+    assert_eq!(
+        fs.lookup_count(ino2),
+        Some(1),
+        "the newer inode keeps its path"
+    );
+    assert_eq!(fs.lookup(ROOT_INO, b"f").await.unwrap().0, ino2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_drops_an_inode_at_its_last_reference() {
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("f"), b"hello").unwrap();
+    let fs = fs_over(src.path(), FsConfig::default(), 1 << 20).await;
+    let (ino, _) = fs.lookup(ROOT_INO, b"f").await.unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, b"f").await.unwrap().0, ino);
+    assert_eq!(fs.lookup_count(ino), Some(2));
+    fs.forget(ino, 1);
+    assert_eq!(fs.lookup_count(ino), Some(1));
+    assert_eq!(fs.getattr(ino).await.unwrap().size, 5);
+    fs.forget(ino, 1);
+    assert_eq!(fs.lookup_count(ino), None);
+    assert_eq!(errno(fs.getattr(ino).await), libc::ESTALE);
+    assert_eq!(errno(fs.open(ino, false).await), libc::ESTALE);
+    // Looked up again: a new number (numbers are never reused).
+    let (again, _) = fs.lookup(ROOT_INO, b"f").await.unwrap();
+    assert!(again > ino);
+    // Forgetting more than is held, an unknown inode, or the root changes nothing else.
+    fs.forget(again, 10);
+    assert_eq!(fs.lookup_count(again), None);
+    fs.forget(777, 1);
+    fs.forget(ROOT_INO, 5);
+    assert_eq!(fs.lookup_count(ROOT_INO), Some(1));
+    assert_eq!(
+        fs.getattr(ROOT_INO).await.unwrap().kind,
+        FileKind::Directory
+    );
+}
