@@ -1,6 +1,10 @@
 //! A model-based property test of the read path: random sequences of open, read (at random
-//! offsets and lengths), stat, readdir, readlink and close against a real mount, each
-//! compared with the same call on the source directory (the model).
+//! offsets and lengths), stat, readdir, readlink and close against the file system under
+//! test, each compared with the same call on the source directory (the model).
+//!
+//! The same sequences run against two subjects behind one [`Target`] trait: a real FUSE
+//! mount (through `std::fs`, so through the kernel), and `Fs` driven directly (no kernel:
+//! what the FUSE adapter would call, including the kernel's side of lookup counting).
 
 #![allow(clippy::unwrap_used)] // tests may panic on setup failures
 
@@ -11,6 +15,9 @@ use std::path::{Path, PathBuf};
 use ferry_tests::{require_fuse, write_random, TestMount, TestServer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+
+#[path = "model/direct.rs"]
+mod direct;
 
 /// Files of the source tree, with sizes around chunk (1 MiB) and page boundaries.
 const FILES: &[(&str, usize)] = &[
@@ -67,33 +74,125 @@ fn path_of(i: usize) -> String {
     }
 }
 
-fn names(dir: &Path) -> BTreeSet<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect()
+/// What `stat` (without following symlinks) reports that the model compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stat {
+    kind: Kind,
+    len: u64,
+    /// `st_mode`: type and permission bits.
+    mode: u32,
+    mtime: (i64, i64),
 }
 
-/// Runs `ops` on the mount and on the source; the first difference fails the case.
-fn check(ops: &[Op], src: &Path, mnt: &Path) -> Result<(), TestCaseError> {
-    // Open handles: (mount file, source file, name).
-    let mut handles: Vec<(std::fs::File, std::fs::File, String)> = Vec::new();
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// The operations of a case, on one file system. Paths are relative to its root ("" is the
+/// root); failures panic (every path of the tree exists).
+trait Target {
+    /// An open file.
+    type File;
+    /// Opens the regular file `path` for reading.
+    fn open(&mut self, path: &str) -> Self::File;
+    /// Reads at `offset` into `buf`; short only at the end of the file.
+    fn read_at(&mut self, f: &Self::File, buf: &mut [u8], offset: u64) -> usize;
+    /// Attributes of `path` itself (symlinks not followed).
+    fn stat(&mut self, path: &str) -> Stat;
+    /// Names in directory `path`, without `.` and `..`.
+    fn read_dir(&mut self, path: &str) -> BTreeSet<String>;
+    /// Target of symlink `path`.
+    fn read_link(&mut self, path: &str) -> PathBuf;
+    /// Closes `f`.
+    fn close(&mut self, f: Self::File);
+}
+
+/// A directory through `std::fs`: the source (the model), or a real mount (the kernel path).
+struct StdDir {
+    root: PathBuf,
+    /// Drop the kernel's cached pages of each file opened, so reads reach ferry (its chunk
+    /// store, prefetcher and the server) rather than the page cache.
+    drop_cache: bool,
+}
+
+impl Target for StdDir {
+    type File = std::fs::File;
+
+    fn open(&mut self, path: &str) -> std::fs::File {
+        let f = std::fs::File::open(self.root.join(path)).unwrap();
+        if self.drop_cache {
+            use std::os::fd::AsRawFd;
+            // SAFETY: an open fd; DONTNEED only drops clean cached pages.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+        f
+    }
+
+    fn read_at(&mut self, f: &std::fs::File, buf: &mut [u8], offset: u64) -> usize {
+        // pread until `buf` is full or the end of the file.
+        let mut n = 0;
+        while n < buf.len() {
+            match f.read_at(&mut buf[n..], offset + n as u64).unwrap() {
+                0 => break,
+                k => n += k,
+            }
+        }
+        n
+    }
+
+    fn stat(&mut self, path: &str) -> Stat {
+        let m = std::fs::symlink_metadata(self.root.join(path)).unwrap();
+        let t = m.file_type();
+        Stat {
+            kind: if t.is_file() {
+                Kind::File
+            } else if t.is_dir() {
+                Kind::Dir
+            } else if t.is_symlink() {
+                Kind::Symlink
+            } else {
+                Kind::Other
+            },
+            len: m.len(),
+            mode: m.mode(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        }
+    }
+
+    fn read_dir(&mut self, path: &str) -> BTreeSet<String> {
+        std::fs::read_dir(self.root.join(path))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn read_link(&mut self, path: &str) -> PathBuf {
+        std::fs::read_link(self.root.join(path)).unwrap()
+    }
+
+    fn close(&mut self, f: std::fs::File) {
+        drop(f);
+    }
+}
+
+/// Runs `ops` on `subject` and on the `model`; the first difference fails the case.
+fn check<S: Target, M: Target>(
+    ops: &[Op],
+    model: &mut M,
+    subject: &mut S,
+) -> Result<(), TestCaseError> {
+    // Open handles: (subject file, model file, name).
+    let mut handles: Vec<(S::File, M::File, String)> = Vec::new();
     for op in ops {
         match op {
             Op::Open(i) => {
                 let name = FILES[*i].0;
                 if handles.len() < 8 {
-                    let m = std::fs::File::open(mnt.join(name)).unwrap();
-                    // The kernel's cached pages of the file are dropped, so reads reach ferry
-                    // (its chunk store, prefetcher and the server) rather than the page cache.
-                    use std::os::fd::AsRawFd;
-                    // SAFETY: an open fd; DONTNEED only drops clean cached pages.
-                    unsafe { libc::posix_fadvise(m.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-                    handles.push((
-                        m,
-                        std::fs::File::open(src.join(name)).unwrap(),
-                        name.to_string(),
-                    ));
+                    handles.push((subject.open(name), model.open(name), name.to_string()));
                 }
             }
             Op::Read {
@@ -106,8 +205,8 @@ fn check(ops: &[Op], src: &Path, mnt: &Path) -> Result<(), TestCaseError> {
                 }
                 let (m, s, name) = &handles[handle % handles.len()];
                 let (mut a, mut b) = (vec![0u8; *len], vec![0u8; *len]);
-                let na = read_full(m, &mut a, *offset);
-                let nb = read_full(s, &mut b, *offset);
+                let na = subject.read_at(m, &mut a, *offset);
+                let nb = model.read_at(s, &mut b, *offset);
                 prop_assert_eq!(na, nb, "read of {} at {}+{}: length", name, offset, len);
                 prop_assert!(
                     a[..na] == b[..nb],
@@ -119,56 +218,37 @@ fn check(ops: &[Op], src: &Path, mnt: &Path) -> Result<(), TestCaseError> {
             }
             Op::Stat(i) => {
                 let p = path_of(*i);
-                let (a, b) = (
-                    std::fs::symlink_metadata(mnt.join(&p)).unwrap(),
-                    std::fs::symlink_metadata(src.join(&p)).unwrap(),
-                );
-                prop_assert_eq!(a.file_type(), b.file_type(), "stat {}: kind", p);
-                if !a.is_dir() {
-                    prop_assert_eq!(a.len(), b.len(), "stat {}: size", p);
+                let (a, b) = (subject.stat(&p), model.stat(&p));
+                prop_assert_eq!(a.kind, b.kind, "stat {}: kind", p);
+                if a.kind != Kind::Dir {
+                    prop_assert_eq!(a.len, b.len, "stat {}: size", p);
                 }
-                prop_assert_eq!(a.mode(), b.mode(), "stat {}: mode", p);
-                prop_assert_eq!(
-                    (a.mtime(), a.mtime_nsec()),
-                    (b.mtime(), b.mtime_nsec()),
-                    "stat {}: mtime",
-                    p
-                );
+                prop_assert_eq!(a.mode, b.mode, "stat {}: mode", p);
+                prop_assert_eq!(a.mtime, b.mtime, "stat {}: mtime", p);
             }
             Op::ReadDir(i) => {
                 let d = DIRS[*i];
-                prop_assert_eq!(names(&mnt.join(d)), names(&src.join(d)), "readdir {}", d);
+                prop_assert_eq!(subject.read_dir(d), model.read_dir(d), "readdir {}", d);
             }
             Op::ReadLink(i) => {
                 let l = LINKS[*i].0;
-                prop_assert_eq!(
-                    std::fs::read_link(mnt.join(l)).unwrap(),
-                    std::fs::read_link(src.join(l)).unwrap(),
-                    "readlink {}",
-                    l
-                );
+                prop_assert_eq!(subject.read_link(l), model.read_link(l), "readlink {}", l);
             }
             Op::Close(h) => {
                 if !handles.is_empty() {
                     let i = h % handles.len();
-                    handles.remove(i);
+                    let (a, b, _) = handles.remove(i);
+                    subject.close(a);
+                    model.close(b);
                 }
             }
         }
     }
-    Ok(())
-}
-
-/// pread until `buf` is full or the end of the file.
-fn read_full(f: &std::fs::File, buf: &mut [u8], offset: u64) -> usize {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read_at(&mut buf[n..], offset + n as u64).unwrap() {
-            0 => break,
-            k => n += k,
-        }
+    for (a, b, _) in handles {
+        subject.close(a);
+        model.close(b);
     }
-    n
+    Ok(())
 }
 
 fn build(root: &Path) -> PathBuf {
@@ -184,6 +264,22 @@ fn build(root: &Path) -> PathBuf {
     root.to_path_buf()
 }
 
+/// 64 random cases of up to 60 operations.
+fn runner() -> TestRunner {
+    TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
+fn model_of(src: &Path) -> StdDir {
+    StdDir {
+        root: src.to_path_buf(),
+        drop_cache: false,
+    }
+}
+
 #[test]
 fn random_operation_sequences_match_the_source() {
     require_fuse!();
@@ -194,16 +290,41 @@ fn random_operation_sequences_match_the_source() {
     // uses the default chunk size.
     for args in [&["--chunk-size", "64"][..], &[][..]] {
         let mount = TestMount::mount(&server.addr, args);
-        let mut runner = TestRunner::new(Config {
-            cases: 64,
-            failure_persistence: None,
-            ..Config::default()
-        });
-        let r = runner.run(&proptest::collection::vec(op(), 1..60), |ops| {
-            check(&ops, src.path(), &mount.path())
+        let r = runner().run(&proptest::collection::vec(op(), 1..60), |ops| {
+            let mut subject = StdDir {
+                root: mount.path(),
+                drop_cache: true,
+            };
+            check(&ops, &mut model_of(src.path()), &mut subject)
         });
         if let Err(e) = r {
             panic!("{args:?}: {e}\nmount log:\n{}", mount.log_text());
+        }
+    }
+}
+
+/// The same sequences against `Fs` itself, over an in-process ferryd: no kernel, so the
+/// file system's own answers are checked without the page cache in between; after each
+/// case, every reference the case took is forgotten and must leave no inode behind.
+#[test]
+fn random_operation_sequences_match_the_source_through_fs() {
+    let src = tempfile::tempdir().unwrap();
+    build(src.path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = direct::serve(&rt, src.path());
+    for chunk_size in [64 << 10, 1 << 20] {
+        let fs = direct::connect(&rt, &addr, chunk_size);
+        let r = runner().run(&proptest::collection::vec(op(), 1..60), |ops| {
+            let mut subject = direct::FsTarget::new(&fs, rt.handle());
+            check(&ops, &mut model_of(src.path()), &mut subject)?;
+            subject.forget_all()
+        });
+        if let Err(e) = r {
+            panic!("chunk size {chunk_size}: {e}");
         }
     }
 }
