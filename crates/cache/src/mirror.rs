@@ -212,12 +212,12 @@ impl Mirror {
             return Err(MirrorError::NotADirectory(root_name));
         }
         // The status file is allocated now, so it can be written even if the disk fills.
-        if let Err(e) = self
-            .progress
-            .snapshot("running", &self.label)
-            .write(self.cache.meta())
-        {
-            debug!("status file: {e}");
+        let first = self.progress.snapshot("running", &self.label);
+        let meta = self.cache.meta().to_path_buf();
+        match tokio::task::spawn_blocking(move || first.write(&meta)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => debug!("status file: {e}"),
+            Err(e) => debug!("status file: {e}"),
         }
         let (sync, syncer) = match &self.syncer {
             Some(s) => (s.clone(), None),
@@ -244,11 +244,11 @@ impl Mirror {
             limiter: self.cfg.bwlimit.map(Limiter::new),
         });
         // Ends with the run, also when the run is dropped (a mount stopping its mirror).
-        let status = AbortOnDrop(tokio::spawn(status_writer(
+        let status = StatusWriter::start(
             self.cache.clone(),
             self.progress.clone(),
             self.label.clone(),
-        )));
+        );
 
         let dirs = walk(&ctx, root_attr).await;
 
@@ -260,12 +260,18 @@ impl Mirror {
                 rel.iter().filter(|&&b| b == b'/').count() + usize::from(!rel.is_empty()),
             )
         });
-        for (rel, attr) in &dirs {
-            let local = self.cache.local_path(rel);
-            if let Err(e) = set_metadata(&local, attr, true) {
-                self.progress
-                    .error(format!("{}: setting mode and times: {e}", local.display()));
+        let (cache, progress) = (self.cache.clone(), self.progress.clone());
+        let set = tokio::task::spawn_blocking(move || {
+            for (rel, attr) in &dirs {
+                let local = cache.local_path(rel);
+                if let Err(e) = set_metadata(&local, attr, true) {
+                    progress.error(format!("{}: setting mode and times: {e}", local.display()));
+                }
             }
+        });
+        if let Err(e) = set.await {
+            self.progress
+                .error(format!("setting directory modes and times: {e}"));
         }
 
         // Everything written is recorded before the run reports.
@@ -275,6 +281,7 @@ impl Mirror {
             Some(task) => task.await.unwrap_or(Ok(())),
             None => Ok(()),
         };
+        // No "running" write of the status writer lands after the final state.
         drop(status);
         let p = &self.progress;
         let errors = p.error_count();
@@ -283,9 +290,16 @@ impl Mirror {
         } else {
             "incomplete"
         };
-        let _ = p.snapshot(state, &self.label).write(self.cache.meta());
-        if let Err(e) = self.cache.compact_if_large() {
-            debug!("journal compaction failed: {e}");
+        let last = p.snapshot(state, &self.label);
+        let cache = self.cache.clone();
+        let finish = tokio::task::spawn_blocking(move || {
+            let _ = last.write(cache.meta());
+            if let Err(e) = cache.compact_if_large() {
+                debug!("journal compaction failed: {e}");
+            }
+        });
+        if let Err(e) = finish.await {
+            debug!("status file and compaction: {e}");
         }
         journal.map_err(|source| MirrorError::Journal {
             path: self.cache.meta().to_path_buf(),
@@ -321,14 +335,67 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Rewrites the status file every second while the run goes on.
-async fn status_writer(cache: Arc<CacheDir>, progress: Arc<Progress>, label: String) {
+/// The status file, rewritten every second while the run goes on (on the blocking pool).
+/// Dropping it stops the rewrites, waiting for one in progress, so that no "running" lands
+/// after whatever the caller writes next (the final state, or "interrupted").
+struct StatusWriter {
+    shared: Arc<StatusShared>,
+    _task: AbortOnDrop,
+}
+
+#[derive(Default)]
+struct StatusShared {
+    stopped: std::sync::atomic::AtomicBool,
+    /// Held while a rewrite is in progress.
+    writing: std::sync::Mutex<()>,
+}
+
+impl StatusWriter {
+    fn start(cache: Arc<CacheDir>, progress: Arc<Progress>, label: String) -> StatusWriter {
+        let shared = Arc::new(StatusShared::default());
+        let task = AbortOnDrop(tokio::spawn(status_writer(
+            cache,
+            progress,
+            label,
+            shared.clone(),
+        )));
+        StatusWriter {
+            shared,
+            _task: task,
+        }
+    }
+}
+
+impl Drop for StatusWriter {
+    fn drop(&mut self) {
+        self.shared.stopped.store(true, Ordering::SeqCst);
+        // Waits for a rewrite in progress (one small write into space allocated up front).
+        drop(self.shared.writing.lock());
+    }
+}
+
+async fn status_writer(
+    cache: Arc<CacheDir>,
+    progress: Arc<Progress>,
+    label: String,
+    shared: Arc<StatusShared>,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         let s = progress.snapshot("running", &label);
-        if let Err(e) = s.write(cache.meta()) {
-            debug!("status file: {e}");
+        let (cache, shared) = (cache.clone(), shared.clone());
+        let written = tokio::task::spawn_blocking(move || {
+            let _one = shared.writing.lock().unwrap_or_else(|e| e.into_inner());
+            if shared.stopped.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            s.write(cache.meta())
+        });
+        match written.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => debug!("status file: {e}"),
+            Err(e) => debug!("status file: {e}"),
         }
     }
 }

@@ -1,4 +1,10 @@
 //! Per-file state and the cache directory that owns it.
+//!
+//! Locks: the state (`inner`: every file's [`FileState`] and the records not yet handed to
+//! the journal) is only ever held for in-memory work, so async tasks that ask for a file's
+//! state never wait for the disk. The journal has its own lock, held across its writes,
+//! syncs and compaction (callers run those on the blocking pool); when both are taken, the
+//! journal's comes first. Records reach the journal in the order they were made.
 
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
@@ -173,11 +179,13 @@ pub struct CacheDir {
     root: PathBuf,
     meta: PathBuf,
     inner: Mutex<Inner>,
+    journal: Mutex<Journal>,
     _lock: std::fs::File,
 }
 
 struct Inner {
-    journal: Journal,
+    /// Records made and not yet handed to the journal, in order.
+    pending: Vec<Record>,
     /// The last generation handed out.
     generation: u64,
     files: HashMap<Bytes, FileState>,
@@ -231,17 +239,22 @@ impl CacheDir {
             root: root.to_path_buf(),
             meta,
             inner: Mutex::new(Inner {
-                journal,
+                pending: Vec::new(),
                 generation: 0,
                 files,
                 since_compaction: records.len() as u64,
             }),
+            journal: Mutex::new(journal),
             _lock: lock,
         })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The local copy's root.
@@ -291,7 +304,7 @@ impl CacheDir {
         st.generation = g.generation;
         st.ready = ready;
         g.files.insert(rel.clone(), st);
-        g.journal.push(&Record::Version {
+        g.pending.push(Record::Version {
             path: rel.clone(),
             version,
             chunk_size,
@@ -402,7 +415,7 @@ impl CacheDir {
         };
         st.apply(&rec);
         let now = st.complete();
-        g.journal.push(&rec);
+        g.pending.push(rec);
         g.since_compaction += 1;
         !was && now
     }
@@ -421,7 +434,7 @@ impl CacheDir {
             blake3,
         };
         st.apply(&rec);
-        g.journal.push(&rec);
+        g.pending.push(rec);
         g.since_compaction += 1;
     }
 
@@ -429,7 +442,7 @@ impl CacheDir {
     pub fn forget(&self, rel: &Bytes) {
         let mut g = self.lock();
         if g.files.remove(rel).is_some() {
-            g.journal.push(&Record::Forget { path: rel.clone() });
+            g.pending.push(Record::Forget { path: rel.clone() });
             g.since_compaction += 1;
         }
     }
@@ -439,44 +452,70 @@ impl CacheDir {
     /// # Errors
     /// I/O errors writing or syncing the journal.
     pub fn commit(&self) -> std::io::Result<()> {
-        self.lock().journal.commit()
+        let mut j = self.journal();
+        let records = std::mem::take(&mut self.lock().pending);
+        for r in &records {
+            j.push(r);
+        }
+        j.commit()
     }
 
-    /// Rewrites the journal as the current state when it has grown well past it.
+    /// Rewrites the journal as the current state when it has grown well past it. The new
+    /// journal is written and synced without holding the state: only the snapshot of the
+    /// state is taken under it. Records made meanwhile go to the new journal.
     ///
     /// # Errors
-    /// I/O errors (the old journal then stays in use).
+    /// I/O errors (the old journal then stays in use, with every record).
     pub fn compact_if_large(&self) -> std::io::Result<()> {
-        let mut g = self.lock();
-        let live = g.files.len() as u64 * 3;
-        if g.since_compaction < 10_000 || g.since_compaction < 4 * live {
-            return Ok(());
-        }
-        g.journal.commit()?;
-        let mut records = Vec::with_capacity(g.files.len() * 3);
-        for (path, st) in &g.files {
-            records.push(Record::Version {
-                path: path.clone(),
-                version: st.version,
-                chunk_size: st.chunk_size,
-            });
-            for (first, count) in st.runs() {
-                records.push(Record::Chunks {
-                    path: path.clone(),
-                    first,
-                    count,
-                });
+        let mut j = self.journal();
+        let (records, taken, before) = {
+            let mut g = self.lock();
+            let live = g.files.len() as u64 * 3;
+            if g.since_compaction < 10_000 || g.since_compaction < 4 * live {
+                return Ok(());
             }
-            if let Some(h) = st.verified {
-                records.push(Record::Verified {
+            // The snapshot includes the records not yet in the journal: each is true already
+            // (chunks are recorded once durable), so the new journal holds them too.
+            let mut records = Vec::with_capacity(g.files.len() * 3);
+            for (path, st) in &g.files {
+                records.push(Record::Version {
                     path: path.clone(),
-                    blake3: h,
+                    version: st.version,
+                    chunk_size: st.chunk_size,
                 });
+                for (first, count) in st.runs() {
+                    records.push(Record::Chunks {
+                        path: path.clone(),
+                        first,
+                        count,
+                    });
+                }
+                if let Some(h) = st.verified {
+                    records.push(Record::Verified {
+                        path: path.clone(),
+                        blake3: h,
+                    });
+                }
+            }
+            let taken = std::mem::take(&mut g.pending);
+            (records, taken, g.since_compaction)
+        };
+        match Journal::rewrite(&self.meta.join("journal"), &records) {
+            Ok(new) => {
+                *j = new;
+                let mut g = self.lock();
+                g.since_compaction = g.since_compaction - before + records.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // The old journal goes on; the records taken are still to be written to it,
+                // before any made since.
+                for r in &taken {
+                    j.push(r);
+                }
+                Err(e)
             }
         }
-        g.journal = Journal::rewrite(&self.meta.join("journal"), &records)?;
-        g.since_compaction = records.len() as u64;
-        Ok(())
     }
 }
 
@@ -557,6 +596,27 @@ mod tests {
         let s = c.state(&p).unwrap();
         assert!(s.complete());
         assert_eq!(s.verified, Some([9; 32]));
+    }
+
+    #[test]
+    fn compaction_keeps_records_not_yet_committed_and_appends_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Bytes::from_static(b"f");
+        {
+            let c = CacheDir::open(dir.path()).unwrap();
+            let g = c.begin(&p, v(5000), 1024);
+            c.mark_present(&p, g, 0, 2); // not committed before the compaction
+            c.lock().since_compaction = 1_000_000;
+            c.compact_if_large().unwrap();
+            assert!(c.lock().since_compaction < 10);
+            c.mark_present(&p, g, 2, 3);
+            c.mark_verified(&p, g, [7; 32]);
+            c.commit().unwrap();
+        }
+        let c = CacheDir::open(dir.path()).unwrap();
+        let s = c.state(&p).unwrap();
+        assert!(s.complete());
+        assert_eq!(s.verified, Some([7; 32]));
     }
 
     #[test]

@@ -58,7 +58,8 @@ pub(super) async fn copy_file(ctx: &Arc<Ctx>, rel: Bytes, mut attr: Attr) {
                     .fetch_sub(counted_total, Ordering::Relaxed);
                 ctx.sync.flush().await;
                 ctx.cache.forget(&rel);
-                let _ = std::fs::remove_file(ctx.cache.local_path(&rel));
+                let local = ctx.cache.local_path(&rel);
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(local)).await;
                 return;
             }
             Ok(FileOutcome::Changed(new)) => {

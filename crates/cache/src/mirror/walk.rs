@@ -6,13 +6,13 @@
 //! asked for only once it is made); the state folder's name at the top level is never
 //! mirrored.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use ferry_proto::name::join;
-use ferry_proto::{Attr, FileKind};
+use ferry_proto::{Attr, DirEntry, FileKind};
 use tokio::sync::Semaphore;
 use tracing::debug;
 
@@ -29,7 +29,11 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
     let mut listings = tokio::task::JoinSet::new();
     let mut jobs = tokio::task::JoinSet::new();
     let files = Arc::new(Semaphore::new(ctx.cfg.files_in_flight.max(1)));
-    if let Err(e) = make_dir(&ctx.cache.local_path(b"")) {
+    let root = ctx.cache.local_path(b"");
+    let made = tokio::task::spawn_blocking(move || make_dir(&root))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    if let Err(e) = made {
         ctx.progress
             .error(format!("{}: {e}", ctx.cache.root().display()));
         return dirs;
@@ -56,8 +60,9 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
                 continue;
             }
         };
-        for e in entries {
-            if rel.is_empty() && e.name.as_ref() == STATE_DIR.as_bytes() {
+        let made = make_dirs(ctx, &rel, &entries).await;
+        for (e, made) in entries.into_iter().zip(made) {
+            if is_state_dir(&rel, &e.name) {
                 ctx.progress.error(format!(
                     "the export has a top-level entry named {STATE_DIR}, which a cache directory uses for its state: not mirrored"
                 ));
@@ -67,7 +72,7 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
             match e.attr.kind {
                 FileKind::Directory => {
                     let local = ctx.cache.local_path(&child);
-                    match make_dir(&local) {
+                    match made.unwrap_or_else(|| Err(std::io::Error::other("not created"))) {
                         Ok(()) => {
                             pending.push(child.clone());
                             dirs.push((child, e.attr));
@@ -108,6 +113,43 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
     dirs
 }
 
+/// Whether `name` in directory `rel` is the cache's state folder (top level only).
+fn is_state_dir(rel: &[u8], name: &[u8]) -> bool {
+    rel.is_empty() && name == STATE_DIR.as_bytes()
+}
+
+/// Creates the local directories of the subdirectories listed in `rel`, all in one step on
+/// the blocking pool, before anything is created in them. One result per entry: `None`
+/// for entries that are not directories (or the state folder).
+async fn make_dirs(
+    ctx: &Ctx,
+    rel: &Bytes,
+    entries: &[DirEntry],
+) -> Vec<Option<std::io::Result<()>>> {
+    let paths: Vec<Option<PathBuf>> = entries
+        .iter()
+        .map(|e| {
+            (e.attr.kind == FileKind::Directory && !is_state_dir(rel, &e.name))
+                .then(|| ctx.cache.local_path(&join(rel, &e.name)))
+        })
+        .collect();
+    if paths.iter().all(Option::is_none) {
+        return paths.into_iter().map(|_| None).collect();
+    }
+    let n = paths.len();
+    tokio::task::spawn_blocking(move || {
+        paths.into_iter().map(|p| p.map(|p| make_dir(&p))).collect()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        let e = e.to_string();
+        (0..n)
+            .map(|_| Some(Err(std::io::Error::other(e.clone()))))
+            .collect()
+    })
+}
+
+/// Makes `p` a directory: kept if it is one, replacing a file or symlink.
 fn make_dir(p: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(p) {
         Ok(m) if m.is_dir() => Ok(()),
