@@ -20,9 +20,9 @@
 //!   symlinks (times only) and directories (after their contents). Ownership is not copied.
 //!
 //! Layout: this file holds the run (configuration, errors, the shared context, the status
-//! writer); [`walk`] the tree walk, [`file`] a file's attempts, [`chunked`] and [`small`]
-//! one attempt at a large or small file, [`verify`] the hash comparison, [`fetch`] chunk
-//! reads and the rate limit, [`metadata`] modes and times.
+//! writer); `walk` the tree walk, `file` a file's attempts, `chunked` and `small`
+//! one attempt at a large or small file, `verify` the hash comparison, `fetch` chunk
+//! reads and the rate limit, `metadata` modes and times.
 //!
 //! Blocking file-system calls (creating directories, writing, setting metadata, the status
 //! file, compaction) run on the blocking pool, never on the async threads: in a mount, those

@@ -11,12 +11,12 @@
 //! least recently used completed chunks (a chunk enters the LRU order when it completes;
 //! chunks in flight are never evicted). Chunks a sequential reader has read to their end
 //! leave at once (the kernel page cache holds them now). Every operation takes one short
-//! lock and is O(1) ([`table`]); the counters are atomics.
+//! lock and is O(1) (`chunks/table.rs`); the counters are atomics.
 //!
 //! Local copy: a chunk the [`ChunkBacking`] holds for the key's version is read from it
 //! instead of the network ([`ChunkStore::read_range`], `load_local`); every whole chunk
 //! fetched of the key's version is handed to it through a write-back queue
-//! ([`writeback`]) drained by [`writeback::WRITERS`] threads. That queue holds at most a
+//! (`chunks/writeback.rs`) drained by two named writer threads. That queue holds at most a
 //! quarter of the store's budget (at least one chunk), in addition to the budget: when
 //! the disk is slower than the network and the queue is full, the chunk is not stored
 //! (counted in [`ChunkStats::store_skipped`]) and is fetched again by a later read or the

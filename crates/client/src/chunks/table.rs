@@ -226,7 +226,7 @@ mod tests {
         t.invalidate(2);
         assert_eq!(t.used(), 30);
         assert!(t.peek((2, 0)).is_none() && t.peek((2, 5)).is_none());
-        assert!(t.by_file.get(&2).is_none());
+        assert!(!t.by_file.contains_key(&2));
         // Nothing of file 2 is left in the LRU list either.
         assert_eq!(t.evict_to(0), 3);
         assert_eq!(t.used(), 0);
