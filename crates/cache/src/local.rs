@@ -7,6 +7,10 @@
 //! (sparse), parents created as needed. Chunks of a version other than the one a reader
 //! opened are never stored or served. If the cache's disk fails (full, read-only), storing
 //! stops being attempted for a while and reads go on from the network.
+//!
+//! Threads: [`ChunkBacking::store`] runs on the chunk store's write-back threads (bounded
+//! queue; a chunk that does not fit is skipped there), `load` and `complete_file` on the
+//! blocking pool; every method here may block on the disk and none runs on an async thread.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;

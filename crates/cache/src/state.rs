@@ -1,4 +1,10 @@
 //! Per-file state and the cache directory that owns it.
+//!
+//! Locks: the state (`inner`: every file's [`FileState`] and the records not yet handed to
+//! the journal) is only ever held for in-memory work, so async tasks that ask for a file's
+//! state never wait for the disk. The journal has its own lock, held across its writes,
+//! syncs and compaction (callers run those on the blocking pool); when both are taken, the
+//! journal's comes first. Records reach the journal in the order they were made.
 
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
@@ -11,145 +17,9 @@ use ferry_proto::Version;
 use crate::journal::{Journal, Record};
 use crate::STATE_DIR;
 
-/// What the cache knows of one file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileState {
-    /// The remote version the local bytes belong to.
-    pub version: Version,
-    /// Chunk size of `present`'s indexes.
-    pub chunk_size: u32,
-    present: Vec<u64>,
-    present_count: u64,
-    /// The server's BLAKE3 the whole local file matched, once verified.
-    pub verified: Option<[u8; 32]>,
-    /// Which start of the file this is (in memory only; 0 after a replay). Every
-    /// [`CacheDir::restart_file`] gives a new one, so a chunk written to an older inode of
-    /// the file is never recorded as present in the new one.
-    pub generation: u64,
-    /// Whether the local file of this generation exists (false while it is being replaced).
-    pub ready: bool,
-}
+mod file;
 
-impl FileState {
-    /// A file of `version` with no chunk present.
-    pub fn new(version: Version, chunk_size: u32) -> FileState {
-        let chunks = version.size.div_ceil(u64::from(chunk_size.max(1)));
-        FileState {
-            version,
-            chunk_size,
-            present: vec![0; chunks.div_ceil(64) as usize],
-            present_count: 0,
-            verified: None,
-            generation: 0,
-            ready: true,
-        }
-    }
-
-    /// Number of chunks of the file.
-    pub fn chunks(&self) -> u64 {
-        self.version
-            .size
-            .div_ceil(u64::from(self.chunk_size.max(1)))
-    }
-
-    /// Whether chunk `i` is present.
-    pub fn has(&self, i: u64) -> bool {
-        i < self.chunks() && self.present[(i / 64) as usize] & (1 << (i % 64)) != 0
-    }
-
-    fn set(&mut self, i: u64) {
-        if i < self.chunks() && !self.has(i) {
-            self.present[(i / 64) as usize] |= 1 << (i % 64);
-            self.present_count += 1;
-        }
-    }
-
-    /// Chunks present.
-    pub fn present_count(&self) -> u64 {
-        self.present_count
-    }
-
-    /// Bytes present (the last chunk may be short).
-    pub fn present_bytes(&self) -> u64 {
-        let cs = u64::from(self.chunk_size);
-        let n = self.chunks();
-        if n == 0 {
-            return 0;
-        }
-        let last = self.version.size - (n - 1) * cs;
-        self.present_count * cs - if self.has(n - 1) { cs - last } else { 0 }
-    }
-
-    /// Whether every chunk is present.
-    pub fn complete(&self) -> bool {
-        self.present_count == self.chunks()
-    }
-
-    /// Indexes of the chunks not present, in order.
-    pub fn missing(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..self.chunks()).filter(|&i| !self.has(i))
-    }
-
-    /// Present chunks as `(first, count)` runs, for compaction.
-    fn runs(&self) -> Vec<(u64, u32)> {
-        let mut out = Vec::new();
-        let mut i = 0;
-        let n = self.chunks();
-        while i < n {
-            if self.has(i) {
-                let start = i;
-                while i < n && self.has(i) && i - start < u64::from(u32::MAX) {
-                    i += 1;
-                }
-                out.push((start, (i - start) as u32));
-            } else {
-                i += 1;
-            }
-        }
-        out
-    }
-
-    fn apply(&mut self, rec: &Record) {
-        match rec {
-            Record::Chunks { first, count, .. } => {
-                for i in *first..first.saturating_add(u64::from(*count)) {
-                    self.set(i);
-                }
-            }
-            Record::Verified { blake3, .. } => {
-                if self.complete() {
-                    self.verified = Some(*blake3);
-                }
-            }
-            Record::Version { .. } | Record::Forget { .. } => {}
-        }
-    }
-}
-
-/// Applies replayed records to a state map.
-pub fn replay(records: &[Record]) -> HashMap<Bytes, FileState> {
-    let mut files: HashMap<Bytes, FileState> = HashMap::new();
-    for r in records {
-        match r {
-            Record::Version {
-                path,
-                version,
-                chunk_size,
-            } => {
-                files.insert(path.clone(), FileState::new(*version, *chunk_size));
-            }
-            Record::Forget { path } => {
-                files.remove(path);
-            }
-            other => {
-                if let Some(st) = files.get_mut(other.path()) {
-                    st.apply(other);
-                }
-            }
-        }
-    }
-    files
-}
+pub use file::{replay, FileState};
 
 /// Errors opening a cache directory.
 #[derive(Debug, thiserror::Error)]
@@ -173,11 +43,13 @@ pub struct CacheDir {
     root: PathBuf,
     meta: PathBuf,
     inner: Mutex<Inner>,
+    journal: Mutex<Journal>,
     _lock: std::fs::File,
 }
 
 struct Inner {
-    journal: Journal,
+    /// Records made and not yet handed to the journal, in order.
+    pending: Vec<Record>,
     /// The last generation handed out.
     generation: u64,
     files: HashMap<Bytes, FileState>,
@@ -231,17 +103,22 @@ impl CacheDir {
             root: root.to_path_buf(),
             meta,
             inner: Mutex::new(Inner {
-                journal,
+                pending: Vec::new(),
                 generation: 0,
                 files,
                 since_compaction: records.len() as u64,
             }),
+            journal: Mutex::new(journal),
             _lock: lock,
         })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The local copy's root.
@@ -291,7 +168,7 @@ impl CacheDir {
         st.generation = g.generation;
         st.ready = ready;
         g.files.insert(rel.clone(), st);
-        g.journal.push(&Record::Version {
+        g.pending.push(Record::Version {
             path: rel.clone(),
             version,
             chunk_size,
@@ -402,7 +279,7 @@ impl CacheDir {
         };
         st.apply(&rec);
         let now = st.complete();
-        g.journal.push(&rec);
+        g.pending.push(rec);
         g.since_compaction += 1;
         !was && now
     }
@@ -421,7 +298,7 @@ impl CacheDir {
             blake3,
         };
         st.apply(&rec);
-        g.journal.push(&rec);
+        g.pending.push(rec);
         g.since_compaction += 1;
     }
 
@@ -429,7 +306,7 @@ impl CacheDir {
     pub fn forget(&self, rel: &Bytes) {
         let mut g = self.lock();
         if g.files.remove(rel).is_some() {
-            g.journal.push(&Record::Forget { path: rel.clone() });
+            g.pending.push(Record::Forget { path: rel.clone() });
             g.since_compaction += 1;
         }
     }
@@ -439,44 +316,70 @@ impl CacheDir {
     /// # Errors
     /// I/O errors writing or syncing the journal.
     pub fn commit(&self) -> std::io::Result<()> {
-        self.lock().journal.commit()
+        let mut j = self.journal();
+        let records = std::mem::take(&mut self.lock().pending);
+        for r in &records {
+            j.push(r);
+        }
+        j.commit()
     }
 
-    /// Rewrites the journal as the current state when it has grown well past it.
+    /// Rewrites the journal as the current state when it has grown well past it. The new
+    /// journal is written and synced without holding the state: only the snapshot of the
+    /// state is taken under it. Records made meanwhile go to the new journal.
     ///
     /// # Errors
-    /// I/O errors (the old journal then stays in use).
+    /// I/O errors (the old journal then stays in use, with every record).
     pub fn compact_if_large(&self) -> std::io::Result<()> {
-        let mut g = self.lock();
-        let live = g.files.len() as u64 * 3;
-        if g.since_compaction < 10_000 || g.since_compaction < 4 * live {
-            return Ok(());
-        }
-        g.journal.commit()?;
-        let mut records = Vec::with_capacity(g.files.len() * 3);
-        for (path, st) in &g.files {
-            records.push(Record::Version {
-                path: path.clone(),
-                version: st.version,
-                chunk_size: st.chunk_size,
-            });
-            for (first, count) in st.runs() {
-                records.push(Record::Chunks {
-                    path: path.clone(),
-                    first,
-                    count,
-                });
+        let mut j = self.journal();
+        let (records, taken, before) = {
+            let mut g = self.lock();
+            let live = g.files.len() as u64 * 3;
+            if g.since_compaction < 10_000 || g.since_compaction < 4 * live {
+                return Ok(());
             }
-            if let Some(h) = st.verified {
-                records.push(Record::Verified {
+            // The snapshot includes the records not yet in the journal: each is true already
+            // (chunks are recorded once durable), so the new journal holds them too.
+            let mut records = Vec::with_capacity(g.files.len() * 3);
+            for (path, st) in &g.files {
+                records.push(Record::Version {
                     path: path.clone(),
-                    blake3: h,
+                    version: st.version,
+                    chunk_size: st.chunk_size,
                 });
+                for (first, count) in st.runs() {
+                    records.push(Record::Chunks {
+                        path: path.clone(),
+                        first,
+                        count,
+                    });
+                }
+                if let Some(h) = st.verified {
+                    records.push(Record::Verified {
+                        path: path.clone(),
+                        blake3: h,
+                    });
+                }
+            }
+            let taken = std::mem::take(&mut g.pending);
+            (records, taken, g.since_compaction)
+        };
+        match Journal::rewrite(&self.meta.join("journal"), &records) {
+            Ok(new) => {
+                *j = new;
+                let mut g = self.lock();
+                g.since_compaction = g.since_compaction - before + records.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // The old journal goes on; the records taken are still to be written to it,
+                // before any made since.
+                for r in &taken {
+                    j.push(r);
+                }
+                Err(e)
             }
         }
-        g.journal = Journal::rewrite(&self.meta.join("journal"), &records)?;
-        g.since_compaction = records.len() as u64;
-        Ok(())
     }
 }
 
@@ -491,41 +394,6 @@ mod tests {
             size,
             mtime: Timestamp { sec: 1, nsec: 2 },
         }
-    }
-
-    #[test]
-    fn bitmap_counts_and_short_last_chunk() {
-        let mut s = FileState::new(v(2 * 1024 + 10), 1024);
-        assert_eq!(s.chunks(), 3);
-        assert_eq!(s.missing().collect::<Vec<_>>(), [0, 1, 2]);
-        s.apply(&Record::Chunks {
-            path: Bytes::new(),
-            first: 2,
-            count: 1,
-        });
-        assert_eq!(s.present_bytes(), 10);
-        s.apply(&Record::Chunks {
-            path: Bytes::new(),
-            first: 0,
-            count: 2,
-        });
-        assert!(s.complete());
-        assert_eq!(s.present_bytes(), 2 * 1024 + 10);
-        assert_eq!(s.runs(), [(0, 3)]);
-        // Out-of-range chunks are ignored.
-        s.apply(&Record::Chunks {
-            path: Bytes::new(),
-            first: 5,
-            count: 9,
-        });
-        assert_eq!(s.present_count(), 3);
-    }
-
-    #[test]
-    fn empty_file_is_complete() {
-        let s = FileState::new(v(0), 1024);
-        assert!(s.complete());
-        assert_eq!(s.present_bytes(), 0);
     }
 
     #[test]
@@ -557,6 +425,27 @@ mod tests {
         let s = c.state(&p).unwrap();
         assert!(s.complete());
         assert_eq!(s.verified, Some([9; 32]));
+    }
+
+    #[test]
+    fn compaction_keeps_records_not_yet_committed_and_appends_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Bytes::from_static(b"f");
+        {
+            let c = CacheDir::open(dir.path()).unwrap();
+            let g = c.begin(&p, v(5000), 1024);
+            c.mark_present(&p, g, 0, 2); // not committed before the compaction
+            c.lock().since_compaction = 1_000_000;
+            c.compact_if_large().unwrap();
+            assert!(c.lock().since_compaction < 10);
+            c.mark_present(&p, g, 2, 3);
+            c.mark_verified(&p, g, [7; 32]);
+            c.commit().unwrap();
+        }
+        let c = CacheDir::open(dir.path()).unwrap();
+        let s = c.state(&p).unwrap();
+        assert!(s.complete());
+        assert_eq!(s.verified, Some([7; 32]));
     }
 
     #[test]

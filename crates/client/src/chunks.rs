@@ -1,4 +1,5 @@
-//! In-memory chunk store: single-flight fetching, a memory budget, LRU eviction.
+//! In-memory chunk store: single-flight fetching, a memory budget, LRU eviction, and the
+//! one home of the read policy "local copy, else network, then store".
 //!
 //! A chunk is `chunk_size` bytes of one version of one file (the last chunk may be
 //! shorter). The first caller of [`ChunkStore::get`] for a chunk starts the fetch; every
@@ -7,10 +8,24 @@
 //!
 //! Memory: every chunk present or in flight counts against the budget. Prefetches are not
 //! started when the budget is used up; demand reads always proceed and then evict the
-//! least recently used. Chunks a sequential reader has read to their end leave at once
-//! (the kernel page cache holds them now).
+//! least recently used completed chunks (a chunk enters the LRU order when it completes;
+//! chunks in flight are never evicted). Chunks a sequential reader has read to their end
+//! leave at once (the kernel page cache holds them now). Every operation takes one short
+//! lock and is O(1) (`chunks/table.rs`); the counters are atomics.
+//!
+//! Local copy: a chunk the [`ChunkBacking`] holds for the key's version is read from it
+//! instead of the network ([`ChunkStore::read_range`], `load_local`); every whole chunk
+//! fetched of the key's version is handed to it through a write-back queue
+//! (`chunks/writeback.rs`) drained by two named writer threads. That queue holds at most a
+//! quarter of the store's budget (at least one chunk), in addition to the budget: when
+//! the disk is slower than the network and the queue is full, the chunk is not stored
+//! (counted in [`ChunkStats::store_skipped`]) and is fetched again by a later read or the
+//! mirror. [`ChunkStore::flush`] waits for the queue to drain (at unmount).
 
-use std::collections::HashMap;
+mod table;
+mod writeback;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
@@ -19,6 +34,8 @@ use tokio::sync::OnceCell;
 
 use crate::error::ClientError;
 use crate::pool::Client;
+use table::Table;
+use writeback::WriteBack;
 
 /// Identifies the contents of one file: the caller's id for it plus its version.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -36,22 +53,9 @@ struct Slot {
     len: usize,
 }
 
-struct Entry {
-    version: Version,
-    slot: Arc<Slot>,
-    /// Recency, for LRU eviction.
-    tick: u64,
-}
-
-struct State {
-    entries: HashMap<(u64, u64), Entry>,
-    used: usize,
-    tick: u64,
-}
-
 /// A local copy behind the store (ferry-cache's): consulted before the network, and
-/// given every chunk fetched. Its methods block (local disk I/O); the store calls them on
-/// the blocking pool.
+/// given every whole chunk fetched. Its methods block (local disk I/O); the store calls
+/// them on the blocking pool (`load`) or its writer threads (`store`).
 pub trait ChunkBacking: Send + Sync + 'static {
     /// Chunk `index` (`len` bytes) of `key`, if the local copy holds it for exactly
     /// `key.version`.
@@ -76,6 +80,24 @@ pub struct ChunkStats {
     pub shared: u64,
     /// Chunks evicted.
     pub evicted: u64,
+    /// Whole chunks fetched that were not stored in the local copy because its
+    /// write-back queue was full (the disk is slower than the network).
+    pub store_skipped: u64,
+    /// Bytes of chunks waiting in the write-back queue or being written now.
+    pub store_queued_bytes: u64,
+}
+
+/// The counters behind [`ChunkStats`], updated without a lock.
+#[derive(Default)]
+struct Counters {
+    fetched: AtomicU64,
+    local: AtomicU64,
+    shared: AtomicU64,
+    evicted: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
 }
 
 /// The store. Shared by all open files of a mount (or all workers of a mirror).
@@ -83,9 +105,11 @@ pub struct ChunkStore {
     client: Client,
     chunk_size: u64,
     budget: usize,
-    state: Mutex<State>,
-    stats: Mutex<ChunkStats>,
+    table: Mutex<Table<Arc<Slot>>>,
+    counters: Counters,
     backing: Option<Arc<dyn ChunkBacking>>,
+    /// Present with `backing`.
+    write_back: Option<WriteBack>,
 }
 
 impl std::fmt::Debug for ChunkStore {
@@ -104,24 +128,25 @@ impl ChunkStore {
     }
 
     /// A store with a local copy behind it: chunks it holds are read from it, and every
-    /// chunk fetched is handed to it.
+    /// whole chunk fetched is queued for it (see the module docs for the queue's budget).
     pub fn with_backing(
         client: Client,
         budget: usize,
         backing: Option<Arc<dyn ChunkBacking>>,
     ) -> Arc<ChunkStore> {
         let chunk_size = u64::from(client.session().chunk_size);
+        let write_back = backing.as_ref().map(|b| {
+            let room = (budget / 4).max(chunk_size as usize);
+            WriteBack::start(b.clone(), room, writeback::WRITERS)
+        });
         Arc::new(ChunkStore {
             client,
             chunk_size,
             budget,
-            state: Mutex::new(State {
-                entries: HashMap::new(),
-                used: 0,
-                tick: 1,
-            }),
-            stats: Mutex::new(ChunkStats::default()),
+            table: Mutex::new(Table::new()),
+            counters: Counters::default(),
             backing,
+            write_back,
         })
     }
 
@@ -137,11 +162,28 @@ impl ChunkStore {
 
     /// Counters.
     pub fn stats(&self) -> ChunkStats {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        let c = &self.counters;
+        ChunkStats {
+            fetched: c.fetched.load(Ordering::Relaxed),
+            local: c.local.load(Ordering::Relaxed),
+            shared: c.shared.load(Ordering::Relaxed),
+            evicted: c.evicted.load(Ordering::Relaxed),
+            store_skipped: self.write_back.as_ref().map_or(0, WriteBack::skipped),
+            store_queued_bytes: self.write_back.as_ref().map_or(0, |w| w.queued() as u64),
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// Blocks until every chunk queued for the local copy has been handed to it (which
+    /// then records it through its syncer: flush that next). Call it outside async tasks
+    /// (e.g. at unmount, between `block_on`s), as it waits for the disk.
+    pub fn flush(&self) {
+        if let Some(w) = &self.write_back {
+            w.flush();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table<Arc<Slot>>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Length of chunk `index` of a file of `size` bytes (0 past the end).
@@ -154,53 +196,25 @@ impl ChunkStore {
     /// budget is used up (prefetch). Returns the slot and whether it was already there.
     fn slot(&self, key: &FileKey, index: u64, only_if_room: bool) -> Option<(Arc<Slot>, bool)> {
         let len = self.chunk_len(key.version.size, index);
-        let mut st = self.lock();
-        st.tick += 1;
-        let tick = st.tick;
-        if let Some(e) = st.entries.get_mut(&(key.id, index)) {
-            if e.version == key.version {
-                e.tick = tick;
-                return Some((e.slot.clone(), true));
-            }
+        let id = (key.id, index);
+        let mut t = self.lock();
+        if let Some(slot) = t.touch(id, &key.version) {
+            return Some((slot.clone(), true));
         }
-        if let Some(old) = st.entries.remove(&(key.id, index)) {
-            st.used -= old.slot.len;
-        }
-        if only_if_room && st.used + len > self.budget {
+        // A chunk of another version leaves first, so its bytes do not count.
+        t.remove(id);
+        if only_if_room && t.used() + len > self.budget {
             return None;
         }
         let slot = Arc::new(Slot {
             cell: OnceCell::new(),
             len,
         });
-        st.entries.insert(
-            (key.id, index),
-            Entry {
-                version: key.version,
-                slot: slot.clone(),
-                tick,
-            },
-        );
-        st.used += len;
-        self.evict_locked(&mut st);
+        t.insert(id, key.version, slot.clone(), len);
+        let evicted = t.evict_to(self.budget);
+        drop(t);
+        bump(&self.counters.evicted, evicted);
         Some((slot, false))
-    }
-
-    /// Evicts completed chunks, least recently used first, until within budget.
-    fn evict_locked(&self, st: &mut State) {
-        while st.used > self.budget {
-            let victim = st
-                .entries
-                .iter()
-                .filter(|(_, e)| e.slot.cell.initialized())
-                .min_by_key(|(_, e)| e.tick)
-                .map(|(k, _)| *k);
-            let Some(k) = victim else { break };
-            if let Some(e) = st.entries.remove(&k) {
-                st.used -= e.slot.len;
-                self.stats.lock().unwrap_or_else(|e| e.into_inner()).evicted += 1;
-            }
-        }
     }
 
     async fn fill(&self, key: &FileKey, index: u64, slot: &Slot) -> Result<Bytes, ClientError> {
@@ -214,10 +228,10 @@ impl ChunkStore {
                 if let Some(mut parts) =
                     self.load_local(key, offset, offset + slot.len as u64).await
                 {
-                    self.stats.lock().unwrap_or_else(|e| e.into_inner()).local += 1;
+                    bump(&self.counters.local, 1);
                     return Ok((parts.pop().unwrap_or_default(), key.version));
                 }
-                self.stats.lock().unwrap_or_else(|e| e.into_inner()).fetched += 1;
+                bump(&self.counters.fetched, 1);
                 let (data, version) = self
                     .client
                     .read(key.path.clone(), offset, slot.len as u32)
@@ -231,16 +245,14 @@ impl ChunkStore {
         // another version than the key's: the file changed on the server. Those bytes are
         // still one consistent version, and are what a local reader would see now.
         let keep = matches!(&result, Ok((_, v)) if *v == key.version);
-        if !keep {
-            let mut st = self.lock();
-            if let Some(e) = st.entries.get(&(key.id, index)) {
-                if std::ptr::eq(Arc::as_ptr(&e.slot), slot) {
-                    let len = e.slot.len;
-                    st.entries.remove(&(key.id, index));
-                    st.used -= len;
-                }
-            }
+        let mine = |_: &Version, s: &Arc<Slot>| std::ptr::eq(Arc::as_ptr(s), slot);
+        let mut t = self.lock();
+        if keep {
+            t.completed((key.id, index), |s| mine(&key.version, s));
+        } else {
+            t.remove_if((key.id, index), mine);
         }
+        drop(t);
         result.map(|(data, _)| data)
     }
 
@@ -272,21 +284,16 @@ impl ChunkStore {
         .flatten()
     }
 
-    /// Hands `data`, just fetched at `offset`, to the local copy when it is a whole chunk
-    /// of `key`'s version. Written in the background: the reader does not wait for the disk.
+    /// Queues `data`, just fetched at `offset`, for the local copy when it is a whole
+    /// chunk of `key`'s version. Written in the background by the write-back queue's
+    /// threads: the reader does not wait for the disk, and a full queue skips the chunk.
     fn store_local(&self, key: &FileKey, offset: u64, data: &Bytes, version: Version) {
-        let Some(b) = &self.backing else { return };
+        let Some(w) = &self.write_back else { return };
         let whole = key.version.size.saturating_sub(offset).min(self.chunk_size);
         if version != key.version || offset % self.chunk_size != 0 || data.len() as u64 != whole {
             return;
         }
-        let (b, k, d, index) = (
-            b.clone(),
-            key.clone(),
-            data.clone(),
-            offset / self.chunk_size,
-        );
-        tokio::task::spawn_blocking(move || b.store(&k, index, &d));
+        w.offer(key.clone(), offset / self.chunk_size, data.clone());
     }
 
     /// Exactly the bytes `offset..end` of `key`, outside the store (a random read): from
@@ -342,7 +349,7 @@ impl ChunkStore {
             .slot(key, index, false)
             .expect("demand reads always get a slot");
         if existed {
-            self.stats.lock().unwrap_or_else(|e| e.into_inner()).shared += 1;
+            bump(&self.counters.shared, 1);
         }
         self.fill(key, index, &slot).await
     }
@@ -378,55 +385,35 @@ impl ChunkStore {
 
     /// Whether chunk `index` of `key` is present or on its way (not failed).
     pub fn held(&self, key: &FileKey, index: u64) -> bool {
-        let st = self.lock();
-        st.entries
-            .get(&(key.id, index))
-            .is_some_and(|e| e.version == key.version && !matches!(e.slot.cell.get(), Some(Err(_))))
+        let t = self.lock();
+        t.peek((key.id, index))
+            .is_some_and(|(v, s)| *v == key.version && !matches!(s.cell.get(), Some(Err(_))))
     }
 
     /// Whether chunk `index` of `key` is present (complete and successful).
     pub fn contains(&self, key: &FileKey, index: u64) -> bool {
-        let st = self.lock();
-        st.entries
-            .get(&(key.id, index))
-            .is_some_and(|e| e.version == key.version && matches!(e.slot.cell.get(), Some(Ok(_))))
+        let t = self.lock();
+        t.peek((key.id, index))
+            .is_some_and(|(v, s)| *v == key.version && matches!(s.cell.get(), Some(Ok(_))))
     }
 
     /// A sequential reader has read this chunk to its end: the kernel page cache holds
     /// those bytes now (and serves every other reader of the file from it), so the chunk
     /// leaves the store at once, making room for the window ahead.
     pub fn consumed(&self, key: &FileKey, index: u64) {
-        let mut st = self.lock();
-        let done = st
-            .entries
-            .get(&(key.id, index))
-            .is_some_and(|e| e.version == key.version && e.slot.cell.initialized());
-        if done {
-            if let Some(e) = st.entries.remove(&(key.id, index)) {
-                st.used -= e.slot.len;
-            }
-        }
+        self.lock().remove_if((key.id, index), |v, s| {
+            *v == key.version && s.cell.initialized()
+        });
     }
 
     /// Drops every chunk of file `id`.
     pub fn invalidate(&self, id: u64) {
-        let mut st = self.lock();
-        let keys: Vec<_> = st
-            .entries
-            .keys()
-            .filter(|(f, _)| *f == id)
-            .copied()
-            .collect();
-        for k in keys {
-            if let Some(e) = st.entries.remove(&k) {
-                st.used -= e.slot.len;
-            }
-        }
+        self.lock().invalidate(id);
     }
 
     /// Bytes currently accounted (present or in flight).
     pub fn used(&self) -> usize {
-        self.lock().used
+        self.lock().used()
     }
 }
 

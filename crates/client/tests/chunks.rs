@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferry_client::{ChunkStore, Client, ClientConfig, FileKey};
+use ferry_client::{ChunkBacking, ChunkStore, Client, ClientConfig, FileKey};
 
 async fn serve(dir: &std::path::Path) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -100,4 +100,99 @@ async fn prefetch_stops_at_the_budget_and_changed_files_are_not_cached() {
     let got = store.get(&key, 5).await.unwrap();
     assert!(got.iter().all(|&b| b == 9));
     assert!(!store.contains(&key, 5));
+}
+
+async fn store_over(
+    dir: &std::path::Path,
+    size: usize,
+) -> (Client, FileKey, tokio::sync::oneshot::Sender<()>) {
+    std::fs::write(dir.join("f"), pattern(size)).unwrap();
+    let (addr, stop) = serve(dir).await;
+    let client = Client::connect(ClientConfig {
+        addr,
+        streams: 2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let attr = client.stat(Bytes::from_static(b"f")).await.unwrap();
+    let key = FileKey {
+        id: 1,
+        version: attr.version(),
+        path: Bytes::from_static(b"f"),
+    };
+    (client, key, stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_recently_used_leaves_first_and_consumed_or_invalidated_leave_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, key, _stop) = store_over(dir.path(), 8 << 20).await;
+    let store = ChunkStore::new(client, 3 << 20);
+    for i in 0..3 {
+        store.get(&key, i).await.unwrap();
+    }
+    store.get(&key, 0).await.unwrap(); // 0 is now more recent than 1
+    store.get(&key, 3).await.unwrap();
+    assert!(store.contains(&key, 0));
+    assert!(!store.contains(&key, 1), "the least recently used left");
+    assert!(store.contains(&key, 2) && store.contains(&key, 3));
+    assert_eq!(store.stats().evicted, 1);
+    assert!(store.used() <= 3 << 20);
+
+    store.consumed(&key, 2);
+    assert!(!store.held(&key, 2));
+    assert_eq!(store.used(), 2 << 20);
+    store.invalidate(key.id);
+    assert_eq!(store.used(), 0);
+    assert!(!store.contains(&key, 0) && !store.contains(&key, 3));
+    assert_eq!(
+        store.stats().evicted,
+        1,
+        "consumed and invalidated are not evictions"
+    );
+}
+
+/// A local copy whose disk is held up until the test lets each write go.
+struct SlowDisk {
+    go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    stored: std::sync::Mutex<Vec<u64>>,
+}
+
+impl ChunkBacking for SlowDisk {
+    fn load(&self, _: &FileKey, _: u64, _: usize) -> Option<Bytes> {
+        None
+    }
+    fn store(&self, _: &FileKey, index: u64, _: &Bytes) {
+        let _ = self.go.lock().unwrap().recv();
+        self.stored.lock().unwrap().push(index);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_local_copy_skips_chunks_rather_than_queue_them_without_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, key, _stop) = store_over(dir.path(), 8 << 20).await;
+    let (go, rx) = std::sync::mpsc::channel();
+    let disk = Arc::new(SlowDisk {
+        go: std::sync::Mutex::new(rx),
+        stored: std::sync::Mutex::new(Vec::new()),
+    });
+    // A budget of 4 MiB: the write-back queue holds a quarter of it, one chunk.
+    let store =
+        ChunkStore::with_backing(client, 4 << 20, Some(disk.clone() as Arc<dyn ChunkBacking>));
+    for i in 0..4 {
+        store.get(&key, i).await.unwrap();
+        assert!(store.stats().store_queued_bytes <= 1 << 20);
+    }
+    let st = store.stats();
+    assert_eq!(st.fetched, 4);
+    assert_eq!(st.store_skipped, 3, "one chunk queued, the others skipped");
+    go.send(()).unwrap();
+    let s = store.clone();
+    tokio::task::spawn_blocking(move || s.flush())
+        .await
+        .unwrap();
+    assert_eq!(*disk.stored.lock().unwrap(), [0]);
+    assert_eq!(store.stats().store_queued_bytes, 0);
 }

@@ -1,0 +1,54 @@
+//! Metadata of local entries: modes and nanosecond access/modification times as the
+//! source's (ownership is not copied). Blocking system calls: callers run them on the
+//! blocking pool.
+
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use ferry_proto::{Attr, FileKind};
+
+/// Sets the mode and access/modification times of an open regular file.
+pub(super) fn set_file_metadata(f: &File, attr: &Attr) -> std::io::Result<()> {
+    rustix::fs::fchmod(
+        f,
+        rustix::fs::Mode::from_raw_mode(u32::from(attr.perm) & 0o7777),
+    )?;
+    let ts = |t: ferry_proto::Timestamp| rustix::fs::Timespec {
+        tv_sec: t.sec,
+        tv_nsec: i64::from(t.nsec) as _,
+    };
+    rustix::fs::futimens(
+        f,
+        &rustix::fs::Timestamps {
+            last_access: ts(attr.atime),
+            last_modification: ts(attr.mtime),
+        },
+    )?;
+    Ok(())
+}
+
+/// Sets mode (unless a symlink) and access/modification times without following a
+/// final symlink.
+pub(super) fn set_metadata(local: &Path, attr: &Attr, mode: bool) -> std::io::Result<()> {
+    if mode && attr.kind != FileKind::Symlink {
+        std::fs::set_permissions(
+            local,
+            std::fs::Permissions::from_mode(u32::from(attr.perm) & 0o7777),
+        )?;
+    }
+    let ts = |t: ferry_proto::Timestamp| rustix::fs::Timespec {
+        tv_sec: t.sec,
+        tv_nsec: i64::from(t.nsec) as _,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        local,
+        &rustix::fs::Timestamps {
+            last_access: ts(attr.atime),
+            last_modification: ts(attr.mtime),
+        },
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )?;
+    Ok(())
+}

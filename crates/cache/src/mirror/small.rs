@@ -1,0 +1,68 @@
+//! A file that fits in one chunk, in one read and one blocking step: a tree of small files
+//! is bound by per-file work, not bytes.
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferry_proto::Attr;
+
+use super::fetch::{fetch_chunk, ChunkError};
+use super::file::FileOutcome;
+use super::metadata::set_file_metadata;
+use super::verify;
+use super::{remote_path, Ctx, UNIT};
+
+/// A file that fits in one chunk: one read, then one blocking step that creates, writes and
+/// sets the metadata of the local file (a tree of small files is bound by per-file work). Its
+/// hash is computed over the bytes written, still in memory, and compared with the server's
+/// hash of the same version (carried by the read when the server has READ_HASH, else asked for).
+pub(super) async fn copy_small_file(
+    ctx: &Arc<Ctx>,
+    rel: &Bytes,
+    attr: &Attr,
+) -> std::io::Result<FileOutcome> {
+    let cs = ctx.client.session().chunk_size;
+    let version = attr.version();
+    let remote = remote_path(&ctx.root, rel);
+    let units = ((attr.size as usize).div_ceil(UNIT).max(1) as u32).min(ctx.total_units);
+    let permit = ctx
+        .chunk_units
+        .clone()
+        .acquire_many_owned(units)
+        .await
+        .map_err(std::io::Error::other)?;
+    let (data, file_hash) = match fetch_chunk(ctx, &remote, 0, attr.size as u32, version).await {
+        Ok(r) => r,
+        Err(ChunkError::Changed) => return Ok(FileOutcome::Changed(None)),
+        Err(ChunkError::Vanished) => return Ok(FileOutcome::Vanished),
+        Err(ChunkError::Remote(e)) => return Err(std::io::Error::other(e.to_string())),
+        Err(ChunkError::Io(e)) => return Err(e),
+    };
+    let (file, generation) = {
+        let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data.clone());
+        tokio::task::spawn_blocking(move || -> std::io::Result<(File, u64)> {
+            let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
+            std::io::Write::write_all(&mut f, &d)?;
+            set_file_metadata(&f, &a)?;
+            Ok((f, generation))
+        })
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(|e| std::io::Error::new(e.kind(), format!("writing the local copy: {e}")))?
+    };
+    drop(permit);
+    ctx.sync
+        .written(rel.clone(), version, generation, 0, Arc::new(file));
+    ctx.progress
+        .bytes_done
+        .fetch_add(attr.size, Ordering::Relaxed);
+    if ctx.cfg.verify {
+        let verdict = verify::in_memory(ctx, rel, remote, version, generation, &data, file_hash);
+        if let Some(o) = verdict.await.with_taken_back(ctx, attr.size) {
+            return o;
+        }
+    }
+    Ok(FileOutcome::Done)
+}

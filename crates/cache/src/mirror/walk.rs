@@ -1,0 +1,209 @@
+//! The walk: lists directories several at a time (`listings_in_flight`), creates each
+//! directory and symlink found, and hands regular files to file jobs (at most
+//! `files_in_flight` at once). Totals grow as the walk goes.
+//!
+//! Invariants: a directory exists locally before anything is created in it (its listing is
+//! asked for only once it is made); the state folder's name at the top level is never
+//! mirrored.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferry_proto::name::join;
+use ferry_proto::{Attr, DirEntry, FileKind};
+use tokio::sync::Semaphore;
+use tracing::debug;
+
+use super::file::copy_file;
+use super::metadata::set_metadata;
+use super::{remote_path, Ctx};
+use crate::STATE_DIR;
+
+/// Lists the tree, creates directories and symlinks, runs file jobs. Returns every
+/// directory (relative path, attributes), root included, for their metadata.
+pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> {
+    let mut dirs = vec![(Bytes::new(), root_attr)];
+    let mut pending: Vec<Bytes> = vec![Bytes::new()];
+    let mut listings = tokio::task::JoinSet::new();
+    let mut jobs = tokio::task::JoinSet::new();
+    let files = Arc::new(Semaphore::new(ctx.cfg.files_in_flight.max(1)));
+    let root = ctx.cache.local_path(b"");
+    let made = tokio::task::spawn_blocking(move || make_dir(&root))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    if let Err(e) = made {
+        ctx.progress
+            .error(format!("{}: {e}", ctx.cache.root().display()));
+        return dirs;
+    }
+    loop {
+        while listings.len() < ctx.cfg.listings_in_flight.max(1) {
+            let Some(rel) = pending.pop() else { break };
+            let c = ctx.clone();
+            listings.spawn(async move {
+                let remote = remote_path(&c.root, &rel);
+                let r = c.client.read_dir(remote).await;
+                (rel, r)
+            });
+        }
+        let Some(done) = listings.join_next().await else {
+            break;
+        };
+        let Ok((rel, listing)) = done else { continue };
+        let entries = match listing {
+            Ok(e) => e,
+            Err(e) => {
+                ctx.progress
+                    .error(format!("listing /{}: {e}", String::from_utf8_lossy(&rel)));
+                continue;
+            }
+        };
+        let made = make_dirs(ctx, &rel, &entries).await;
+        for (e, made) in entries.into_iter().zip(made) {
+            if is_state_dir(&rel, &e.name) {
+                ctx.progress.error(format!(
+                    "the export has a top-level entry named {STATE_DIR}, which a cache directory uses for its state: not mirrored"
+                ));
+                continue;
+            }
+            let child = Bytes::from(join(&rel, &e.name));
+            match e.attr.kind {
+                FileKind::Directory => {
+                    let local = ctx.cache.local_path(&child);
+                    match made.unwrap_or_else(|| Err(std::io::Error::other("not created"))) {
+                        Ok(()) => {
+                            pending.push(child.clone());
+                            dirs.push((child, e.attr));
+                            ctx.progress.others_done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(err) => ctx.progress.error(format!("{}: {err}", local.display())),
+                    }
+                }
+                FileKind::File => {
+                    ctx.progress.files_total.fetch_add(1, Ordering::Relaxed);
+                    ctx.progress
+                        .bytes_total
+                        .fetch_add(e.attr.size, Ordering::Relaxed);
+                    let Ok(permit) = files.clone().acquire_owned().await else {
+                        break;
+                    };
+                    let c = ctx.clone();
+                    jobs.spawn(async move {
+                        copy_file(&c, child, e.attr).await;
+                        drop(permit);
+                    });
+                }
+                FileKind::Symlink => {
+                    let c = ctx.clone();
+                    jobs.spawn(async move { copy_symlink(&c, child, e.attr).await });
+                }
+                _ => debug!(
+                    "/{}: not a file, directory or symlink: skipped",
+                    String::from_utf8_lossy(&child)
+                ),
+            }
+            // Reap finished jobs as we go so the set stays small.
+            while jobs.try_join_next().is_some() {}
+        }
+    }
+    ctx.progress.walk_done.store(true, Ordering::Relaxed);
+    while jobs.join_next().await.is_some() {}
+    dirs
+}
+
+/// Whether `name` in directory `rel` is the cache's state folder (top level only).
+fn is_state_dir(rel: &[u8], name: &[u8]) -> bool {
+    rel.is_empty() && name == STATE_DIR.as_bytes()
+}
+
+/// Creates the local directories of the subdirectories listed in `rel`, all in one step on
+/// the blocking pool, before anything is created in them. One result per entry: `None`
+/// for entries that are not directories (or the state folder).
+async fn make_dirs(
+    ctx: &Ctx,
+    rel: &Bytes,
+    entries: &[DirEntry],
+) -> Vec<Option<std::io::Result<()>>> {
+    let paths: Vec<Option<PathBuf>> = entries
+        .iter()
+        .map(|e| {
+            (e.attr.kind == FileKind::Directory && !is_state_dir(rel, &e.name))
+                .then(|| ctx.cache.local_path(&join(rel, &e.name)))
+        })
+        .collect();
+    if paths.iter().all(Option::is_none) {
+        return paths.into_iter().map(|_| None).collect();
+    }
+    let n = paths.len();
+    tokio::task::spawn_blocking(move || {
+        paths.into_iter().map(|p| p.map(|p| make_dir(&p))).collect()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        let e = e.to_string();
+        (0..n)
+            .map(|_| Some(Err(std::io::Error::other(e.clone()))))
+            .collect()
+    })
+}
+
+/// Makes `p` a directory: kept if it is one, replacing a file or symlink.
+fn make_dir(p: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) if m.is_symlink() || m.is_file() => {
+            std::fs::remove_file(p)?;
+            std::fs::create_dir(p)
+        }
+        Ok(_) => Err(std::io::Error::other(
+            "exists and is not a directory; move it away",
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(p),
+        Err(e) => Err(e),
+    }
+}
+
+async fn copy_symlink(ctx: &Ctx, rel: Bytes, attr: Attr) {
+    let remote = remote_path(&ctx.root, &rel);
+    let local = ctx.cache.local_path(&rel);
+    let target = match ctx.client.readlink(remote).await {
+        Ok(t) => t,
+        Err(e) => {
+            ctx.progress.error(format!(
+                "reading symlink /{}: {e}",
+                String::from_utf8_lossy(&rel)
+            ));
+            return;
+        }
+    };
+    let r = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let want = std::ffi::OsStr::from_bytes(&target);
+        match std::fs::symlink_metadata(&local) {
+            Ok(m) if m.is_symlink() && std::fs::read_link(&local)?.as_os_str() == want => {}
+            Ok(m) if m.is_dir() => {
+                return Err(std::io::Error::other(
+                    "a local directory is where the server has a symlink; move it away",
+                ))
+            }
+            Ok(_) => {
+                std::fs::remove_file(&local)?;
+                std::os::unix::fs::symlink(want, &local)?;
+            }
+            Err(_) => std::os::unix::fs::symlink(want, &local)?,
+        }
+        set_metadata(&local, &attr, false)
+    })
+    .await;
+    match r {
+        Ok(Ok(())) => {
+            ctx.progress.others_done.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Err(e)) => ctx
+            .progress
+            .error(format!("symlink /{}: {e}", String::from_utf8_lossy(&rel))),
+        Err(e) => ctx.progress.error(format!("symlink task: {e}")),
+    }
+}
