@@ -263,17 +263,6 @@ fn init_logging_at(verbose: u8, file: Option<&PathBuf>, quiet: &str) -> anyhow::
     Ok(())
 }
 
-/// Caps glibc's malloc arenas. By default every thread that allocates may get an arena of
-/// its own (up to 8 per core), and each keeps freed 1 MiB chunk buffers for reuse, which
-/// showed as tens of MiB of extra resident memory under load.
-fn limit_malloc_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tuning; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
-}
-
 /// Raises the open-file limit to its hard maximum: a mirror keeps hundreds of files open at
 /// once (and the syncer holds the ones written until they are durable).
 fn raise_nofile_limit() {
@@ -286,7 +275,7 @@ fn raise_nofile_limit() {
 }
 
 fn main() {
-    limit_malloc_arenas();
+    ferry_util::limit_malloc_arenas();
     raise_nofile_limit();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let argv = match expand_mount_options(argv) {
@@ -298,7 +287,7 @@ fn main() {
     };
     let cli = match <Cli as clap::Parser>::try_parse_from(argv) {
         Ok(a) => a,
-        Err(e) => one_line_usage_error(e),
+        Err(e) => ferry_util::one_line_usage_error("ferry", e),
     };
     let r = match cli.command {
         Command::Mount(args) => mount(args),
@@ -611,36 +600,6 @@ fn detach_stdio() {
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
     }
-}
-
-/// Help and version print as usual; a usage error becomes one line (what is wrong, the
-/// usage, where to look) instead of clap's block.
-fn one_line_usage_error(e: clap::Error) -> ! {
-    use clap::error::ErrorKind;
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
-        e.exit();
-    }
-    let text = e.render().to_string();
-    let mut what = Vec::new();
-    let mut usage = None;
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        if let Some(u) = line.strip_prefix("Usage: ") {
-            usage = Some(u.to_string());
-        } else if !line.starts_with("For more information") && !line.starts_with("tip:") {
-            what.push(line.trim_start_matches("error: ").to_string());
-        }
-    }
-    eprintln!(
-        "ferry: {}{}; see --help",
-        what.join(" "),
-        usage.map_or_else(String::new, |u| format!(" (usage: {u})"))
-    );
-    std::process::exit(2);
 }
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ async fn run_async(opts: MirrorOptions) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("--metrics {addr}: cannot listen there"))?;
             let (p, label) = (progress.clone(), label.clone());
-            Some(tokio::spawn(ferry_cache::progress::serve_metrics(
+            Some(tokio::spawn(ferry_util::serve_metrics(
                 l,
                 Arc::new(move || p.snapshot("running", &label).to_prometheus()),
             )))

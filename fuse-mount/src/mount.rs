@@ -302,7 +302,7 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
                 .with_context(|| format!("--metrics {addr}: cannot listen there"))?;
             info!("metrics on http://{}/metrics", l.local_addr()?);
             let st = status.clone();
-            Some(rt.spawn(ferry_cache::progress::serve_metrics(
+            Some(rt.spawn(ferry_util::serve_metrics(
                 l,
                 Arc::new(move || st().to_prometheus()),
             )))

@@ -104,17 +104,6 @@ enum Command {
     },
 }
 
-/// Caps glibc's malloc arenas. By default every thread that allocates may get an arena of
-/// its own (up to 8 per core), and each keeps freed 1 MiB chunk buffers for reuse, which
-/// showed as tens of MiB of extra resident memory under load.
-fn limit_malloc_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tuning; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
-}
-
 /// `--config FILE`: its settings become options placed before the command line's, so the
 /// command line wins (`args_override_self`).
 ///
@@ -199,7 +188,7 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
 }
 
 fn main() {
-    limit_malloc_arenas();
+    ferry_util::limit_malloc_arenas();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let is_subcommand = argv.get(1).and_then(|a| a.to_str()) == Some("gen-cert");
     let argv = if is_subcommand {
@@ -215,7 +204,7 @@ fn main() {
     };
     let args = match <Args as clap::Parser>::try_parse_from(argv) {
         Ok(a) => a,
-        Err(e) => one_line_usage_error(e),
+        Err(e) => ferry_util::one_line_usage_error("ferryd", e),
     };
     init_logging(if args.quiet { None } else { Some(args.verbose) });
     if let Some(Command::GenCert { cert, key, name }) = &args.command {
@@ -381,34 +370,4 @@ async fn shutdown_signal() {
         _ = term.recv() => {},
         _ = int.recv() => {},
     }
-}
-
-/// Help and version print as usual; a usage error becomes one line (what is wrong, the
-/// usage, where to look) instead of clap's block.
-fn one_line_usage_error(e: clap::Error) -> ! {
-    use clap::error::ErrorKind;
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
-        e.exit();
-    }
-    let text = e.render().to_string();
-    let mut what = Vec::new();
-    let mut usage = None;
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        if let Some(u) = line.strip_prefix("Usage: ") {
-            usage = Some(u.to_string());
-        } else if !line.starts_with("For more information") && !line.starts_with("tip:") {
-            what.push(line.trim_start_matches("error: ").to_string());
-        }
-    }
-    eprintln!(
-        "ferryd: {}{}; see --help",
-        what.join(" "),
-        usage.map_or_else(String::new, |u| format!(" (usage: {u})"))
-    );
-    std::process::exit(2);
 }

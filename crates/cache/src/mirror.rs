@@ -30,6 +30,7 @@ use bytes::Bytes;
 use ferry_client::{Client, ClientError};
 use ferry_proto::name::join;
 use ferry_proto::{Attr, FileKind, Status, Version};
+use ferry_util::AbortOnDrop;
 use tokio::sync::Semaphore;
 use tracing::{debug, info};
 
@@ -946,14 +947,6 @@ async fn fetch_chunk(
             }
             Err(e) => return Err(ChunkError::Remote(e)),
         }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
