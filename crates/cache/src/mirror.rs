@@ -34,7 +34,7 @@ use ferry_util::AbortOnDrop;
 use tokio::sync::Semaphore;
 use tracing::{debug, info};
 
-use crate::progress::Progress;
+use crate::progress::{Progress, State};
 use crate::state::{CacheDir, CacheError};
 use crate::syncer::Syncer;
 use crate::STATE_DIR;
@@ -209,7 +209,7 @@ impl Mirror {
         // The status file is allocated now, so it can be written even if the disk fills.
         if let Err(e) = self
             .progress
-            .snapshot("running", &self.label)
+            .snapshot(State::Running, &self.label)
             .write(self.cache.meta())
         {
             debug!("status file: {e}");
@@ -274,9 +274,9 @@ impl Mirror {
         let p = &self.progress;
         let errors = p.error_count();
         let state = if errors == 0 {
-            "complete"
+            State::Complete
         } else {
-            "incomplete"
+            State::Incomplete
         };
         let _ = p.snapshot(state, &self.label).write(self.cache.meta());
         if let Err(e) = self.cache.compact_if_large() {
@@ -954,7 +954,7 @@ async fn status_writer(cache: Arc<CacheDir>, progress: Arc<Progress>, label: Str
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        let s = progress.snapshot("running", &label);
+        let s = progress.snapshot(State::Running, &label);
         if let Err(e) = s.write(cache.meta()) {
             debug!("status file: {e}");
         }
