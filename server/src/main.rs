@@ -104,12 +104,61 @@ enum Command {
     },
 }
 
+/// Why `--config FILE` could not be used; each is one line naming the file.
+#[derive(Debug, thiserror::Error)]
+enum ConfigFileError {
+    /// `--config` at the end of the command line.
+    #[error("--config needs a file")]
+    NeedsFile,
+    /// The file cannot be read.
+    #[error("--config {shown}: cannot read it")]
+    Read {
+        /// The file, as shown.
+        shown: String,
+        /// What reading returned.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not TOML.
+    #[error("--config {shown}: not valid TOML: {message}")]
+    Toml {
+        /// The file, as shown.
+        shown: String,
+        /// The first line of the parser's message (its full text spans several lines and
+        /// quotes the file, which a one-line error cannot hold).
+        message: String,
+    },
+    /// A setting that is not one of ferryd's long options.
+    #[error("--config {shown}: unknown setting '{key}' (settings are ferryd's long options, e.g. export, listen, tls_cert)")]
+    Unknown {
+        /// The file, as shown.
+        shown: String,
+        /// The setting.
+        key: String,
+    },
+    /// A value of the wrong TOML type for its setting.
+    #[error("--config {shown}: {key} is a {found}: expected {expected}")]
+    WrongType {
+        /// The file, as shown.
+        shown: String,
+        /// The setting.
+        key: String,
+        /// The TOML type found.
+        found: &'static str,
+        /// What the setting takes.
+        expected: &'static str,
+    },
+}
+
 /// `--config FILE`: its settings become options placed before the command line's, so the
 /// command line wins (`args_override_self`).
 ///
 /// # Errors
-/// An unreadable file, bad TOML, an unknown setting or a value of the wrong kind: one line.
-fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+/// [`ConfigFileError`]: an unreadable file, bad TOML, an unknown setting or a value of the
+/// wrong kind.
+fn expand_config(
+    argv: Vec<std::ffi::OsString>,
+) -> Result<Vec<std::ffi::OsString>, ConfigFileError> {
     use clap::CommandFactory;
     let mut rest = Vec::with_capacity(argv.len());
     let mut path = None;
@@ -118,7 +167,7 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
     while let Some(a) = it.next() {
         match a.to_str() {
             Some("--config") => {
-                path = Some(it.next().ok_or("--config needs a file")?);
+                path = Some(it.next().ok_or(ConfigFileError::NeedsFile)?);
             }
             Some(s) if s.starts_with("--config=") => path = Some(s["--config=".len()..].into()),
             _ => rest.push(a),
@@ -130,14 +179,16 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
         return Ok(out);
     };
     let shown = std::path::Path::new(&path).display().to_string();
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("--config {shown}: cannot read it: {e}"))?;
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-        format!(
-            "--config {shown}: not valid TOML: {}",
-            e.message().lines().next().unwrap_or("")
-        )
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigFileError::Read {
+        shown: shown.clone(),
+        source,
     })?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigFileError::Toml {
+            shown: shown.clone(),
+            message: e.message().lines().next().unwrap_or("").to_string(),
+        })?;
     let cmd = Args::command();
     let mut from_file: Vec<std::ffi::OsString> = Vec::new();
     for (key, value) in table {
@@ -145,8 +196,9 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
         let arg = cmd
             .get_arguments()
             .find(|a| a.get_long() == Some(long.as_str()) && long != "config" && long != "help")
-            .ok_or_else(|| {
-                format!("--config {shown}: unknown setting '{key}' (settings are ferryd's long options, e.g. export, listen, tls_cert)")
+            .ok_or_else(|| ConfigFileError::Unknown {
+                shown: shown.clone(),
+                key: key.clone(),
             })?;
         let takes_value = arg.get_action().takes_values();
         match value {
@@ -169,15 +221,16 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
                 from_file.push(n.to_string().into());
             }
             other => {
-                return Err(format!(
-                    "--config {shown}: {key} is a {}: expected {}",
-                    other.type_str(),
-                    if takes_value {
+                return Err(ConfigFileError::WrongType {
+                    shown,
+                    key,
+                    found: other.type_str(),
+                    expected: if takes_value {
                         "a string or a number"
                     } else {
                         "true or false"
-                    }
-                ))
+                    },
+                })
             }
         }
     }
@@ -197,7 +250,7 @@ fn main() {
         match expand_config(argv) {
             Ok(a) => a,
             Err(e) => {
-                eprintln!("ferryd: {e}");
+                eprintln!("ferryd: {:#}", anyhow::Error::from(e));
                 std::process::exit(1);
             }
         }

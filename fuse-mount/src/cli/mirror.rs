@@ -19,7 +19,7 @@ use ferry_util::{human_bytes, AbortOnDrop};
 use super::args::MirrorArgs;
 use super::config::mirror_options;
 use super::logging::init_logging_at;
-use super::render::{bar, progress_line};
+use super::render::{progress_bar, progress_line};
 
 /// How often the bar is redrawn.
 const BAR_TICK: Duration = Duration::from_millis(200);
@@ -99,7 +99,7 @@ async fn run_async(opts: MirrorOptions) -> anyhow::Result<()> {
         None => None,
     };
     let bar = (opts.progress && std::io::stderr().is_terminal()).then(|| {
-        bar(
+        progress_bar(
             indicatif::ProgressDrawTarget::stderr(),
             "{bytes:>10}/{total_bytes:<10} {bar:30} {percent:>3}% {binary_bytes_per_sec:>12} ETA {eta:<5} {msg}",
         )

@@ -32,7 +32,10 @@ pub fn progress_line(s: &Status) -> String {
 }
 
 /// A progress bar of bytes drawn by `template` (indicatif's syntax), on `target`.
-pub fn bar(target: indicatif::ProgressDrawTarget, template: &str) -> indicatif::ProgressBar {
+pub fn progress_bar(
+    target: indicatif::ProgressDrawTarget,
+    template: &str,
+) -> indicatif::ProgressBar {
     let b = indicatif::ProgressBar::with_draw_target(Some(0), target);
     b.set_style(
         indicatif::ProgressStyle::with_template(template)

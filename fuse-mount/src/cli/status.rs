@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use ferry_cache::{State, Status, STATE_DIR};
 use ferry_util::human_bytes;
 
-use super::render::{bar, progress_line, rate_eta_files};
+use super::render::{progress_bar, progress_line, rate_eta_files};
 
 /// How often `--watch` reads the status.
 const POLL: Duration = Duration::from_millis(500);
@@ -98,7 +98,7 @@ pub fn status(path: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
 /// `--json`). Exit status 0 when it completed.
 fn watch_status(path: &Path, json: bool) -> anyhow::Result<()> {
     let bar = (!json && std::io::stdout().is_terminal()).then(|| {
-        bar(
+        progress_bar(
             indicatif::ProgressDrawTarget::stdout(),
             "{bytes:>10}/{total_bytes:<10} {bar:30} {percent:>3}% {msg}",
         )
