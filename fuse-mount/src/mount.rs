@@ -3,9 +3,9 @@
 //! [`MountSession::shutdown`], or dropping it).
 //!
 //! Start-up, in order: the config is checked; the mount point is checked and a dead mount
-//! a killed ferry left there is detached ([`mountpoint`]); the session's tokio runtime is
+//! a killed ferry left there is detached (`mount/mountpoint.rs`); the session's tokio runtime is
 //! built; the client connects and the remote root is looked up; the local copy is opened
-//! ([`local`]); `/metrics` is served if asked; SIGINT, SIGTERM and SIGHUP are caught; the
+//! (`mount/local.rs`); `/metrics` is served if asked; SIGINT, SIGTERM and SIGHUP are caught; the
 //! file system is mounted and the kernel readahead of its bdi raised; then the background
 //! mirror starts (it comes after the mount so that readers are served first).
 //!
@@ -22,7 +22,7 @@
 
 mod error;
 mod local;
-pub mod mountpoint;
+mod mountpoint;
 mod status;
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,7 @@
-//! Progress counters of a mirror run and the status file `ferry status` reads
-//! (`DIR/.ferry/status.json`, replaced atomically about once a second).
+//! Progress counters of a mirror run ([`Progress`]) and the status `ferry status` shows
+//! ([`Status`], with its [`State`]): for a directory the file `DIR/.ferry/status.json`
+//! (replaced in place about once a second), for a mount the JSON it serves at its root;
+//! the same status is the `--metrics` page ([`Status::to_prometheus`]).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
