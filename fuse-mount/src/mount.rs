@@ -192,7 +192,7 @@ impl MountSession {
         let metrics = match cfg.metrics {
             Some(addr) => {
                 let st = status.clone();
-                Some(rt.block_on(serve_metrics(addr, Arc::new(move || st().to_prometheus())))?)
+                Some(rt.block_on(bind_metrics(addr, Arc::new(move || st().to_prometheus())))?)
             }
             None => None,
         };
@@ -338,7 +338,7 @@ async fn connect(cfg: &MountConfig) -> Result<(Client, ferry_proto::Attr), Mount
 }
 
 /// Binds `addr` and serves `page` there as `/metrics`, until the returned guard drops.
-async fn serve_metrics(
+async fn bind_metrics(
     addr: std::net::SocketAddr,
     page: ferry_util::metrics::PageFn,
 ) -> Result<AbortOnDrop<()>, MountError> {
