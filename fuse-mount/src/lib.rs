@@ -1,5 +1,6 @@
-//! ferry-mount: `ferry mount` mounts a ferryd export with FUSE, read-only; `ferry mirror`
-//! copies a whole export into a local directory; `ferry status` reports on one.
+//! ferry-mount: `ferry mount` mounts a ferryd export with FUSE, read-only. (The binary,
+//! `src/main.rs` with its `cli` modules, also runs `ferry mirror` and `ferry status` and
+//! renders their progress; the library has no terminal output.)
 //!
 //! - [`target`]: parsing `HOST[:PORT][:/PATH]`.
 //! - [`fs`]: the file system itself, async and free of fuser types (so it can be tested
@@ -9,14 +10,12 @@
 //!   mount's tokio runtime, which replies when done (fuser replies are `Send`), so many
 //!   FUSE requests are served at once by few threads.
 //! - [`error`]: [`error::Error`] and the errno each failure becomes.
-//! - [`mount`]: session setup: mount options, stale-mount recovery, the kernel readahead
-//!   of the mount's bdi, signals, clean unmount.
-//! - [`mirror_cli`]: `ferry mirror` (the ferry-cache engine without FUSE, with a progress
-//!   bar) and `ferry status`.
+//! - [`mount`]: [`mount::MountSession`], the mount's lifetime: stale-mount recovery, the
+//!   kernel readahead of the mount's bdi, the local copy and its background mirror,
+//!   status and metrics, signals, clean unmount.
 
 pub mod error;
 pub mod fs;
 pub mod fuse;
-pub mod mirror_cli;
 pub mod mount;
 pub mod target;

@@ -1,20 +1,52 @@
-//! Mount session: from a config to a serving mount, and back to a clean unmount.
+//! The mount's lifetime: [`MountSession`] takes a [`MountConfig`] to a serving FUSE mount
+//! ([`MountSession::start`]) and back to a clean unmount ([`MountSession::wait`],
+//! [`MountSession::shutdown`], or dropping it).
+//!
+//! Start-up, in order: the config is checked; the mount point is checked and a dead mount
+//! a killed ferry left there is detached (`mount/mountpoint.rs`); the session's tokio runtime is
+//! built; the client connects and the remote root is looked up; the local copy is opened
+//! (`mount/local.rs`); `/metrics` is served if asked; SIGINT, SIGTERM and SIGHUP are caught; the
+//! file system is mounted and the kernel readahead of its bdi raised; then the background
+//! mirror starts (it comes after the mount so that readers are served first).
+//!
+//! Invariants:
+//! - Anything that can fail is checked before mounting, so a failed start leaves nothing
+//!   mounted and reports one error ([`MountError`]).
+//! - A session that was started is unmounted exactly once: by `wait` (after a signal, or
+//!   nothing to do when unmounted from outside), by `shutdown`, or by `Drop`. A busy mount
+//!   (a reader still has files open) is detached lazily; the kernel finishes later.
+//! - At unmount the mirror is stopped and everything it and the reads wrote into the local
+//!   copy is recorded before the runtime ends, so the next mount resumes from it.
+//! - The session owns its runtime: use it from synchronous code (it blocks on the runtime;
+//!   starting or dropping it inside another runtime's async context panics).
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+mod error;
+mod local;
+mod mountpoint;
+mod status;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use ferry_client::{Client, ClientConfig};
 use ferry_proto::FileKind;
+use ferry_util::AbortOnDrop;
 use fuser::{Config, MountOption, SessionACL};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::mpsc;
 use tracing::{info, warn};
+
+pub use error::MountError;
+pub use mountpoint::detach;
 
 use crate::fs::{Fs, FsConfig};
 use crate::fuse::FerryFuse;
 use crate::target::Target;
+use local::Local;
+
+/// Time the runtime's tasks get to end after the unmount.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 
 /// Everything `ferry mount` needs; [`Default`] gives the documented defaults.
 #[derive(Debug, Clone)]
@@ -68,254 +100,275 @@ impl Default for MountConfig {
     }
 }
 
-/// Mount points in this namespace, decoded from /proc/self/mountinfo: (path, fs type).
-fn mounts() -> Vec<(PathBuf, String)> {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let sep = f.iter().position(|x| *x == "-")?;
-            Some((
-                PathBuf::from(unescape(f.get(4)?)),
-                f.get(sep + 1)?.to_string(),
-            ))
-        })
-        .collect()
+/// A mounted ferry file system. Unmounted by [`MountSession::wait`] (once signalled),
+/// [`MountSession::shutdown`], or when dropped.
+pub struct MountSession {
+    /// `None` once unmounted (by `wait` or `shutdown`, before `Drop` runs).
+    running: Option<Running>,
 }
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
+/// What a serving mount holds, torn down in [`Running::finish`].
+struct Running {
+    rt: tokio::runtime::Runtime,
+    fuse: fuser::BackgroundSession,
+    mountpoint: PathBuf,
+    fs: Arc<Fs>,
+    local: Option<Local>,
+    mirror: Option<ferry_cache::MirrorTask>,
+    /// Told by the adapter when the kernel ends the session (an unmount from outside).
+    destroyed: mpsc::UnboundedReceiver<()>,
+    signals: Signals,
+    _metrics: Option<AbortOnDrop<()>>,
+}
+
+impl std::fmt::Debug for MountSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MountSession")
+            .field("mountpoint", &self.running.as_ref().map(|r| &r.mountpoint))
+            .finish()
+    }
+}
+
+impl MountSession {
+    /// Connects, mounts, starts the background mirror if configured, and returns once the
+    /// mount serves requests. From then on SIGINT, SIGTERM and SIGHUP are caught: they end
+    /// [`MountSession::wait`].
+    ///
+    /// # Errors
+    /// Inconsistent config, mount point unusable or already mounted, server unreachable,
+    /// remote path missing or not a directory, cache directory unusable, metrics address
+    /// taken, mount refused. Nothing is left mounted.
+    pub fn start(mut cfg: MountConfig) -> Result<MountSession, MountError> {
+        if cfg.mirror && cfg.cache_dir.is_none() {
+            return Err(MountError::MirrorNeedsCacheDir);
         }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn absolute(p: &Path) -> PathBuf {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
-}
-
-/// Detaches whatever is mounted at `p` (lazy: works even while busy or dead).
-pub fn detach(p: &Path) -> anyhow::Result<()> {
-    let c = CString::new(p.as_os_str().as_bytes()).context("mount point contains NUL")?;
-    // SAFETY: a valid NUL-terminated path; umount2 has no other memory effects.
-    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let umount_err = std::io::Error::last_os_error();
-    // Not root: fusermount3 may unmount FUSE mounts of the calling user.
-    let status = std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg("-z")
-        .arg(p)
-        .status();
-    match status {
-        Ok(s) if s.success() => Ok(()),
-        _ => bail!(
-            "cannot unmount {}: {umount_err}; try `fusermount3 -u -z {}`",
-            p.display(),
-            p.display()
-        ),
-    }
-}
-
-/// Checks the mount point; replaces a dead mount left by a killed process.
-///
-/// A FUSE mount already on the path is probed with `opendir`, which the kernel always
-/// sends to the daemon (a `stat` may be answered from the attribute cache even when the
-/// daemon is gone): ENOTCONN means dead, and it is detached.
-fn prepare_mountpoint(p: &Path) -> anyhow::Result<()> {
-    let abs = absolute(p);
-    let fuse_here = mounts()
-        .into_iter()
-        .rev()
-        .find(|(mp, _)| *mp == abs)
-        .filter(|(_, fstype)| fstype.starts_with("fuse"));
-    let dead = |e: &std::io::Error| e.raw_os_error() == Some(libc::ENOTCONN);
-    let probe = if fuse_here.is_some() {
-        std::fs::read_dir(p).map(|_| ())
-    } else {
-        std::fs::metadata(p).map(|_| ())
-    };
-    match probe {
-        Err(e) if dead(&e) => {
-            warn!(
-                "{}: replacing a dead mount left by an earlier ferry",
-                p.display()
-            );
-            detach(p)?;
+        if cfg.bwlimit.is_some() && !cfg.mirror {
+            return Err(MountError::BwlimitNeedsMirror);
         }
-        Err(e) => bail!("mount point {}: {e}", p.display()),
-        Ok(()) => {
-            if let Some((_, fstype)) = fuse_here {
-                bail!(
-                    "{} is already a mounted {fstype} file system: unmount it first (fusermount3 -u {})",
-                    p.display(),
-                    p.display()
-                );
-            }
-        }
-    }
-    match std::fs::metadata(p) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => bail!("mount point {} is not a directory", p.display()),
-        Err(e) => bail!("mount point {}: {e}", p.display()),
-    }
-}
-
-/// Raises the kernel readahead of the mount (fuser can only lower it during init).
-fn set_read_ahead(mountpoint: &Path, kb: u32) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(mountpoint) else {
-        return;
-    };
-    let dev = meta.dev();
-    let path = format!(
-        "/sys/class/bdi/{}:{}/read_ahead_kb",
-        rustix::fs::major(dev),
-        rustix::fs::minor(dev)
-    );
-    match std::fs::write(&path, format!("{kb}\n")) {
-        Ok(()) => info!("kernel readahead {kb} KiB ({path})"),
-        Err(e) => {
-            warn!("cannot raise kernel readahead ({path}: {e}); sequential reads may be slower")
-        }
-    }
-}
-
-/// Connects, mounts, calls `ready` once the mount is usable, then serves until SIGINT,
-/// SIGTERM or an unmount from outside, and unmounts cleanly.
-///
-/// # Errors
-/// Server unreachable, remote path missing, mount point unusable, mount refused.
-pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
-    if cfg.mirror && cfg.cache_dir.is_none() {
-        bail!("--mirror fills a local copy: give --cache-dir DIR too (a directory on fast local disk)");
-    }
-    if cfg.bwlimit.is_some() && !cfg.mirror {
-        bail!("--bwlimit caps the background mirror: give --mirror too (reads through the mount are never capped)");
-    }
-    prepare_mountpoint(&cfg.mountpoint)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.io_threads.max(1))
-        .thread_name("ferry-io")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    cfg.client.addr = cfg.target.addr();
-    cfg.fs.root = cfg.target.path.clone();
-    let client = rt
-        .block_on(Client::connect(cfg.client.clone()))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let root_attr = rt.block_on(client.stat(cfg.fs.root.clone())).map_err(|e| {
-        anyhow::anyhow!(
-            "remote path /{} on {}: {e}",
-            String::from_utf8_lossy(&cfg.fs.root),
-            cfg.target.addr()
-        )
-    })?;
-    if root_attr.kind != FileKind::Directory {
-        bail!(
-            "remote path /{} is not a directory",
-            String::from_utf8_lossy(&cfg.fs.root)
+        mountpoint::prepare(&cfg.mountpoint)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.io_threads.max(1))
+            .thread_name("ferry-io")
+            .enable_all()
+            .build()
+            .map_err(MountError::Runtime)?;
+        let label = cfg.target.addr();
+        cfg.client.addr = label.clone();
+        cfg.fs.root = cfg.target.path.clone();
+        let (client, root_attr) = rt.block_on(connect(&cfg))?;
+        let chunk_size = client.session().chunk_size;
+        info!(
+            "connected to {label} with {} streams, chunk {} KiB",
+            cfg.client.streams,
+            chunk_size / 1024
         );
-    }
-    let session = client.session().clone();
-    info!(
-        "connected to {} with {} streams, chunk {} KiB",
-        cfg.target.addr(),
-        cfg.client.streams,
-        session.chunk_size / 1024
-    );
 
-    // The cache directory is opened (and locked) before mounting, so a bad one is a
-    // one-line error and nothing is mounted.
-    let local = match &cfg.cache_dir {
-        Some(dir) => {
-            let cache = Arc::new(ferry_cache::CacheDir::open(dir)?);
-            let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel();
-            // Files left complete but unverified by an earlier mount (a crash, an unmount
-            // before their check) are verified now too.
-            for (rel, st) in cache.all() {
-                if st.complete() && st.verified.is_none() {
-                    let _ = done_tx.send((rel, st.version, st.generation));
-                }
-            }
-            let (syncer, task) = {
-                let _rt = rt.enter();
-                ferry_cache::Syncer::start_with(
-                    cache.clone(),
-                    Duration::from_secs(1),
-                    Arc::new(|m| warn!("{m}")),
-                    Some(done_tx),
-                )
-            };
-            let local = Arc::new(ferry_cache::LocalCopy::new(
-                cache,
+        let local = match &cfg.cache_dir {
+            Some(dir) => Some(Local::open(
+                rt.handle(),
+                dir,
+                &client,
                 cfg.fs.root.clone(),
-                session.chunk_size,
-                syncer.clone(),
-            ));
-            // Files completed through the mount are verified, then opened with passthrough.
-            rt.spawn(local.clone().verify_completed(client.background(), done_rx));
-            info!("local copy in {}", dir.display());
-            Some((local, syncer, task))
+                chunk_size,
+            )?),
+            None => None,
+        };
+        let backing = local
+            .as_ref()
+            .map(|l| l.copy.clone() as Arc<dyn ferry_client::ChunkBacking>);
+        let mut fs_cfg = cfg.fs.clone();
+        fs_cfg.passthrough = local.is_some();
+        let fs = Arc::new(Fs::with_backing(client.clone(), fs_cfg, root_attr, backing));
+        let supervisor = ferry_cache::MirrorSupervisor::new(label.clone());
+        let status = status::source(
+            &cfg,
+            label.clone(),
+            client.clone(),
+            fs.clone(),
+            local.as_ref().map(|l| l.copy.clone()),
+            supervisor.clone(),
+        );
+        // Metrics are served from the status the mount reports.
+        let metrics = match cfg.metrics {
+            Some(addr) => {
+                let st = status.clone();
+                Some(rt.block_on(bind_metrics(addr, Arc::new(move || st().to_prometheus())))?)
+            }
+            None => None,
+        };
+        let signals = {
+            let _rt = rt.enter();
+            Signals::catch()
+        };
+
+        let (destroyed_tx, destroyed) = mpsc::unbounded_channel();
+        let adapter = FerryFuse::new(fs.clone(), rt.handle().clone(), destroyed_tx)
+            .with_passthrough(local.is_some())
+            .with_status(Arc::new(move || {
+                serde_json::to_vec_pretty(&status()).unwrap_or_default()
+            }));
+        let fuse = fuser::spawn_mount(adapter, &cfg.mountpoint, &fuse_config(&cfg, chunk_size))
+            .map_err(|source| MountError::Mount {
+                path: cfg.mountpoint.clone(),
+                source,
+            })?;
+        mountpoint::set_read_ahead(&cfg.mountpoint, cfg.read_ahead_kb);
+        info!("mounted {label} on {}", cfg.mountpoint.display());
+
+        // The background mirror starts once the mount serves readers.
+        let mirror = match (&local, cfg.mirror) {
+            (Some(l), true) => Some(supervisor.start(
+                rt.handle(),
+                client.background(),
+                l.copy.cache().clone(),
+                cfg.fs.root.clone(),
+                cfg.bwlimit,
+            )),
+            _ => None,
+        };
+        Ok(MountSession {
+            running: Some(Running {
+                rt,
+                fuse,
+                mountpoint: cfg.mountpoint,
+                fs,
+                local,
+                mirror,
+                destroyed,
+                signals,
+                _metrics: metrics,
+            }),
+        })
+    }
+
+    /// Where the file system is mounted (as configured); `None` once unmounted.
+    pub fn mountpoint(&self) -> Option<&Path> {
+        self.running.as_ref().map(|r| r.mountpoint.as_path())
+    }
+
+    /// Serves until SIGINT, SIGTERM or SIGHUP (then unmounts) or an unmount from outside,
+    /// then stops the mirror and records the local copy's state.
+    ///
+    /// # Errors
+    /// The mount could neither be unmounted nor detached.
+    pub fn wait(mut self) -> Result<(), MountError> {
+        let Some(mut r) = self.running.take() else {
+            return Ok(());
+        };
+        let external = r.rt.block_on(async {
+            tokio::select! {
+                name = r.signals.recv() => { info!("{name}: unmounting"); false }
+                _ = r.destroyed.recv() => { info!("unmounted from outside"); true }
+            }
+        });
+        r.finish(external)
+    }
+
+    /// Unmounts now, then stops the mirror and records the local copy's state.
+    ///
+    /// # Errors
+    /// The mount could neither be unmounted nor detached.
+    pub fn shutdown(mut self) -> Result<(), MountError> {
+        match self.running.take() {
+            Some(r) => r.finish(false),
+            None => Ok(()),
         }
-        None => None,
-    };
-    let backing = local
-        .as_ref()
-        .map(|(l, _, _)| l.clone() as Arc<dyn ferry_client::ChunkBacking>);
-    let mut fs_cfg = cfg.fs.clone();
-    fs_cfg.passthrough = local.is_some();
-    let fs = Arc::new(Fs::with_backing(client.clone(), fs_cfg, root_attr, backing));
-    let label = cfg.target.addr();
-    let background = BackgroundMirror::new(label.clone());
-    let status = status_fn(
-        &cfg,
-        label.clone(),
-        client.clone(),
-        fs.clone(),
-        local.as_ref().map(|(l, _, _)| l.clone()),
-        background.clone(),
-    );
-    // Metrics are served from the status the mount reports.
-    let _metrics = match cfg.metrics {
-        Some(addr) => {
-            let l = rt
-                .block_on(tokio::net::TcpListener::bind(addr))
-                .with_context(|| format!("--metrics {addr}: cannot listen there"))?;
-            info!("metrics on http://{}/metrics", l.local_addr()?);
-            let st = status.clone();
-            Some(rt.spawn(ferry_cache::progress::serve_metrics(
-                l,
-                Arc::new(move || st().to_prometheus()),
-            )))
+    }
+}
+
+impl Drop for MountSession {
+    /// Unmounts if still mounted (a failure is logged).
+    fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            if let Err(e) = r.finish(false) {
+                // The whole chain, as the binary prints errors (`{:#}`).
+                let mut msg = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    msg = format!("{msg}: {s}");
+                    source = s.source();
+                }
+                warn!("{msg}");
+            }
         }
-        None => None,
-    };
-    let (destroyed_tx, mut destroyed_rx) = tokio::sync::mpsc::unbounded_channel();
-    let json_status = status.clone();
-    let adapter = FerryFuse::new(fs.clone(), rt.handle().clone(), destroyed_tx)
-        .with_passthrough(local.is_some())
-        .with_status(Arc::new(move || {
-            serde_json::to_vec_pretty(&json_status()).unwrap_or_default()
-        }));
+    }
+}
+
+impl Running {
+    /// Unmounts (unless the kernel already ended the session: `external`), stops the
+    /// mirror, records what was written, and ends the runtime.
+    fn finish(self, external: bool) -> Result<(), MountError> {
+        let mut result = Ok(());
+        if external {
+            let _ = self.fuse.join();
+        } else if let Err(e) = self.fuse.umount_and_join() {
+            // Busy (a reader still has files open): detach now, the kernel finishes later.
+            warn!("unmount: {e}; detaching lazily");
+            result = detach(&self.mountpoint);
+        }
+        let (fs, mirror, local) = (self.fs, self.mirror, self.local);
+        // What the mirror and the reads wrote is recorded before the process ends; the next
+        // mount resumes from it.
+        if let Some(m) = mirror {
+            self.rt.block_on(m.stop());
+        }
+        if let Some(l) = local {
+            // Chunks still in the write-back queue reach the local copy first (this waits
+            // for the disk, so not on the runtime), then the syncer records them.
+            fs.store().flush();
+            self.rt.block_on(l.close(fs.passthrough_opens()));
+        }
+        drop(self._metrics);
+        self.rt.shutdown_timeout(RUNTIME_SHUTDOWN);
+        info!("stopped");
+        result
+    }
+}
+
+/// Connects to the server and looks up the remote root, which must be a directory.
+async fn connect(cfg: &MountConfig) -> Result<(Client, ferry_proto::Attr), MountError> {
+    let client = Client::connect(cfg.client.clone())
+        .await
+        .map_err(MountError::Connect)?;
+    let root = String::from_utf8_lossy(&cfg.fs.root).into_owned();
+    let attr = client
+        .stat(cfg.fs.root.clone())
+        .await
+        .map_err(|source| MountError::RemoteRoot {
+            path: root.clone(),
+            addr: cfg.client.addr.clone(),
+            source,
+        })?;
+    if attr.kind != FileKind::Directory {
+        return Err(MountError::RemoteNotADirectory(root));
+    }
+    Ok((client, attr))
+}
+
+/// Binds `addr` and serves `page` there as `/metrics`, until the returned guard drops.
+async fn bind_metrics(
+    addr: std::net::SocketAddr,
+    page: ferry_util::metrics::PageFn,
+) -> Result<AbortOnDrop<()>, MountError> {
+    let err = |source| MountError::Metrics { addr, source };
+    let l = tokio::net::TcpListener::bind(addr).await.map_err(err)?;
+    info!("metrics on http://{}/metrics", l.local_addr().map_err(err)?);
+    Ok(AbortOnDrop(tokio::spawn(ferry_util::serve_metrics(
+        l, page,
+    ))))
+}
+
+/// The FUSE mount options and session settings for `cfg`:
+/// - `ro`, `nodev`, `nosuid`: read-only; no device files or setuid bits take effect;
+/// - `default_permissions`: the kernel checks permission bits against the server's
+///   uid/gid, which are not mapped;
+/// - `fsname=ferry:HOST:PORT:/PATH`, `subtype=ferry`: how the mount shows in the table;
+/// - `max_read=max(chunk, 1 MiB)`: the largest READ the kernel sends;
+/// - `allow_other` (fuser's `SessionACL::All`): non-root users need `user_allow_other` in
+///   /etc/fuse.conf;
+/// - `threads` FUSE workers, each with its own cloned `/dev/fuse` fd when there are
+///   several.
+fn fuse_config(cfg: &MountConfig, chunk_size: u32) -> Config {
     let mut fcfg = Config::default();
     let fsname = format!(
         "ferry:{}:/{}",
@@ -329,44 +382,37 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
         MountOption::DefaultPermissions,
         MountOption::NoDev,
         MountOption::NoSuid,
-        MountOption::CUSTOM(format!("max_read={}", session.chunk_size.max(1 << 20))),
+        MountOption::CUSTOM(format!("max_read={}", chunk_size.max(1 << 20))),
     ];
     if cfg.allow_other {
         fcfg.acl = SessionACL::All;
     }
     fcfg.n_threads = Some(cfg.threads.max(1));
     fcfg.clone_fd = cfg.threads > 1;
-    let session = fuser::spawn_mount(adapter, &cfg.mountpoint, &fcfg).with_context(|| {
-        format!(
-            "cannot mount on {} (is /dev/fuse available and fuse3 installed?)",
-            cfg.mountpoint.display()
-        )
-    })?;
-    set_read_ahead(&cfg.mountpoint, cfg.read_ahead_kb);
-    info!(
-        "mounted {} on {}",
-        cfg.target.addr(),
-        cfg.mountpoint.display()
-    );
-    ready();
-    // The background mirror starts once the mount serves readers.
-    let mirror_task = match (&local, cfg.mirror) {
-        (Some((l, _, _)), true) => Some(background.start(
-            &rt,
-            client.background(),
-            l.cache().clone(),
-            cfg.fs.root.clone(),
-            cfg.bwlimit,
-        )),
-        _ => None,
-    };
+    fcfg
+}
 
-    let external = rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).ok();
-        let mut int = signal(SignalKind::interrupt()).ok();
-        let mut hup = signal(SignalKind::hangup()).ok();
-        async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+/// The signals that unmount: SIGTERM, SIGINT, SIGHUP. One that cannot be caught is
+/// simply never received.
+struct Signals {
+    term: Option<Signal>,
+    int: Option<Signal>,
+    hup: Option<Signal>,
+}
+
+impl Signals {
+    /// Catches the signals from now on (in the current runtime's context).
+    fn catch() -> Signals {
+        Signals {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
+            hup: signal(SignalKind::hangup()).ok(),
+        }
+    }
+
+    /// Waits for the next of them; returns its name.
+    async fn recv(&mut self) -> &'static str {
+        async fn one(s: &mut Option<Signal>) {
             match s {
                 Some(s) => {
                     s.recv().await;
@@ -375,234 +421,12 @@ pub fn run(mut cfg: MountConfig, ready: impl FnOnce()) -> anyhow::Result<()> {
             }
         }
         tokio::select! {
-            _ = recv(&mut term) => { info!("SIGTERM: unmounting"); false }
-            _ = recv(&mut int) => { info!("SIGINT: unmounting"); false }
-            _ = recv(&mut hup) => { info!("SIGHUP: unmounting"); false }
-            _ = destroyed_rx.recv() => { info!("unmounted from outside"); true }
-        }
-    });
-    if external {
-        let _ = session.join();
-    } else if let Err(e) = session.umount_and_join() {
-        // Busy (a reader still has files open): detach now, the kernel finishes later.
-        warn!("unmount: {e}; detaching lazily");
-        detach(&cfg.mountpoint)?;
-    }
-    if let Some((task, syncer)) = mirror_task {
-        task.abort();
-        // What the mirror wrote is recorded before the process ends; the next mount resumes.
-        rt.block_on(async {
-            let _ = task.await;
-            syncer.flush().await;
-        });
-        if let Some((l, _, _)) = &local {
-            background.stopped(l.cache());
+            _ = one(&mut self.term) => "SIGTERM",
+            _ = one(&mut self.int) => "SIGINT",
+            _ = one(&mut self.hup) => "SIGHUP",
         }
     }
-    if let Some((local, syncer, task)) = local {
-        // What was written is recorded before the process ends.
-        rt.block_on(async {
-            syncer.flush().await;
-            drop(syncer);
-        });
-        use std::sync::atomic::Ordering::Relaxed;
-        info!(
-            "local copy: {} chunks served locally, {} stored, {} store errors, {} files verified, {} mismatches, {} passthrough opens",
-            local.served.load(Relaxed),
-            local.stored.load(Relaxed),
-            local.store_errors.load(Relaxed),
-            local.verified.load(Relaxed),
-            local.mismatches.load(Relaxed),
-            fs.passthrough_opens()
-        );
-        drop(local);
-        drop(task);
-    }
-    rt.shutdown_timeout(Duration::from_secs(1));
-    info!("stopped");
-    Ok(())
-}
-
-/// The mount's background mirror: runs passes over the export until one completes (a
-/// failed pass is retried with backoff), reporting through the status.
-#[derive(Clone)]
-struct BackgroundMirror {
-    label: String,
-    state: Arc<std::sync::Mutex<MirrorState>>,
-}
-
-struct MirrorState {
-    /// "not started", "running", "complete", "retrying", "stopped".
-    phase: &'static str,
-    /// The current or last pass's counters.
-    progress: Arc<ferry_cache::Progress>,
-}
-
-impl BackgroundMirror {
-    fn new(label: String) -> BackgroundMirror {
-        BackgroundMirror {
-            label,
-            state: Arc::new(std::sync::Mutex::new(MirrorState {
-                phase: "not started",
-                progress: Arc::new(ferry_cache::Progress::default()),
-            })),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, MirrorState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The phase and the counters of the current or last pass.
-    fn current(&self) -> (&'static str, Arc<ferry_cache::Progress>) {
-        let g = self.lock();
-        (g.phase, g.progress.clone())
-    }
-
-    /// The mount stops: a pass in progress is left for the next mount to resume, and the
-    /// status file says so (`ferry status DIR`).
-    fn stopped(&self, cache: &ferry_cache::CacheDir) {
-        let (phase, progress) = self.current();
-        if phase == "running" || phase == "retrying" {
-            self.lock().phase = "stopped";
-            let _ = progress
-                .snapshot("interrupted", &self.label)
-                .write(cache.meta());
-        }
-    }
-
-    /// Starts the passes on `rt`. Returns the task and the syncer that records what the
-    /// mirror writes (flushed at unmount).
-    fn start(
-        &self,
-        rt: &tokio::runtime::Runtime,
-        client: Client,
-        cache: Arc<ferry_cache::CacheDir>,
-        root: bytes::Bytes,
-        bwlimit: Option<u64>,
-    ) -> (tokio::task::JoinHandle<()>, ferry_cache::Syncer) {
-        let _rt = rt.enter();
-        let this = self.clone();
-        let (syncer, _task) = ferry_cache::Syncer::start(
-            cache.clone(),
-            Duration::from_secs(1),
-            Arc::new(move |m| this.current().1.error(m)),
-        );
-        let this = self.clone();
-        let sync = syncer.clone();
-        let task = rt.spawn(async move {
-            let mut delay = Duration::from_secs(10);
-            loop {
-                let engine = ferry_cache::MirrorConfig {
-                    bwlimit,
-                    ..ferry_cache::MirrorConfig::default()
-                };
-                let m = ferry_cache::Mirror::new(
-                    client.clone(),
-                    cache.clone(),
-                    root.clone(),
-                    this.label.clone(),
-                    engine,
-                )
-                .with_syncer(sync.clone());
-                {
-                    let mut g = this.lock();
-                    g.phase = "running";
-                    g.progress = m.progress();
-                }
-                info!(
-                    "background mirror into {} started{}",
-                    cache.root().display(),
-                    bwlimit.map_or_else(String::new, |b| format!(
-                        ", capped at {}/s",
-                        crate::mirror_cli::human_bytes(b)
-                    ))
-                );
-                match m.run().await {
-                    Ok(s) => {
-                        this.lock().phase = "complete";
-                        let secs = m.progress().elapsed();
-                        info!(
-                            "background mirror complete: {} files, {}, {} fetched in {secs:.1} s; the local copy is complete and verified",
-                            s.files,
-                            crate::mirror_cli::human_bytes(s.bytes),
-                            crate::mirror_cli::human_bytes(s.fetched)
-                        );
-                        return;
-                    }
-                    Err(e) => {
-                        this.lock().phase = "retrying";
-                        warn!(
-                            "background mirror: {e}; trying again in {} s",
-                            delay.as_secs()
-                        );
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(300));
-                    }
-                }
-            }
-        });
-        (task, syncer)
-    }
-}
-
-/// The JSON `ferry status MOUNTPOINT` shows.
-fn status_fn(
-    cfg: &MountConfig,
-    label: String,
-    client: Client,
-    fs: Arc<Fs>,
-    local: Option<Arc<ferry_cache::LocalCopy>>,
-    background: BackgroundMirror,
-) -> Arc<dyn Fn() -> ferry_cache::Status + Send + Sync> {
-    use std::sync::atomic::Ordering::Relaxed;
-    let mounted = Arc::new(ferry_cache::Progress::default());
-    mounted.attach_client(&client);
-    let mountpoint = absolute(&cfg.mountpoint).display().to_string();
-    let cache_dir = cfg
-        .cache_dir
-        .as_ref()
-        .map(|d| absolute(d).display().to_string());
-    let (mirror, bwlimit) = (cfg.mirror, cfg.bwlimit);
-    Arc::new(move || {
-        let (phase, progress) = background.current();
-        let mut s = if mirror {
-            let state = match phase {
-                "complete" => "complete",
-                "retrying" => "incomplete",
-                "running" => "running",
-                _ => "mounted",
-            };
-            progress.snapshot(state, &label)
-        } else {
-            mounted.snapshot("mounted", &label)
-        };
-        let c = client.counters();
-        s.mount = Some(ferry_cache::MountStatus {
-            mountpoint: mountpoint.clone(),
-            cache_dir: cache_dir.clone(),
-            mirror,
-            bwlimit,
-            wire_bytes: c.wire_bytes.load(Relaxed),
-            decoded_bytes: c.decoded_bytes.load(Relaxed),
-            chunks_served_locally: local.as_ref().map_or(0, |l| l.served.load(Relaxed)),
-            chunks_stored: local.as_ref().map_or(0, |l| l.stored.load(Relaxed)),
-            store_errors: local.as_ref().map_or(0, |l| l.store_errors.load(Relaxed)),
-            files_verified_by_reads: local.as_ref().map_or(0, |l| l.verified.load(Relaxed)),
-            passthrough_opens: fs.passthrough_opens(),
-        });
-        s
-    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::unescape;
-
-    #[test]
-    fn mountinfo_escapes() {
-        assert_eq!(unescape(r"/tmp/a\040b"), "/tmp/a b");
-        assert_eq!(unescape(r"/x\134y"), r"/x\y");
-        assert_eq!(unescape("/plain"), "/plain");
-    }
-}
+mod tests;

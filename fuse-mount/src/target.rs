@@ -5,6 +5,57 @@ use bytes::Bytes;
 /// Default ferryd port.
 pub const DEFAULT_PORT: u16 = 7070;
 
+/// What the usage errors suggest.
+const USAGE: &str = "expected HOST[:PORT][:/PATH], e.g. db1:7070:/oradata";
+
+/// Why a remote could not be parsed; each names the input and says what is expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    /// `[` of an IPv6 address without its `]`.
+    #[error("unclosed '[' in {input:?}: {USAGE}")]
+    UnclosedBracket {
+        /// The remote as given.
+        input: String,
+    },
+    /// Nothing before the first `:`.
+    #[error("missing host in {input:?}: {USAGE}")]
+    MissingHost {
+        /// The remote as given.
+        input: String,
+    },
+    /// The port is not a number from 0 to 65535.
+    #[error("bad port {port:?} in {input:?}: {USAGE}")]
+    BadPort {
+        /// The port as given.
+        port: String,
+        /// The remote as given.
+        input: String,
+    },
+    /// The part after the port does not start with `/`.
+    #[error("the path in {input:?} must start with '/': {USAGE}")]
+    RelativePath {
+        /// The remote as given.
+        input: String,
+    },
+    /// Something follows the host that is neither a port nor a path.
+    #[error("unexpected {rest:?} in {input:?}: {USAGE}")]
+    Unexpected {
+        /// What was not understood.
+        rest: String,
+        /// The remote as given.
+        input: String,
+    },
+    /// The path has `.` or `..` components, NUL bytes, or is too long.
+    #[error("bad remote path {path:?}")]
+    BadPath {
+        /// The path as given.
+        path: String,
+        /// What is wrong with it.
+        #[source]
+        source: ferry_proto::name::NameError,
+    },
+}
+
 /// A parsed remote: where ferryd listens and which directory beneath its export to mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -29,20 +80,20 @@ impl Target {
     /// Parses `HOST`, `HOST:PORT`, `HOST:/PATH`, `HOST:PORT:/PATH`; IPv6 as `[::1]:PORT`.
     ///
     /// # Errors
-    /// A one-line description of what is wrong.
-    pub fn parse(s: &str) -> Result<Target, String> {
-        let usage = "expected HOST[:PORT][:/PATH], e.g. db1:7070:/oradata";
+    /// [`TargetError`]: what is wrong, in one line.
+    pub fn parse(s: &str) -> Result<Target, TargetError> {
+        let input = || s.to_string();
         let (host, rest) = if let Some(r) = s.strip_prefix('[') {
             let end = r
                 .find(']')
-                .ok_or_else(|| format!("unclosed '[' in {s:?}: {usage}"))?;
+                .ok_or_else(|| TargetError::UnclosedBracket { input: input() })?;
             (r[..end].to_string(), &r[end + 1..])
         } else {
             let end = s.find(':').unwrap_or(s.len());
             (s[..end].to_string(), &s[end..])
         };
         if host.is_empty() {
-            return Err(format!("missing host in {s:?}: {usage}"));
+            return Err(TargetError::MissingHost { input: input() });
         }
         let mut port = DEFAULT_PORT;
         let mut path = "";
@@ -53,26 +104,34 @@ impl Target {
                 rest = "";
             } else {
                 let end = r.find(':').unwrap_or(r.len());
-                port = r[..end]
-                    .parse()
-                    .map_err(|_| format!("bad port {:?} in {s:?}: {usage}", &r[..end]))?;
+                port = r[..end].parse().map_err(|_| TargetError::BadPort {
+                    port: r[..end].to_string(),
+                    input: input(),
+                })?;
                 rest = &r[end..];
             }
         }
         if let Some(r) = rest.strip_prefix(':') {
             if !r.starts_with('/') {
-                return Err(format!("the path in {s:?} must start with '/': {usage}"));
+                return Err(TargetError::RelativePath { input: input() });
             }
             path = r;
         } else if !rest.is_empty() {
-            return Err(format!("unexpected {rest:?} in {s:?}: {usage}"));
+            return Err(TargetError::Unexpected {
+                rest: rest.to_string(),
+                input: input(),
+            });
         }
         let trimmed = path.trim_matches('/');
         // Collapse repeated slashes; refuse '.' and '..' components.
         let clean: Vec<&str> = trimmed.split('/').filter(|c| !c.is_empty()).collect();
         let joined = clean.join("/");
-        ferry_proto::name::validate_path(joined.as_bytes())
-            .map_err(|e| format!("bad remote path {path:?}: {e}"))?;
+        ferry_proto::name::validate_path(joined.as_bytes()).map_err(|source| {
+            TargetError::BadPath {
+                path: path.to_string(),
+                source,
+            }
+        })?;
         Ok(Target {
             host,
             port,
@@ -120,5 +179,32 @@ mod tests {
         ] {
             assert!(Target::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn errors_name_the_input_and_keep_their_source() {
+        use std::error::Error as _;
+        let e = Target::parse("db1:port").unwrap_err();
+        assert_eq!(
+            e,
+            TargetError::BadPort {
+                port: "port".into(),
+                input: "db1:port".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "bad port \"port\" in \"db1:port\": expected HOST[:PORT][:/PATH], e.g. db1:7070:/oradata"
+        );
+        let e = Target::parse("db1:/a/../b").unwrap_err();
+        assert_eq!(e.to_string(), "bad remote path \"/a/../b\"");
+        assert_eq!(
+            e.source().map(ToString::to_string),
+            Some(ferry_proto::name::NameError::Dot.to_string())
+        );
+        assert!(matches!(
+            Target::parse(":7070"),
+            Err(TargetError::MissingHost { .. })
+        ));
     }
 }

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_util::{serve_metrics, AbortOnDrop};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tracing::{info, warn, Instrument};
@@ -173,48 +174,6 @@ impl Shared {
     }
 }
 
-/// Serves the Prometheus page on `listener` (`GET /metrics`) until the task is dropped.
-async fn serve_metrics(listener: TcpListener, shared: Arc<Shared>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // A few scrapers at a time, each with 5 s for its whole request line.
-    let slots = Arc::new(Semaphore::new(16));
-    loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Ok((mut s, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            let read_line = async {
-                while n < buf.len() && !buf[..n].contains(&b'\n') {
-                    match s.read(&mut buf[n..]).await {
-                        Ok(k) if k > 0 => n += k,
-                        _ => return false,
-                    }
-                }
-                true
-            };
-            if !matches!(
-                tokio::time::timeout(Duration::from_secs(5), read_line).await,
-                Ok(true)
-            ) {
-                return;
-            }
-            let line = String::from_utf8_lossy(&buf[..n]);
-            let first = line.lines().next().unwrap_or("");
-            let resp = ferry_proto::metrics::http_response(first, || shared.metrics_page());
-            let _ = s.write_all(&resp).await;
-            let _ = s.shutdown().await;
-        });
-    }
-}
-
 impl Shared {
     fn new(config: ServerConfig, shutdown: watch::Receiver<bool>) -> std::io::Result<Arc<Shared>> {
         let export = Export::open(&config.export)?;
@@ -279,14 +238,6 @@ pub fn fuzz_serve(export: &std::path::Path, input: &[u8]) {
     });
 }
 
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Recently computed whole-file hashes, least recently inserted dropped first.
 #[derive(Default)]
 pub(crate) struct HashCache {
@@ -332,7 +283,11 @@ pub async fn run(
                 std::io::Error::new(e.kind(), format!("--metrics {addr}: cannot listen: {e}"))
             })?;
             info!("metrics on http://{}/metrics", l.local_addr()?);
-            Some(AbortOnDrop(tokio::spawn(serve_metrics(l, shared.clone()))))
+            let shared = shared.clone();
+            Some(AbortOnDrop(tokio::spawn(serve_metrics(
+                l,
+                Arc::new(move || shared.metrics_page()),
+            ))))
         }
         None => None,
     };

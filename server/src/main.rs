@@ -104,23 +104,61 @@ enum Command {
     },
 }
 
-/// Caps glibc's malloc arenas. By default every thread that allocates may get an arena of
-/// its own (up to 8 per core), and each keeps freed 1 MiB chunk buffers for reuse, which
-/// showed as tens of MiB of extra resident memory under load.
-fn limit_malloc_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tuning; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
+/// Why `--config FILE` could not be used; each is one line naming the file.
+#[derive(Debug, thiserror::Error)]
+enum ConfigFileError {
+    /// `--config` at the end of the command line.
+    #[error("--config needs a file")]
+    NeedsFile,
+    /// The file cannot be read.
+    #[error("--config {shown}: cannot read it")]
+    Read {
+        /// The file, as shown.
+        shown: String,
+        /// What reading returned.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not TOML.
+    #[error("--config {shown}: not valid TOML: {message}")]
+    Toml {
+        /// The file, as shown.
+        shown: String,
+        /// The first line of the parser's message (its full text spans several lines and
+        /// quotes the file, which a one-line error cannot hold).
+        message: String,
+    },
+    /// A setting that is not one of ferryd's long options.
+    #[error("--config {shown}: unknown setting '{key}' (settings are ferryd's long options, e.g. export, listen, tls_cert)")]
+    Unknown {
+        /// The file, as shown.
+        shown: String,
+        /// The setting.
+        key: String,
+    },
+    /// A value of the wrong TOML type for its setting.
+    #[error("--config {shown}: {key} is a {found}: expected {expected}")]
+    WrongType {
+        /// The file, as shown.
+        shown: String,
+        /// The setting.
+        key: String,
+        /// The TOML type found.
+        found: &'static str,
+        /// What the setting takes.
+        expected: &'static str,
+    },
 }
 
 /// `--config FILE`: its settings become options placed before the command line's, so the
 /// command line wins (`args_override_self`).
 ///
 /// # Errors
-/// An unreadable file, bad TOML, an unknown setting or a value of the wrong kind: one line.
-fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+/// [`ConfigFileError`]: an unreadable file, bad TOML, an unknown setting or a value of the
+/// wrong kind.
+fn expand_config(
+    argv: Vec<std::ffi::OsString>,
+) -> Result<Vec<std::ffi::OsString>, ConfigFileError> {
     use clap::CommandFactory;
     let mut rest = Vec::with_capacity(argv.len());
     let mut path = None;
@@ -129,7 +167,7 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
     while let Some(a) = it.next() {
         match a.to_str() {
             Some("--config") => {
-                path = Some(it.next().ok_or("--config needs a file")?);
+                path = Some(it.next().ok_or(ConfigFileError::NeedsFile)?);
             }
             Some(s) if s.starts_with("--config=") => path = Some(s["--config=".len()..].into()),
             _ => rest.push(a),
@@ -141,14 +179,16 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
         return Ok(out);
     };
     let shown = std::path::Path::new(&path).display().to_string();
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("--config {shown}: cannot read it: {e}"))?;
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-        format!(
-            "--config {shown}: not valid TOML: {}",
-            e.message().lines().next().unwrap_or("")
-        )
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigFileError::Read {
+        shown: shown.clone(),
+        source,
     })?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigFileError::Toml {
+            shown: shown.clone(),
+            message: e.message().lines().next().unwrap_or("").to_string(),
+        })?;
     let cmd = Args::command();
     let mut from_file: Vec<std::ffi::OsString> = Vec::new();
     for (key, value) in table {
@@ -156,8 +196,9 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
         let arg = cmd
             .get_arguments()
             .find(|a| a.get_long() == Some(long.as_str()) && long != "config" && long != "help")
-            .ok_or_else(|| {
-                format!("--config {shown}: unknown setting '{key}' (settings are ferryd's long options, e.g. export, listen, tls_cert)")
+            .ok_or_else(|| ConfigFileError::Unknown {
+                shown: shown.clone(),
+                key: key.clone(),
             })?;
         let takes_value = arg.get_action().takes_values();
         match value {
@@ -180,15 +221,16 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
                 from_file.push(n.to_string().into());
             }
             other => {
-                return Err(format!(
-                    "--config {shown}: {key} is a {}: expected {}",
-                    other.type_str(),
-                    if takes_value {
+                return Err(ConfigFileError::WrongType {
+                    shown,
+                    key,
+                    found: other.type_str(),
+                    expected: if takes_value {
                         "a string or a number"
                     } else {
                         "true or false"
-                    }
-                ))
+                    },
+                })
             }
         }
     }
@@ -199,7 +241,7 @@ fn expand_config(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString
 }
 
 fn main() {
-    limit_malloc_arenas();
+    ferry_util::limit_malloc_arenas();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let is_subcommand = argv.get(1).and_then(|a| a.to_str()) == Some("gen-cert");
     let argv = if is_subcommand {
@@ -208,14 +250,14 @@ fn main() {
         match expand_config(argv) {
             Ok(a) => a,
             Err(e) => {
-                eprintln!("ferryd: {e}");
+                eprintln!("ferryd: {:#}", anyhow::Error::from(e));
                 std::process::exit(1);
             }
         }
     };
     let args = match <Args as clap::Parser>::try_parse_from(argv) {
         Ok(a) => a,
-        Err(e) => one_line_usage_error(e),
+        Err(e) => ferry_util::one_line_usage_error("ferryd", e),
     };
     init_logging(if args.quiet { None } else { Some(args.verbose) });
     if let Some(Command::GenCert { cert, key, name }) = &args.command {
@@ -381,34 +423,4 @@ async fn shutdown_signal() {
         _ = term.recv() => {},
         _ = int.recv() => {},
     }
-}
-
-/// Help and version print as usual; a usage error becomes one line (what is wrong, the
-/// usage, where to look) instead of clap's block.
-fn one_line_usage_error(e: clap::Error) -> ! {
-    use clap::error::ErrorKind;
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
-        e.exit();
-    }
-    let text = e.render().to_string();
-    let mut what = Vec::new();
-    let mut usage = None;
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        if let Some(u) = line.strip_prefix("Usage: ") {
-            usage = Some(u.to_string());
-        } else if !line.starts_with("For more information") && !line.starts_with("tip:") {
-            what.push(line.trim_start_matches("error: ").to_string());
-        }
-    }
-    eprintln!(
-        "ferryd: {}{}; see --help",
-        what.join(" "),
-        usage.map_or_else(String::new, |u| format!(" (usage: {u})"))
-    );
-    std::process::exit(2);
 }

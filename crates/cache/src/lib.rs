@@ -11,6 +11,8 @@
 //! - [`state`]: per-file state and the [`CacheDir`] that owns the directory.
 //! - [`mirror`]: the engine that walks the export and fills the copy ([`mirror::Mirror`]).
 //! - [`progress`]: counters, and the status file `ferry status` reads.
+//! - [`supervisor`]: the mount's background mirror: passes retried with backoff, the
+//!   phase its status shows.
 //! - [`syncer`]: group commit of written chunks (durable first, recorded second).
 //! - [`local`]: [`LocalCopy`], the mount's read-through use of a cache directory.
 
@@ -19,12 +21,14 @@ pub mod local;
 pub mod mirror;
 pub mod progress;
 pub mod state;
+pub mod supervisor;
 pub mod syncer;
 
 pub use local::LocalCopy;
 pub use mirror::{Mirror, MirrorConfig, MirrorError};
-pub use progress::{Faults, MountStatus, Progress, Status};
+pub use progress::{Faults, MountStatus, Progress, State, Status};
 pub use state::{CacheDir, FileState};
+pub use supervisor::{MirrorPhase, MirrorSupervisor, MirrorTask};
 pub use syncer::Syncer;
 
 /// Name of the state folder inside a cache directory. An export entry of this name at the

@@ -45,10 +45,11 @@ use bytes::Bytes;
 use ferry_client::{Client, ClientError};
 use ferry_proto::name::join;
 use ferry_proto::FileKind;
+use ferry_util::AbortOnDrop;
 use tokio::sync::Semaphore;
 use tracing::debug;
 
-use crate::progress::Progress;
+use crate::progress::{Progress, State};
 use crate::state::{CacheDir, CacheError};
 use crate::syncer::Syncer;
 use fetch::Limiter;
@@ -212,7 +213,7 @@ impl Mirror {
             return Err(MirrorError::NotADirectory(root_name));
         }
         // The status file is allocated now, so it can be written even if the disk fills.
-        let first = self.progress.snapshot("running", &self.label);
+        let first = self.progress.snapshot(State::Running, &self.label);
         let meta = self.cache.meta().to_path_buf();
         match tokio::task::spawn_blocking(move || first.write(&meta)).await {
             Ok(Ok(())) => {}
@@ -286,9 +287,9 @@ impl Mirror {
         let p = &self.progress;
         let errors = p.error_count();
         let state = if errors == 0 {
-            "complete"
+            State::Complete
         } else {
-            "incomplete"
+            State::Incomplete
         };
         let last = p.snapshot(state, &self.label);
         let cache = self.cache.clone();
@@ -326,21 +327,12 @@ pub(crate) fn remote_path(root: &Bytes, rel: &[u8]) -> Bytes {
     }
 }
 
-/// Aborts the task when dropped (the status writer ends with the run).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The status file, rewritten every second while the run goes on (on the blocking pool).
 /// Dropping it stops the rewrites, waiting for one in progress, so that no "running" lands
 /// after whatever the caller writes next (the final state, or "interrupted").
 struct StatusWriter {
     shared: Arc<StatusShared>,
-    _task: AbortOnDrop,
+    _task: AbortOnDrop<()>,
 }
 
 #[derive(Default)]
@@ -383,7 +375,7 @@ async fn status_writer(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        let s = progress.snapshot("running", &label);
+        let s = progress.snapshot(State::Running, &label);
         let (cache, shared) = (cache.clone(), shared.clone());
         let written = tokio::task::spawn_blocking(move || {
             let _one = shared.writing.lock().unwrap_or_else(|e| e.into_inner());

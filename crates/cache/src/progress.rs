@@ -1,5 +1,7 @@
-//! Progress counters of a mirror run and the status file `ferry status` reads
-//! (`DIR/.ferry/status.json`, replaced atomically about once a second).
+//! Progress counters of a mirror run ([`Progress`]) and the status `ferry status` shows
+//! ([`Status`], with its [`State`]): for a directory the file `DIR/.ferry/status.json`
+//! (replaced in place about once a second), for a mount the JSON it serves at its root;
+//! the same status is the `--metrics` page ([`Status::to_prometheus`]).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -135,14 +137,14 @@ impl Progress {
         }
     }
 
-    /// A snapshot for the status file.
     /// Shows `client`'s fault counters (retries, checksum failures, reconnects, stalls,
     /// server restarts) in the snapshots.
     pub fn attach_client(&self, client: &ferry_client::Client) {
         let _ = self.client.set(client.clone());
     }
 
-    pub fn snapshot(&self, state: &str, remote: &str) -> Status {
+    /// A snapshot for the status file, in `state`, of a run of `remote`.
+    pub fn snapshot(&self, state: State, remote: &str) -> Status {
         let faults = self.client.get().map(|c| {
             let k = c.counters();
             Faults {
@@ -163,7 +165,7 @@ impl Progress {
         let done = self.bytes_done.load(Ordering::Relaxed);
         let walk_done = self.walk_done.load(Ordering::Relaxed);
         Status {
-            state: state.to_string(),
+            state,
             pid: std::process::id(),
             remote: remote.to_string(),
             started_unix: self.started_unix,
@@ -194,11 +196,50 @@ impl Progress {
     }
 }
 
+/// The `state` of a status: where a mirror run (or a mount) is. The serde names are the
+/// values of the status JSON (`ferry status --json`), documented in docs/CONFIGURATION.md;
+/// no other value is ever written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// A mirror pass is running (or was, when its process died: `ferry status` then
+    /// reports [`State::Interrupted`]).
+    Running,
+    /// The last pass ended with the whole tree complete and verified.
+    Complete,
+    /// The last pass ended with errors; for a mount's mirror also: waiting to retry.
+    Incomplete,
+    /// The run was stopped (Ctrl-C, unmount, a dead process) before it ended; the next run
+    /// resumes.
+    Interrupted,
+    /// A mount without `--mirror`, or whose mirror has not started (or was stopped).
+    Mounted,
+}
+
+impl State {
+    /// The value as it appears in the status JSON (`"running"`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Complete => "complete",
+            State::Incomplete => "incomplete",
+            State::Interrupted => "interrupted",
+            State::Mounted => "mounted",
+        }
+    }
+}
+
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What `ferry status` shows: the state of the last or running mirror of a directory.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Status {
-    /// "running", "complete", "incomplete" (ended with errors) or "interrupted".
-    pub state: String,
+    /// Where the run (or the mount) is.
+    pub state: State,
     /// Process that wrote it.
     pub pid: u32,
     /// What is mirrored (HOST:PORT:/PATH).
@@ -435,7 +476,7 @@ impl Status {
         .gauge(
             "mirror_running",
             "1 while a mirror pass runs.",
-            f64::from(u8::from(self.state == "running")),
+            f64::from(u8::from(self.state == State::Running)),
         );
         if let Some(m) = &self.mount {
             e.counter(
@@ -468,47 +509,41 @@ impl Status {
     }
 }
 
-/// Serves `page()` as Prometheus text on `listener` (`GET /metrics`) until the task ends.
-pub async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    page: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    // A few scrapers at a time, each with 5 s for its whole request line.
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(16));
-    loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Ok((mut s, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            continue;
-        };
-        let page = page.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut buf = vec![0u8; 4096];
-            let mut n = 0;
-            let read_line = async {
-                while n < buf.len() && !buf[..n].contains(&b'\n') {
-                    match s.read(&mut buf[n..]).await {
-                        Ok(k) if k > 0 => n += k,
-                        _ => return false,
-                    }
-                }
-                true
-            };
-            if !matches!(
-                tokio::time::timeout(std::time::Duration::from_secs(5), read_line).await,
-                Ok(true)
-            ) {
-                return;
-            }
-            let text = String::from_utf8_lossy(&buf[..n]);
-            let first = text.lines().next().unwrap_or("");
-            let resp = ferry_proto::metrics::http_response(first, || page());
-            let _ = s.write_all(&resp).await;
-            let _ = s.shutdown().await;
-        });
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+    use super::*;
+
+    #[test]
+    fn states_have_the_documented_json_names() {
+        for (state, name) in [
+            (State::Running, "running"),
+            (State::Complete, "complete"),
+            (State::Incomplete, "incomplete"),
+            (State::Interrupted, "interrupted"),
+            (State::Mounted, "mounted"),
+        ] {
+            assert_eq!(
+                serde_json::to_string(&state).unwrap(),
+                format!("\"{name}\"")
+            );
+            assert_eq!(
+                serde_json::from_str::<State>(&format!("\"{name}\"")).unwrap(),
+                state
+            );
+            assert_eq!(state.to_string(), name);
+        }
+        assert!(serde_json::from_str::<State>("\"retrying\"").is_err());
+    }
+
+    #[test]
+    fn a_status_round_trips_through_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Progress::default().snapshot(State::Interrupted, "h:1");
+        s.write(dir.path()).unwrap();
+        let raw = std::fs::read_to_string(dir.path().join("status.json")).unwrap();
+        assert!(raw.contains("\"state\": \"interrupted\""), "{raw}");
+        assert_eq!(Status::read(dir.path()).unwrap(), s);
     }
 }

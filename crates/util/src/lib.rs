@@ -1,0 +1,21 @@
+//! ferry-util: the small I/O-side helpers that ferryd, the mount and the mirror share, so
+//! each is written once.
+//!
+//! - [`metrics`]: the `/metrics` HTTP serving loop (the page and the response bytes are
+//!   built by the pure `ferry_proto::metrics`; this crate only does the socket part).
+//! - [`task`]: [`AbortOnDrop`], a task that ends with its owner.
+//! - [`process`]: process set-up of the binaries ([`limit_malloc_arenas`]) and, with the
+//!   `cli` feature, [`one_line_usage_error`].
+//! - [`human`]: [`human_bytes`], sizes as people read them in logs and progress lines.
+
+pub mod human;
+pub mod metrics;
+pub mod process;
+pub mod task;
+
+pub use human::human_bytes;
+pub use metrics::serve_metrics;
+#[cfg(feature = "cli")]
+pub use process::one_line_usage_error;
+pub use process::{limit_malloc_arenas, usage_error_line};
+pub use task::AbortOnDrop;

@@ -1,0 +1,136 @@
+//! The arguments checked and turned into the library's plain config structs
+//! ([`MountConfig`], [`ClientConfig`], [`MirrorOptions`]); tests and other front ends build
+//! the same structs without clap.
+
+use std::time::Duration;
+
+use ferry_client::{ClientConfig, PrefetchConfig};
+use ferry_mount::fs::FsConfig;
+use ferry_mount::mount::MountConfig;
+use ferry_mount::target::Target;
+
+use super::args::{MirrorArgs, MountArgs, NetArgs, SecurityArgs};
+use super::mirror::MirrorOptions;
+
+/// `ferry mirror`'s arguments, checked, as the options of [`super::mirror::run`].
+///
+/// # Errors
+/// A value out of range, a bad remote, unreadable TLS or token files: one line each.
+pub fn mirror_options(a: MirrorArgs) -> anyhow::Result<MirrorOptions> {
+    let (target, client) = connection(&a.remote, &a.net, "mirror")?;
+    anyhow::ensure!((1..=4096).contains(&a.files), "--files must be 1 to 4096");
+    Ok(MirrorOptions {
+        target,
+        dir: a.dir,
+        client,
+        engine: ferry_cache::MirrorConfig {
+            files_in_flight: a.files,
+            chunk_memory: a.chunk_memory.max(1) << 20,
+            verify: !a.no_verify,
+            bwlimit: a.bwlimit,
+            ..ferry_cache::MirrorConfig::default()
+        },
+        progress: !a.quiet,
+        metrics: a.net.metrics,
+    })
+}
+
+/// The remote and the connection settings `mount` and `mirror` share, checked.
+pub fn connection(remote: &str, n: &NetArgs, what: &str) -> anyhow::Result<(Target, ClientConfig)> {
+    let (streams, chunk_kib, compression, connect_timeout) = (
+        n.streams,
+        n.chunk_size,
+        !n.no_compression,
+        n.connect_timeout,
+    );
+    let (faults, security) = (&n.faults, &n.security);
+    let target = Target::parse(remote)?;
+    anyhow::ensure!(
+        (4..=16 * 1024).contains(&chunk_kib),
+        "--chunk-size {chunk_kib} KiB is out of range: use 4 to 16384"
+    );
+    anyhow::ensure!((1..=256).contains(&streams), "--streams must be 1 to 256");
+    anyhow::ensure!(faults.timeout >= 1, "--timeout must be at least 1 second");
+    anyhow::ensure!(
+        faults.stall_timeout >= 1,
+        "--stall-timeout must be at least 1 second"
+    );
+    let client = ClientConfig {
+        streams,
+        chunk_size: chunk_kib * 1024,
+        compression,
+        connect_timeout: Duration::from_secs(connect_timeout.max(1)),
+        client_name: format!("ferry {} {what}", env!("CARGO_PKG_VERSION")),
+        request_timeout: Duration::from_secs(faults.timeout),
+        stall_timeout: Duration::from_secs(faults.stall_timeout),
+        tls: tls_client(security)?,
+        token: match &security.token_file {
+            Some(p) => {
+                let raw = std::fs::read(p).map_err(|e| {
+                    anyhow::anyhow!("--token-file {}: cannot read it: {e}", p.display())
+                })?;
+                Some(
+                    ferry_client::Token::from_file_contents(&raw)
+                        .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", p.display()))?,
+                )
+            }
+            None => None,
+        },
+        ..ClientConfig::default()
+    };
+    Ok((target, client))
+}
+
+/// The TLS configuration the security options ask for, if any.
+fn tls_client(s: &SecurityArgs) -> anyhow::Result<Option<ferry_client::TlsClient>> {
+    if !s.tls && s.ca.is_none() && s.tls_fingerprint.is_none() {
+        anyhow::ensure!(
+            s.cert.is_none(),
+            "--cert/--key are for TLS: give --ca or --tls-fingerprint too"
+        );
+        return Ok(None);
+    }
+    let fingerprint = match &s.tls_fingerprint {
+        Some(f) => Some(ferry_proto::auth::parse_fingerprint(f).map_err(|e| anyhow::anyhow!(e))?),
+        None => None,
+    };
+    let t = ferry_client::TlsClient::new(&ferry_client::TlsOptions {
+        ca: s.ca.clone(),
+        fingerprint,
+        cert: s.cert.clone(),
+        key: s.key.clone(),
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Some(t))
+}
+
+pub fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
+    let (target, client) = connection(&a.remote, &a.net, "mount")?;
+    anyhow::ensure!(
+        a.attr_timeout.is_finite() && a.attr_timeout >= 0.0,
+        "--attr-timeout must be a number of seconds ≥ 0"
+    );
+    let max_window = a.max_window.max(1) << 20;
+    Ok(MountConfig {
+        target,
+        mountpoint: a.mountpoint.clone(),
+        client,
+        fs: FsConfig {
+            attr_ttl: Duration::from_secs_f64(a.attr_timeout),
+            chunk_memory: a.chunk_memory.max(1) << 20,
+            prefetch: PrefetchConfig {
+                max_window,
+                ..PrefetchConfig::default()
+            },
+            ..FsConfig::default()
+        },
+        allow_other: a.allow_other,
+        threads: a.threads.max(1),
+        read_ahead_kb: a.read_ahead_kb,
+        cache_dir: a.cache_dir.clone(),
+        mirror: a.mirror,
+        bwlimit: a.bwlimit,
+        metrics: a.net.metrics,
+        ..MountConfig::default()
+    })
+}
