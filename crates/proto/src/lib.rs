@@ -10,6 +10,9 @@
 //! Layout:
 //! - [`frame`]: frame header, incremental decoding that tells "need more bytes" from "invalid".
 //! - [`message`]: handshake messages, requests, responses, their encode/decode.
+//! - [`handshake`]: the handshake as two sans-IO state machines, client and server.
+//! - [`preamble`]: the 8 bytes each side sends first, before TLS and frames.
+//! - [`auth`]: token proofs and certificate fingerprints.
 //! - [`attr`]: file attributes and file versions as they travel.
 //! - [`payload`]: read payloads: lz4 or raw, and the xxh3-64 checksum of the decoded bytes.
 //! - [`name`]: which names and paths a peer may send.
@@ -21,6 +24,7 @@ pub mod attr;
 pub mod auth;
 mod codec;
 pub mod frame;
+pub mod handshake;
 pub mod message;
 pub mod metrics;
 pub mod name;
@@ -30,7 +34,8 @@ pub mod status;
 
 pub use attr::{Attr, FileKind, Timestamp, Version};
 pub use codec::DecodeError;
-pub use frame::{Frame, FrameError, FRAME_HEADER_LEN};
+pub use frame::{Frame, FrameCheck, FrameError, FRAME_HEADER_LEN};
+pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
 pub use message::{
     AuthMethod, AuthOk, AuthProof, DirEntry, DirPage, FileHash, Handshake, Hello, ReadData,
     Request, Response, StatFs, Welcome,
