@@ -64,9 +64,10 @@ fn drive(
         if let Some(b) = server.take_output() {
             s2c.queue.extend_from_slice(&b);
         }
-        if c_res.is_some() && s_res.is_some() {
-            return (c_res.unwrap(), s_res.unwrap(), c2s.queue);
-        }
+        (c_res, s_res) = match (c_res, s_res) {
+            (Some(c), Some(s)) => return (c, s, c2s.queue),
+            other => other,
+        };
         if s_res.is_none() && !c2s.queue.is_empty() {
             match server.receive(&c2s.piece()) {
                 Ok(None) => {}
