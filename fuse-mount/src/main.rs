@@ -500,7 +500,7 @@ fn tls_client(s: &SecurityArgs) -> anyhow::Result<Option<ferry_client::TlsClient
         cert: s.cert.clone(),
         key: s.key.clone(),
     })
-    .map_err(|e| anyhow::anyhow!(e))?;
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(Some(t))
 }
 
