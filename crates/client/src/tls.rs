@@ -161,9 +161,7 @@ fn certs(path: &Path, flag: &'static str) -> Result<Vec<CertificateDer<'static>>
 }
 
 /// The host part of `host:port` (`[v6]:port` too), as a TLS server name.
-pub(crate) fn server_name(
-    addr: &str,
-) -> Result<rustls::pki_types::ServerName<'static>, TlsError> {
+pub(crate) fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, TlsError> {
     let host = match addr.rsplit_once(':') {
         Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
         None => addr,
@@ -206,12 +204,11 @@ impl TlsClient {
         let config = match (&opts.cert, &opts.key) {
             (Some(cert), Some(key)) => {
                 let chain = certs(cert, "--cert")?;
-                let k = PrivateKeyDer::from_pem_file(key).map_err(|source| {
-                    TlsConfigError::BadKey {
+                let k =
+                    PrivateKeyDer::from_pem_file(key).map_err(|source| TlsConfigError::BadKey {
                         path: key.clone(),
                         source,
-                    }
-                })?;
+                    })?;
                 builder.with_client_auth_cert(chain, k).map_err(|source| {
                     TlsConfigError::KeyMismatch {
                         cert: cert.clone(),

@@ -6,7 +6,9 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use ferry_proto::{features, payload, Attr, DirEntry, FileHash, Request, Response, StatFs, Version};
+use ferry_proto::{
+    features, payload, Attr, DirEntry, FileHash, Request, Response, StatFs, Version,
+};
 use tracing::warn;
 
 use super::{Chunk, Client};
