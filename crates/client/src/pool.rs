@@ -7,12 +7,14 @@
 //! the background.
 //!
 //! Layout, one stage per file:
-//! - [`handshake`]: opening a stream — TCP, preamble, TLS, then ferry-proto's handshake
-//!   machine;
-//! - [`conn`]: a connection's tasks — writer, reader, watchdog — and its pending requests;
-//! - [`schedule`]: which stream carries each request (foreground and background);
-//! - [`reconnect`]: the supervisor that re-establishes lost streams;
-//! - [`calls`]: the typed calls (`stat`, `read`, `read_dir`, ...) over [`Client::call`].
+//! - `pool/handshake.rs`: opening a stream — TCP, preamble, TLS, then ferry-proto's
+//!   handshake machine;
+//! - `pool/conn.rs`: a connection's tasks — writer, reader, watchdog — and its pending
+//!   requests;
+//! - `pool/schedule.rs`: which stream carries each request (foreground and background);
+//! - `pool/reconnect.rs`: the supervisor that re-establishes lost streams;
+//! - `pool/calls.rs`: the typed calls (`stat`, `read`, `read_dir`, ...) over
+//!   [`Client::call`].
 //!
 //! Invariant: every stream reaches the same server process with the same chunk size and
 //! features; a stream that would not is refused (at connect) or not adopted (at reconnect).
@@ -142,7 +144,7 @@ pub struct Chunk {
 ///   requests use only the first half of the streams, leaving the others to the readers,
 ///   which pick the stream with the least outstanding bytes.
 ///
-/// (See [`schedule`] for the details.)
+/// (`pool/schedule.rs` has the details.)
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
