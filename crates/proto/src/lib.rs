@@ -4,7 +4,8 @@
 //! the transport about to be used: plain TCP or TLS). After it, and after TLS if chosen,
 //! everything is a length-prefixed [`frame`]: `u32 length | u8 kind | u32 request id | body`.
 //! The first frames are the handshake ([`Hello`] → [`Welcome`], then [`AuthProof`] →
-//! [`AuthOk`] when the server asks for a token); then the client sends [`Request`]s and the
+//! [`AuthOk`] when the server asks for a token), which both sides run through the state
+//! machines in [`handshake`]; then the client sends [`Request`]s and the
 //! server answers each with a [`Response`] carrying the same request id, in any order.
 //!
 //! Layout:
@@ -17,6 +18,7 @@
 //! - [`payload`]: read payloads: lz4 or raw, and the xxh3-64 checksum of the decoded bytes.
 //! - [`name`]: which names and paths a peer may send.
 //! - [`status`]: protocol status codes (never raw errno numbers).
+//! - [`metrics`]: the Prometheus text page both binaries serve (no I/O either).
 //!
 //! `docs/PROTOCOL.md` at the repository root describes the same format byte by byte.
 
