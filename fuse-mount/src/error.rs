@@ -57,13 +57,29 @@ impl ToErrno for ClientError {
             ClientError::InvalidName(NameError::Empty | NameError::Dot | NameError::BadByte) => {
                 libc::EINVAL
             }
-            // Transport failures: the reader gets EIO, never wrong bytes.
-            ClientError::Connect { .. }
-            | ClientError::Timeout(_)
-            | ClientError::Handshake { .. }
-            | ClientError::Protocol(_)
+            // Transport failures: the reader gets EIO, never wrong bytes. Debatable: a lost
+            // server could be ETIMEDOUT or ENOTCONN, but tools treat those as odd for a
+            // file, and EIO is what network file systems (NFS hard mounts aside) report.
+            ClientError::Timeout(_)
             | ClientError::ConnectionLost
-            | ClientError::Unreachable { .. }
+            | ClientError::Unreachable { .. } => libc::EIO,
+            // Setting up a stream failed. Only `Client::connect` returns these (a failed
+            // reconnect reaches a request as `Unreachable`), so a reader should never see
+            // them. Debatable: EACCES would fit a refused token, but the reader can do
+            // nothing about it, and the log has the reason.
+            ClientError::Connect { .. }
+            | ClientError::Preamble { .. }
+            | ClientError::PreambleClosed { .. }
+            | ClientError::Tls { .. }
+            | ClientError::Handshake { .. }
+            | ClientError::HandshakeIo { .. }
+            | ClientError::NoRandom { .. }
+            | ClientError::MixedServers { .. } => libc::EIO,
+            // The server broke the protocol or sent corrupt bytes (each refetched before
+            // this): EIO rather than anything that could pass for the file's contents.
+            ClientError::Protocol(_)
+            | ClientError::Decode(_)
+            | ClientError::BadEntryName(_)
             | ClientError::Payload(_) => libc::EIO,
         }
     }

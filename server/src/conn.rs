@@ -8,6 +8,10 @@
 //! large read payloads straight from their buffers (header and data as separate writes);
 //! a response (or flush) not written within `write_timeout` closes the connection.
 //!
+//! The handshake itself (Hello checks, negotiation, the Welcome, the token proof) is
+//! [`ferry_proto::handshake::ServerHandshake`]'s; [`handshake`] only drives it over the
+//! socket, drawing the token challenge and enforcing the time limit.
+//!
 //! Anything malformed — bad magic, a frame over the limit, an undecodable message — ends
 //! this connection with a logged reason and touches nothing else.
 
@@ -17,10 +21,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ferry_proto::preamble::{self, Refusal, Transport, PREAMBLE_LEN};
+use ferry_proto::handshake::{ServerAuth, ServerHandshake, ServerParams};
+use ferry_proto::preamble::{self, PreambleError, Refusal, Transport, PREAMBLE_LEN};
 use ferry_proto::{
-    features, payload, AuthMethod, FileHash, Frame, Handshake, ReadData, Request, Response, Status,
-    Welcome, FRAME_OVERHEAD, HANDSHAKE_MAX_FRAME, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, PROTOCOL_VERSION,
+    features, payload, DecodeError, FileHash, Frame, FrameCheck, FrameError, HandshakeError,
+    ReadData, Request, Response, Status, Welcome,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -35,22 +40,30 @@ pub enum ConnError {
     /// Socket error.
     #[error("i/o: {0}")]
     Io(#[from] io::Error),
-    /// The client broke the protocol.
+    /// The client's preamble is not a ferry preamble.
     #[error("protocol violation: {0}")]
-    Protocol(String),
+    Preamble(#[source] PreambleError),
+    /// A frame's length field is invalid (too short, or over the negotiated maximum).
+    #[error("protocol violation: {0}")]
+    Frame(#[source] FrameError),
+    /// A request did not decode.
+    #[error("protocol violation: {0}")]
+    Decode(#[source] DecodeError),
+    /// The client broke the handshake (other than with a wrong token).
+    #[error("protocol violation: {0}")]
+    Handshake(#[source] HandshakeError),
+    /// The client broke the protocol in a way no lower layer reports.
+    #[error("protocol violation: {0}")]
+    Protocol(&'static str),
     /// No complete handshake within the time limit.
     #[error("handshake timed out")]
     HandshakeTimeout,
     /// The TLS handshake failed (the client's certificate, versions, a plaintext peer...).
     #[error("TLS handshake failed: {0}")]
-    Tls(String),
+    Tls(#[source] io::Error),
     /// The client's token proof was wrong.
     #[error("authentication failed: wrong token")]
     AuthFailed,
-}
-
-fn protocol(e: impl std::fmt::Display) -> ConnError {
-    ConnError::Protocol(e.to_string())
 }
 
 /// Budget units (4 KiB) one read of `len` bytes holds: the raw buffer and the worst-case
@@ -75,17 +88,20 @@ async fn read_frame<R: AsyncRead + Unpin>(
     max: u32,
 ) -> Result<Option<Frame>, ConnError> {
     loop {
-        if let Some(frame) = Frame::parse(buf, max).map_err(protocol)? {
-            return Ok(Some(frame));
-        }
-        if buf.capacity() - buf.len() < 64 * 1024 {
-            buf.reserve(256 * 1024);
-        }
+        let needed = match Frame::check(buf, max).map_err(ConnError::Frame)? {
+            FrameCheck::Complete(_) => return Frame::parse(buf, max).map_err(ConnError::Frame),
+            FrameCheck::Incomplete { needed } => needed,
+        };
+        // Room for the rest of the frame, but never more than 256 KiB ahead of what the
+        // client has sent: an announced length costs nothing until the bytes come.
+        buf.reserve(needed.clamp(64 * 1024, 256 * 1024));
         if rd.read_buf(buf).await? == 0 {
             if buf.is_empty() {
                 return Ok(None);
             }
-            return Err(protocol("connection closed in the middle of a frame"));
+            return Err(ConnError::Protocol(
+                "connection closed in the middle of a frame",
+            ));
         }
     }
 }
@@ -106,13 +122,13 @@ pub(crate) async fn serve_tcp(
         Some(Transport::Plain) => serve(tcp, shared, deadline).await,
         Some(Transport::Tls) => {
             let Some(tls) = shared.config.tls.clone() else {
-                return Err(protocol("TLS accepted without a configuration"));
+                return Err(ConnError::Protocol("TLS accepted without a configuration"));
             };
             let stream =
                 tokio::time::timeout_at(deadline, tokio_rustls::TlsAcceptor::from(tls).accept(tcp))
                     .await
                     .map_err(|_| ConnError::HandshakeTimeout)?
-                    .map_err(|e| ConnError::Tls(e.to_string()))?;
+                    .map_err(ConnError::Tls)?;
             serve(stream, shared, deadline).await
         }
     }
@@ -127,7 +143,7 @@ async fn answer_preamble(
     let mut pre = [0u8; PREAMBLE_LEN];
     tcp.read_exact(&mut pre).await?;
     let tls = shared.config.tls.is_some();
-    let answer = match preamble::parse_client_preamble(&pre).map_err(protocol)? {
+    let answer = match preamble::parse_client_preamble(&pre).map_err(ConnError::Preamble)? {
         Ok(Transport::Plain) if tls => Err(Refusal::TlsRequired),
         Ok(Transport::Tls) if !tls => Err(Refusal::TlsUnavailable),
         other => other,
@@ -184,7 +200,7 @@ where
                 writer_ended = true;
                 break match w {
                     Ok(Err(e)) => Err(ConnError::Io(e)),
-                    _ => Err(protocol("response writer ended")),
+                    _ => Err(ConnError::Protocol("response writer ended")),
                 };
             }
         };
@@ -203,11 +219,13 @@ where
         };
         let id = frame.request_id;
         if id == 0 {
-            break Err(protocol("request id 0 is reserved for the handshake"));
+            break Err(ConnError::Protocol(
+                "request id 0 is reserved for the handshake",
+            ));
         }
         let request = match Request::decode(frame) {
             Ok(r) => r,
-            Err(e) => break Err(protocol(e)),
+            Err(e) => break Err(ConnError::Decode(e)),
         };
         let permit = match inflight.clone().acquire_owned().await {
             Ok(p) => p,
@@ -305,8 +323,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     w.shutdown().await
 }
 
-/// Hello/Welcome, and the token proof when the server has a token. `Ok(None)`: refused
-/// politely, close.
+/// Drives the handshake machine: Hello/Welcome, and the token proof when the server has a
+/// token. `Ok(None)`: the client left, or was refused politely (it was told why); close.
+/// Bytes the client pipelined behind its handshake are left in `buf`.
 async fn handshake<R, W>(
     rd: &mut R,
     wr: &mut W,
@@ -317,78 +336,58 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let Some(frame) = read_frame(rd, buf, HANDSHAKE_MAX_FRAME).await? else {
-        return Ok(None);
-    };
-    let hello = match Handshake::decode(frame).map_err(protocol)? {
-        Handshake::Hello(h) => h,
-        other => return Err(protocol(format!("expected Hello, got {other:?}"))),
-    };
     let cfg = &shared.config;
-    let chunk_size = hello.chunk_size.min(cfg.chunk_size);
-    let mut out = BytesMut::new();
-    if hello.version == 0 || !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&chunk_size) {
-        Handshake::Failed {
-            status: Status::Unsupported,
-            message: format!(
-                "unsupported version {} or chunk size {} (server speaks version {PROTOCOL_VERSION}, chunk sizes {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE})",
-                hello.version, hello.chunk_size
-            ),
+    let auth = match &cfg.token {
+        Some(token) => {
+            let mut challenge = [0u8; 32];
+            rustix::rand::getrandom(&mut challenge, rustix::rand::GetRandomFlags::empty())
+                .map_err(io::Error::from)?;
+            Some(ServerAuth {
+                token: token.clone(),
+                challenge,
+            })
         }
-        .encode(&mut out);
-        wr.write_all(&out).await?;
-        return Ok(None);
-    }
-    let welcome = Welcome {
-        version: hello.version.min(PROTOCOL_VERSION),
-        features: hello.features & features::ALL,
-        chunk_size,
-        max_frame: chunk_size + FRAME_OVERHEAD,
+        None => None,
+    };
+    let mut machine = ServerHandshake::new(ServerParams {
+        chunk_size: cfg.chunk_size,
         max_inflight: cfg.max_inflight,
         instance_id: shared.instance_id,
-        auth: match &cfg.token {
-            Some(_) => {
-                let mut challenge = [0u8; 32];
-                rustix::rand::getrandom(&mut challenge, rustix::rand::GetRandomFlags::empty())
-                    .map_err(io::Error::from)?;
-                AuthMethod::Token { challenge }
-            }
-            None => AuthMethod::None,
-        },
-    };
-    debug!(client = %hello.client_name, chunk_size, "handshake");
-    Handshake::Welcome(welcome.clone()).encode(&mut out);
-    wr.write_all(&out).await?;
-    wr.flush().await?;
-    if let (AuthMethod::Token { challenge }, Some(token)) = (&welcome.auth, &cfg.token) {
-        let Some(frame) = read_frame(rd, buf, HANDSHAKE_MAX_FRAME).await? else {
-            return Ok(None);
+        auth,
+    });
+    loop {
+        buf.reserve(16 * 1024);
+        let step = if rd.read_buf(buf).await? == 0 {
+            Err(machine.closed())
+        } else {
+            let step = machine.receive(buf);
+            buf.clear();
+            step
         };
-        let proof = match Handshake::decode(frame).map_err(protocol)? {
-            Handshake::AuthProof(p) => p,
-            other => return Err(protocol(format!("expected AuthProof, got {other:?}"))),
-        };
-        let key = token.key();
-        let mut out = BytesMut::new();
-        let want = ferry_proto::auth::client_proof(key, challenge, &proof.client_nonce);
-        if !ferry_proto::auth::same(&want, &proof.proof) {
-            Handshake::Failed {
-                status: Status::AuthFailed,
-                message: "wrong token: the client's --token-file does not match ferryd's".into(),
-            }
-            .encode(&mut out);
+        // The Welcome, the AuthOk, or the Failed message telling the client why not.
+        if let Some(out) = machine.take_output() {
             wr.write_all(&out).await?;
             wr.flush().await?;
-            return Err(ConnError::AuthFailed);
         }
-        Handshake::AuthOk(ferry_proto::AuthOk {
-            server_proof: ferry_proto::auth::server_proof(key, challenge, &proof.client_nonce),
-        })
-        .encode(&mut out);
-        wr.write_all(&out).await?;
-        wr.flush().await?;
+        match step {
+            Ok(None) => {}
+            Ok(Some(accepted)) => {
+                debug!(
+                    client = %accepted.client_name,
+                    chunk_size = accepted.welcome.chunk_size,
+                    "handshake"
+                );
+                *buf = accepted.leftover;
+                return Ok(Some(accepted.welcome));
+            }
+            Err(
+                HandshakeError::Unsupported { .. }
+                | HandshakeError::ClientClosed { mid_frame: false },
+            ) => return Ok(None),
+            Err(HandshakeError::WrongToken) => return Err(ConnError::AuthFailed),
+            Err(e) => return Err(ConnError::Handshake(e)),
+        }
     }
-    Ok(Some(welcome))
 }
 
 fn error_response(e: OpError) -> Response {

@@ -1,39 +1,112 @@
-//! Client errors.
+//! Client errors: [`ClientError`], everything that can go wrong talking to a server.
+//!
+//! Errors are `Clone` (a single-flight fetch hands one failure to every waiter), so the
+//! I/O errors they keep as sources are shared behind an `Arc`. Each message is one line
+//! that already includes its source's text: callers print it with `{}`.
 
-use ferry_proto::{PayloadError, Status};
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_proto::name::NameError;
+use ferry_proto::preamble::PreambleError;
+use ferry_proto::{DecodeError, HandshakeError, PayloadError, Status, Welcome};
+
+use crate::tls::TlsError;
 
 /// Everything that can go wrong talking to a server.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
     /// TCP connect failed (refused, unreachable, bad address).
-    #[error("cannot connect to {addr}: {reason}")]
+    #[error("cannot connect to {addr}: {source}")]
     Connect {
         /// Address tried.
         addr: String,
-        /// OS reason.
-        reason: String,
+        /// The operating system's reason.
+        #[source]
+        source: Arc<io::Error>,
     },
     /// The server did not answer in time.
     #[error("timed out after {0:?} waiting for the server")]
-    Timeout(std::time::Duration),
-    /// The peer's preamble or handshake was not what ferry expects, or it refused us.
-    #[error("handshake with {addr} failed: {reason}")]
+    Timeout(Duration),
+    /// The server's preamble was not what ferry expects, or it refused ours.
+    #[error("handshake with {addr} failed: {source}")]
+    Preamble {
+        /// Address.
+        addr: String,
+        /// What was wrong.
+        #[source]
+        source: PreambleError,
+    },
+    /// The server closed the connection (or it failed) before its preamble arrived.
+    #[error("handshake with {addr} failed: the server closed the connection during the preamble ({source}); is it a ferryd?")]
+    PreambleClosed {
+        /// Address.
+        addr: String,
+        /// The read's error.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// TLS could not be set up with the server.
+    #[error("handshake with {addr} failed: {source}")]
+    Tls {
+        /// Address.
+        addr: String,
+        /// Why, explained.
+        #[source]
+        source: TlsError,
+    },
+    /// The Hello/Welcome exchange or the token proofs failed.
+    #[error("handshake with {addr} failed: {source}")]
     Handshake {
         /// Address.
         addr: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: HandshakeError,
+    },
+    /// Sending or receiving failed during the preamble or the handshake.
+    #[error("handshake with {addr} failed: {source}")]
+    HandshakeIo {
+        /// Address.
+        addr: String,
+        /// The socket's error.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// No random numbers for the token proof's nonce.
+    #[error("handshake with {addr} failed: no random numbers for the token proof")]
+    NoRandom {
+        /// Address.
+        addr: String,
+    },
+    /// The pool's streams reached different server processes or settings (a load balancer
+    /// in front of several ferryd would break chunk consistency).
+    #[error("handshake with {addr} failed: streams reached different server instances or settings ({first:?} vs {other:?})")]
+    MixedServers {
+        /// Address.
+        addr: String,
+        /// The first stream's session.
+        first: Box<Welcome>,
+        /// A stream that differs.
+        other: Box<Welcome>,
     },
     /// The server sent something that breaks the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// A response frame did not decode.
+    #[error("protocol error: undecodable response: {0}")]
+    Decode(#[source] DecodeError),
+    /// The server sent a directory entry name no file can have (`..`, containing `/`...).
+    #[error("protocol error: server sent entry name: {0}")]
+    BadEntryName(#[source] NameError),
     /// No stream could reach the server for the whole request timeout.
     #[error("cannot reach ferryd at {addr}: no connection for {} s (still trying to reconnect)", waited.as_secs())]
     Unreachable {
         /// Address.
         addr: String,
         /// How long the request waited.
-        waited: std::time::Duration,
+        waited: Duration,
     },
     /// The connection carrying the request closed before the answer arrived.
     #[error("connection to the server was lost")]
@@ -51,7 +124,7 @@ pub enum ClientError {
     Payload(#[from] PayloadError),
     /// A name or path cannot be sent (e.g. `..` or containing NUL).
     #[error("invalid name: {0}")]
-    InvalidName(#[from] ferry_proto::name::NameError),
+    InvalidName(#[from] NameError),
 }
 
 impl ClientError {
@@ -69,7 +142,23 @@ impl ClientError {
         match self {
             ClientError::Payload(_) | ClientError::ConnectionLost | ClientError::Timeout(_) => true,
             ClientError::Remote { status, .. } => *status == Status::Busy,
-            _ => false,
+            // Setting up a connection failed: the pool already retries reconnects itself,
+            // and a request only sees these from `Client::connect`.
+            ClientError::Connect { .. }
+            | ClientError::Preamble { .. }
+            | ClientError::PreambleClosed { .. }
+            | ClientError::Tls { .. }
+            | ClientError::Handshake { .. }
+            | ClientError::HandshakeIo { .. }
+            | ClientError::NoRandom { .. }
+            | ClientError::MixedServers { .. } => false,
+            // The server broke the protocol: asking again gets the same answer.
+            ClientError::Protocol(_) | ClientError::Decode(_) | ClientError::BadEntryName(_) => {
+                false
+            }
+            // Already waited the whole request timeout for a connection.
+            ClientError::Unreachable { .. } => false,
+            ClientError::InvalidName(_) => false,
         }
     }
 }

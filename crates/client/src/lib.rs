@@ -3,12 +3,16 @@
 //! - [`pool`]: [`Client`], a pool of connections. Each connection pipelines many requests
 //!   (a writer task batches frames, a reader task matches responses to waiting callers by
 //!   request id); each call goes to the least-loaded stream, so one big file's chunks are
-//!   spread over all streams.
+//!   spread over all streams. Its stages: opening a stream (`pool/handshake.rs`, driving
+//!   ferry-proto's handshake machine), a connection's tasks (`pool/conn.rs`), stream choice
+//!   (`pool/schedule.rs`), reconnects (`pool/reconnect.rs`), the typed calls
+//!   (`pool/calls.rs`).
 //! - [`chunks`]: [`ChunkStore`], an in-memory, single-flight chunk cache: a chunk wanted
 //!   by several readers (or by a reader and the prefetcher) is fetched once; its memory is
 //!   budgeted and least-recently-used chunks are evicted.
 //! - [`prefetch`]: [`Prefetcher`], the per-reader read-ahead policy: a window that doubles
 //!   while the reader stays sequential, and nothing extra for random readers.
+//! - [`tls`]: TLS options ([`TlsClient`]) and the explanation of TLS failures.
 //! - [`error`]: [`ClientError`], everything that can go wrong talking to a server.
 //!
 //! Nothing here knows about FUSE: the mount and the (later) mirror both build on it.
@@ -23,4 +27,4 @@ pub use chunks::{ChunkBacking, ChunkStats, ChunkStore, FileKey};
 pub use error::ClientError;
 pub use pool::{Chunk, Client, ClientConfig, SessionInfo};
 pub use prefetch::{PrefetchConfig, Prefetcher};
-pub use tls::{TlsClient, TlsOptions, Token};
+pub use tls::{TlsClient, TlsConfigError, TlsError, TlsOptions, Token};

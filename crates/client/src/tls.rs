@@ -1,7 +1,12 @@
 //! TLS for the client: verifying the server against a CA file or a pinned certificate
 //! fingerprint, and an optional client certificate for mutual TLS.
+//!
+//! [`TlsClient::new`] turns the options into a rustls configuration, failing with a
+//! [`TlsConfigError`] that names the option at fault. At connect time a [`TlsError`]
+//! explains a failed TLS handshake in one line (an expired certificate, an unknown CA, a
+//! pin that does not match, a client certificate the server wants).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -39,18 +44,132 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn certs(path: &PathBuf, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+/// Why the TLS options cannot make a configuration; each names the option at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    /// The crypto provider offers no usable protocol versions.
+    #[error("{0}")]
+    Provider(#[source] rustls::Error),
+    /// A certificate file cannot be read.
+    #[error("{flag} {}: cannot read it: {source}", path.display())]
+    Unreadable {
+        /// The option (`--ca`, `--cert`).
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    /// A certificate file is not PEM.
+    #[error("{flag} {}: not a PEM certificate file: {source}", path.display())]
+    NotPem {
+        /// The option (`--ca`, `--cert`).
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    /// A certificate file holds no certificate.
+    #[error("{flag} {}: no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)", path.display())]
+    NoCertificate {
+        /// The option (`--ca`, `--cert`).
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+    },
+    /// A `--ca` certificate cannot serve as a trust anchor.
+    #[error("--ca {}: not a usable CA certificate: {source}", path.display())]
+    BadCa {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: rustls::Error,
+    },
+    /// Both `--ca` and `--tls-fingerprint`.
+    #[error("give either --ca or --tls-fingerprint, not both")]
+    CaAndFingerprint,
+    /// Neither `--ca` nor `--tls-fingerprint`: nothing to check the server against.
+    #[error("--tls needs a way to check the server: --ca FILE (its CA) or --tls-fingerprint SHA256:… (as `ferryd gen-cert` printed)")]
+    NoVerifier,
+    /// The `--key` file holds no usable key.
+    #[error("--key {}: no usable private key: {source}", path.display())]
+    BadKey {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    /// The key is not the certificate's.
+    #[error("--key {} does not go with --cert {}: {source}", key.display(), cert.display())]
+    KeyMismatch {
+        /// The `--cert` file.
+        cert: PathBuf,
+        /// The `--key` file.
+        key: PathBuf,
+        /// Why.
+        #[source]
+        source: rustls::Error,
+    },
+    /// Only one of `--cert` and `--key`.
+    #[error("--cert and --key go together")]
+    CertWithoutKey,
+}
+
+/// Why TLS with the server failed, in one line.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TlsError {
+    /// The address's host cannot be matched against a certificate.
+    #[error("{host} cannot be checked against a certificate: {source}")]
+    ServerName {
+        /// The host part of the address.
+        host: String,
+        /// rustls's reason.
+        #[source]
+        source: Arc<rustls::pki_types::InvalidDnsNameError>,
+    },
+    /// The TLS handshake failed, or the server ended it with an alert (TLS 1.3 reports a
+    /// refused client certificate only when the first frame is read).
+    #[error("{}", explain(.0))]
+    Handshake(#[source] Arc<std::io::Error>),
+}
+
+fn certs(path: &Path, flag: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsConfigError> {
     let v: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{what} {}: cannot read it: {e}", path.display()))?
+        .map_err(|source| TlsConfigError::Unreadable {
+            flag,
+            path: path.to_path_buf(),
+            source,
+        })?
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{what} {}: not a PEM certificate file: {e}", path.display()))?;
+        .map_err(|source| TlsConfigError::NotPem {
+            flag,
+            path: path.to_path_buf(),
+            source,
+        })?;
     if v.is_empty() {
-        return Err(format!(
-            "{what} {}: no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)",
-            path.display()
-        ));
+        return Err(TlsConfigError::NoCertificate {
+            flag,
+            path: path.to_path_buf(),
+        });
     }
     Ok(v)
+}
+
+/// The host part of `host:port` (`[v6]:port` too), as a TLS server name.
+pub(crate) fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, TlsError> {
+    let host = match addr.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+        None => addr,
+    };
+    rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| TlsError::ServerName {
+        host: host.to_string(),
+        source: Arc::new(e),
+    })
 }
 
 impl TlsClient {
@@ -58,16 +177,17 @@ impl TlsClient {
     ///
     /// # Errors
     /// Neither a CA nor a fingerprint; unreadable files; a key that does not match.
-    pub fn new(opts: &TlsOptions) -> Result<TlsClient, String> {
+    pub fn new(opts: &TlsOptions) -> Result<TlsClient, TlsConfigError> {
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?;
+            .map_err(TlsConfigError::Provider)?;
         let builder = match (&opts.ca, opts.fingerprint) {
             (Some(ca), None) => {
                 let mut roots = rustls::RootCertStore::empty();
                 for c in certs(ca, "--ca")? {
-                    roots.add(c).map_err(|e| {
-                        format!("--ca {}: not a usable CA certificate: {e}", ca.display())
+                    roots.add(c).map_err(|source| TlsConfigError::BadCa {
+                        path: ca.clone(),
+                        source,
                     })?;
                 }
                 builder.with_root_certificates(roots)
@@ -78,31 +198,27 @@ impl TlsClient {
                     pin,
                     provider: provider(),
                 })),
-            (Some(_), Some(_)) => {
-                return Err("give either --ca or --tls-fingerprint, not both".into())
-            }
-            (None, None) => {
-                return Err(
-                    "--tls needs a way to check the server: --ca FILE (its CA) or --tls-fingerprint SHA256:… (as `ferryd gen-cert` printed)"
-                        .into(),
-                )
-            }
+            (Some(_), Some(_)) => return Err(TlsConfigError::CaAndFingerprint),
+            (None, None) => return Err(TlsConfigError::NoVerifier),
         };
         let config = match (&opts.cert, &opts.key) {
             (Some(cert), Some(key)) => {
                 let chain = certs(cert, "--cert")?;
-                let k = PrivateKeyDer::from_pem_file(key)
-                    .map_err(|e| format!("--key {}: no usable private key: {e}", key.display()))?;
-                builder.with_client_auth_cert(chain, k).map_err(|e| {
-                    format!(
-                        "--key {} does not go with --cert {}: {e}",
-                        key.display(),
-                        cert.display()
-                    )
+                let k =
+                    PrivateKeyDer::from_pem_file(key).map_err(|source| TlsConfigError::BadKey {
+                        path: key.clone(),
+                        source,
+                    })?;
+                builder.with_client_auth_cert(chain, k).map_err(|source| {
+                    TlsConfigError::KeyMismatch {
+                        cert: cert.clone(),
+                        key: key.clone(),
+                        source,
+                    }
                 })?
             }
             (None, None) => builder.with_no_client_auth(),
-            _ => return Err("--cert and --key go together".into()),
+            (Some(_), None) | (None, Some(_)) => return Err(TlsConfigError::CertWithoutKey),
         };
         Ok(TlsClient {
             config: Arc::new(config),
@@ -174,7 +290,7 @@ impl ServerCertVerifier for Pinned {
 }
 
 /// One line for a failed TLS handshake.
-pub(crate) fn explain(e: &std::io::Error) -> String {
+fn explain(e: &std::io::Error) -> String {
     use rustls::CertificateError as C;
     let Some(r) = e.get_ref().and_then(|x| x.downcast_ref::<rustls::Error>()) else {
         return format!("TLS handshake failed: {e}");

@@ -46,17 +46,38 @@ pub fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Fewest bytes a token may have (shorter ones are too easy to guess).
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// A token file whose contents cannot be a token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Fewer than [`MIN_TOKEN_LEN`] bytes once whitespace is removed.
+    #[error("the token is {len} bytes long: use at least 16 (e.g. `head -c 32 /dev/urandom | base64 > FILE`)")]
+    TooShort {
+        /// Its length.
+        len: usize,
+    },
+}
+
+/// A `--tls-fingerprint` value that is not `SHA256:<base64 of 32 bytes>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--tls-fingerprint {input}: expected SHA256:<base64 of 32 bytes>, as `ferryd gen-cert` prints"
+)]
+pub struct FingerprintError {
+    /// The value given.
+    pub input: String,
+}
+
 /// The token in a token file's contents: surrounding whitespace removed.
 ///
 /// # Errors
-/// Fewer than 16 bytes remain (too easy to guess).
-pub fn token_from_file_contents(contents: &[u8]) -> Result<Vec<u8>, String> {
+/// Fewer than [`MIN_TOKEN_LEN`] bytes remain.
+pub fn token_from_file_contents(contents: &[u8]) -> Result<Vec<u8>, TokenError> {
     let t = contents.trim_ascii();
-    if t.len() < 16 {
-        return Err(format!(
-            "the token is {} bytes long: use at least 16 (e.g. `head -c 32 /dev/urandom | base64 > FILE`)",
-            t.len()
-        ));
+    if t.len() < MIN_TOKEN_LEN {
+        return Err(TokenError::TooShort { len: t.len() });
     }
     Ok(t.to_vec())
 }
@@ -70,7 +91,7 @@ impl Token {
     ///
     /// # Errors
     /// Too short.
-    pub fn from_file_contents(contents: &[u8]) -> Result<Token, String> {
+    pub fn from_file_contents(contents: &[u8]) -> Result<Token, TokenError> {
         Ok(Token(token_key(&token_from_file_contents(contents)?)))
     }
 
@@ -98,11 +119,9 @@ pub fn fingerprint(der: &[u8]) -> String {
 ///
 /// # Errors
 /// Anything else, with a one-line explanation.
-pub fn parse_fingerprint(s: &str) -> Result<[u8; 32], String> {
-    let bad = || {
-        format!(
-            "--tls-fingerprint {s}: expected SHA256:<base64 of 32 bytes>, as `ferryd gen-cert` prints"
-        )
+pub fn parse_fingerprint(s: &str) -> Result<[u8; 32], FingerprintError> {
+    let bad = || FingerprintError {
+        input: s.to_string(),
     };
     let b64 = s.trim().strip_prefix("SHA256:").ok_or_else(bad)?;
     let raw = base64::engine::general_purpose::STANDARD
@@ -143,6 +162,7 @@ mod tests {
         assert_eq!(parse_fingerprint(&f).unwrap(), sha256(b"certificate"));
         assert!(parse_fingerprint("SHA1:abc")
             .unwrap_err()
+            .to_string()
             .contains("expected SHA256:"));
         assert!(parse_fingerprint("SHA256:AAAA").is_err());
     }

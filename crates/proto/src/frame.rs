@@ -1,9 +1,10 @@
 //! Framing: `u32 length | u8 kind | u32 request id | body`, big-endian, where `length`
 //! counts everything after itself (so it is at least 5).
 //!
-//! [`Frame::parse`] looks at buffered bytes and answers "complete frame", "need more
-//! bytes" or "invalid" without allocating: a header announcing more than the negotiated
-//! maximum is an error before a single byte of body is buffered.
+//! [`Frame::check`] looks at buffered bytes and answers "complete frame of n bytes", "need
+//! at least n more bytes" or "invalid" without allocating: a header announcing more than the
+//! negotiated maximum is an error before a single byte of body is buffered.
+//! [`Frame::parse`] then splits a complete frame off the buffer.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -37,12 +38,31 @@ pub enum FrameError {
     },
 }
 
+/// What [`Frame::check`] found at the front of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameCheck {
+    /// A complete frame of this many bytes (length field included) is buffered.
+    Complete(usize),
+    /// Not yet: at least `needed` more bytes must be read. Once the length field is
+    /// buffered, `needed` is exact, so `buffered + needed` is the whole frame's size;
+    /// before that it only completes the length field.
+    Incomplete {
+        /// Bytes still missing.
+        needed: usize,
+    },
+}
+
 impl Frame {
-    /// Checks the front of `buf`. `Ok(None)`: incomplete, read more (at most `max_len`
-    /// bytes will ever be needed). `Ok(Some(n))`: a complete frame of `n` bytes is buffered.
-    pub fn check(buf: &[u8], max_len: u32) -> Result<Option<usize>, FrameError> {
+    /// Checks the front of `buf` against the frame limit `max_len` (largest length field
+    /// accepted).
+    ///
+    /// # Errors
+    /// The length field is invalid: reading more can never make this a frame.
+    pub fn check(buf: &[u8], max_len: u32) -> Result<FrameCheck, FrameError> {
         if buf.len() < 4 {
-            return Ok(None);
+            return Ok(FrameCheck::Incomplete {
+                needed: 4 - buf.len(),
+            });
         }
         let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
         if len < (FRAME_HEADER_LEN - 4) as u32 {
@@ -52,12 +72,18 @@ impl Frame {
             return Err(FrameError::TooLarge { len, max: max_len });
         }
         let total = 4 + len as usize;
-        Ok((buf.len() >= total).then_some(total))
+        Ok(match total.checked_sub(buf.len()) {
+            Some(needed) if needed > 0 => FrameCheck::Incomplete { needed },
+            _ => FrameCheck::Complete(total),
+        })
     }
 
     /// Splits one complete frame off the front of `buf`, if there is one.
+    ///
+    /// # Errors
+    /// As [`Frame::check`].
     pub fn parse(buf: &mut BytesMut, max_len: u32) -> Result<Option<Frame>, FrameError> {
-        let Some(total) = Frame::check(buf, max_len)? else {
+        let FrameCheck::Complete(total) = Frame::check(buf, max_len)? else {
             return Ok(None);
         };
         let mut bytes = buf.split_to(total).freeze();
@@ -88,11 +114,31 @@ mod tests {
         let mut b = BytesMut::new();
         Frame::put_header(&mut b, 7, 42, 3);
         b.put_slice(b"ab");
+        assert_eq!(
+            Frame::check(&b, 1024),
+            Ok(FrameCheck::Incomplete { needed: 1 })
+        );
         assert_eq!(Frame::parse(&mut b, 1024), Ok(None));
         b.put_slice(b"c");
         let f = Frame::parse(&mut b, 1024).unwrap().unwrap();
         assert_eq!((f.kind, f.request_id, &f.body[..]), (7, 42, &b"abc"[..]));
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn needed_completes_the_length_field_then_the_frame() {
+        assert_eq!(
+            Frame::check(&[0, 0], 1024),
+            Ok(FrameCheck::Incomplete { needed: 2 })
+        );
+        assert_eq!(
+            Frame::check(&[0, 0, 0, 5, 1], 1024),
+            Ok(FrameCheck::Incomplete { needed: 4 })
+        );
+        assert_eq!(
+            Frame::check(&[0, 0, 0, 5, 1, 0, 0, 0, 0, 9], 1024),
+            Ok(FrameCheck::Complete(9))
+        );
     }
 
     #[test]

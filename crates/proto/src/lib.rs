@@ -4,16 +4,21 @@
 //! the transport about to be used: plain TCP or TLS). After it, and after TLS if chosen,
 //! everything is a length-prefixed [`frame`]: `u32 length | u8 kind | u32 request id | body`.
 //! The first frames are the handshake ([`Hello`] → [`Welcome`], then [`AuthProof`] →
-//! [`AuthOk`] when the server asks for a token); then the client sends [`Request`]s and the
+//! [`AuthOk`] when the server asks for a token), which both sides run through the state
+//! machines in [`handshake`]; then the client sends [`Request`]s and the
 //! server answers each with a [`Response`] carrying the same request id, in any order.
 //!
 //! Layout:
 //! - [`frame`]: frame header, incremental decoding that tells "need more bytes" from "invalid".
 //! - [`message`]: handshake messages, requests, responses, their encode/decode.
+//! - [`handshake`]: the handshake as two sans-IO state machines, client and server.
+//! - [`preamble`]: the 8 bytes each side sends first, before TLS and frames.
+//! - [`auth`]: token proofs and certificate fingerprints.
 //! - [`attr`]: file attributes and file versions as they travel.
 //! - [`payload`]: read payloads: lz4 or raw, and the xxh3-64 checksum of the decoded bytes.
 //! - [`name`]: which names and paths a peer may send.
 //! - [`status`]: protocol status codes (never raw errno numbers).
+//! - [`metrics`]: the Prometheus text page both binaries serve (no I/O either).
 //!
 //! `docs/PROTOCOL.md` at the repository root describes the same format byte by byte.
 
@@ -21,6 +26,7 @@ pub mod attr;
 pub mod auth;
 mod codec;
 pub mod frame;
+pub mod handshake;
 pub mod message;
 pub mod metrics;
 pub mod name;
@@ -30,7 +36,8 @@ pub mod status;
 
 pub use attr::{Attr, FileKind, Timestamp, Version};
 pub use codec::DecodeError;
-pub use frame::{Frame, FrameError, FRAME_HEADER_LEN};
+pub use frame::{Frame, FrameCheck, FrameError, FRAME_HEADER_LEN};
+pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
 pub use message::{
     AuthMethod, AuthOk, AuthProof, DirEntry, DirPage, FileHash, Handshake, Hello, ReadData,
     Request, Response, StatFs, Welcome,

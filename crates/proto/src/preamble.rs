@@ -82,6 +82,14 @@ pub enum PreambleError {
     /// The server refused the connection; the text says why and what to do.
     #[error("server refused the connection: {0}")]
     Refused(Refusal),
+    /// The server accepted another transport than the one the client asked for.
+    #[error("server answered with transport {answered:?}, asked for {asked:?}")]
+    TransportMismatch {
+        /// What the client asked for.
+        asked: Transport,
+        /// What the server's preamble says.
+        answered: Transport,
+    },
 }
 
 /// The client's preamble.
@@ -131,8 +139,14 @@ pub fn parse_client_preamble(
         .ok_or(PreambleError::BadTransport(bytes[6]))
 }
 
-/// Client side: parse the server's answer.
-pub fn parse_server_preamble(bytes: &[u8; PREAMBLE_LEN]) -> Result<Transport, PreambleError> {
+/// Client side: parse the server's answer to a preamble that asked for `asked`.
+///
+/// # Errors
+/// Not a ferry preamble, a refusal, or acceptance of another transport than asked.
+pub fn parse_server_preamble(
+    bytes: &[u8; PREAMBLE_LEN],
+    asked: Transport,
+) -> Result<Transport, PreambleError> {
     check_magic(bytes)?;
     if bytes[6] == 0xff {
         let refusal = match bytes[7] {
@@ -142,7 +156,11 @@ pub fn parse_server_preamble(bytes: &[u8; PREAMBLE_LEN]) -> Result<Transport, Pr
         };
         return Err(PreambleError::Refused(refusal));
     }
-    Transport::from_byte(bytes[6]).ok_or(PreambleError::BadTransport(bytes[6]))
+    let answered = Transport::from_byte(bytes[6]).ok_or(PreambleError::BadTransport(bytes[6]))?;
+    if answered != asked {
+        return Err(PreambleError::TransportMismatch { asked, answered });
+    }
+    Ok(answered)
 }
 
 #[cfg(test)]
@@ -153,7 +171,7 @@ mod tests {
     fn round_trip() {
         for t in [Transport::Plain, Transport::Tls] {
             assert_eq!(parse_client_preamble(&client_preamble(t)), Ok(Ok(t)));
-            assert_eq!(parse_server_preamble(&server_preamble(Ok(t))), Ok(t));
+            assert_eq!(parse_server_preamble(&server_preamble(Ok(t)), t), Ok(t));
         }
         for r in [
             Refusal::TlsRequired,
@@ -161,10 +179,17 @@ mod tests {
             Refusal::VersionUnsupported,
         ] {
             assert_eq!(
-                parse_server_preamble(&server_preamble(Err(r))),
+                parse_server_preamble(&server_preamble(Err(r)), Transport::Tls),
                 Err(PreambleError::Refused(r))
             );
         }
+        assert_eq!(
+            parse_server_preamble(&server_preamble(Ok(Transport::Plain)), Transport::Tls),
+            Err(PreambleError::TransportMismatch {
+                asked: Transport::Tls,
+                answered: Transport::Plain
+            })
+        );
     }
 
     #[test]

@@ -91,7 +91,9 @@ fn tls_client(s: &SecurityArgs) -> anyhow::Result<Option<ferry_client::TlsClient
         return Ok(None);
     }
     let fingerprint = match &s.tls_fingerprint {
-        Some(f) => Some(ferry_proto::auth::parse_fingerprint(f).map_err(|e| anyhow::anyhow!(e))?),
+        Some(f) => {
+            Some(ferry_proto::auth::parse_fingerprint(f).map_err(|e| anyhow::anyhow!("{e}"))?)
+        }
         None => None,
     };
     let t = ferry_client::TlsClient::new(&ferry_client::TlsOptions {
@@ -100,7 +102,7 @@ fn tls_client(s: &SecurityArgs) -> anyhow::Result<Option<ferry_client::TlsClient
         cert: s.cert.clone(),
         key: s.key.clone(),
     })
-    .map_err(|e| anyhow::anyhow!(e))?;
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(Some(t))
 }
 

@@ -1,0 +1,198 @@
+//! The typed calls: one method per request kind, each checking that the answer is the
+//! kind asked for. Reads decode and verify their payload (a checksum failure is fetched
+//! again, up to three times); directory listings are fetched page by page and their
+//! entry names validated.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use ferry_proto::{
+    features, payload, Attr, DirEntry, FileHash, Request, Response, StatFs, Version,
+};
+use tracing::warn;
+
+use super::{Chunk, Client};
+use crate::error::ClientError;
+
+impl Client {
+    /// Attributes of `path` (not following a final symlink).
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn stat(&self, path: Bytes) -> Result<Attr, ClientError> {
+        match self.call(Request::Stat { path }).await? {
+            Response::Attr(a) => Ok(a),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// BLAKE3 of the whole regular file at `path`, with the version it was computed over.
+    ///
+    /// # Errors
+    /// As [`Client::call`]; [`ClientError::Protocol`] if the server lacks the HASH feature.
+    pub async fn hash(&self, path: Bytes) -> Result<FileHash, ClientError> {
+        if self.session().features & features::HASH == 0 {
+            return Err(ClientError::Protocol(
+                "the server cannot hash files (ferryd too old): upgrade ferryd".into(),
+            ));
+        }
+        match self.call(Request::Hash { path }).await? {
+            Response::Hash(h) => Ok(h),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Target of the symlink at `path`.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn readlink(&self, path: Bytes) -> Result<Bytes, ClientError> {
+        match self.call(Request::ReadLink { path }).await? {
+            Response::Link(t) => Ok(t),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// File system statistics of the export.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn statfs(&self) -> Result<StatFs, ClientError> {
+        match self.call(Request::StatFs).await? {
+            Response::StatFs(s) => Ok(s),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// The whole listing of the directory at `path`, fetched page by page. Entry names
+    /// are validated: a server sending `..` or a name with `/` is a protocol error.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn read_dir(&self, path: Bytes) -> Result<Vec<DirEntry>, ClientError> {
+        let mut all = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let page = match self
+                .call(Request::ReadDir {
+                    path: path.clone(),
+                    cookie,
+                    max_entries: 4096,
+                })
+                .await?
+            {
+                Response::DirPage(p) => p,
+                r => return Err(unexpected(&r)),
+            };
+            for e in &page.entries {
+                ferry_proto::name::validate_name(&e.name).map_err(ClientError::BadEntryName)?;
+            }
+            let progressed = !page.entries.is_empty();
+            if let Some(last) = page.entries.last() {
+                cookie = last.cookie;
+            }
+            all.extend(page.entries);
+            if page.eof {
+                return Ok(all);
+            }
+            if !progressed {
+                return Err(ClientError::Protocol(
+                    "server sent an empty directory page without eof".into(),
+                ));
+            }
+        }
+    }
+
+    /// Reads up to `len` bytes (≤ chunk size) at `offset`: decoded and checksum-verified.
+    ///
+    /// # Errors
+    /// As [`Client::call`], and [`ClientError::Payload`] on corruption.
+    pub async fn read(
+        &self,
+        path: Bytes,
+        offset: u64,
+        len: u32,
+    ) -> Result<(Bytes, Version), ClientError> {
+        let c = self.read_chunk(path, offset, len).await?;
+        Ok((c.data, c.version))
+    }
+
+    /// As [`Client::read`], with everything the response carries.
+    ///
+    /// # Errors
+    /// As [`Client::read`].
+    pub async fn read_chunk(
+        &self,
+        path: Bytes,
+        offset: u64,
+        len: u32,
+    ) -> Result<Chunk, ClientError> {
+        let mut failures = 0;
+        loop {
+            match self.read_chunk_once(path.clone(), offset, len).await {
+                Err(ClientError::Payload(e)) => {
+                    self.inner
+                        .counters
+                        .checksum_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    failures += 1;
+                    warn!(
+                        "read of /{} at {offset}: {e}; fetching it again",
+                        String::from_utf8_lossy(&path)
+                    );
+                    if failures >= 3 {
+                        return Err(ClientError::Payload(e));
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn read_chunk_once(
+        &self,
+        path: Bytes,
+        offset: u64,
+        len: u32,
+    ) -> Result<Chunk, ClientError> {
+        let r = match self
+            .call(Request::Read {
+                path,
+                offset,
+                len,
+                allow_lz4: self.inner.compression,
+            })
+            .await?
+        {
+            Response::Read(r) => r,
+            r => return Err(unexpected(&r)),
+        };
+        if r.decoded_len > len {
+            return Err(ClientError::Protocol(format!(
+                "server returned {} bytes for a read of {len}",
+                r.decoded_len
+            )));
+        }
+        let c = &self.inner.counters;
+        c.wire_bytes
+            .fetch_add(r.data.len() as u64, Ordering::Relaxed);
+        c.decoded_bytes
+            .fetch_add(u64::from(r.decoded_len), Ordering::Relaxed);
+        c.reads.fetch_add(1, Ordering::Relaxed);
+        let version = r.version;
+        let wire_len = r.data.len();
+        let file_hash = r.file_hash;
+        let data = payload::decode(r.encoding, r.decoded_len, r.checksum, r.data)?;
+        Ok(Chunk {
+            data,
+            version,
+            wire_len,
+            file_hash,
+        })
+    }
+}
+
+/// A response of the wrong kind for its request.
+fn unexpected(r: &Response) -> ClientError {
+    ClientError::Protocol(format!("unexpected response kind 0x{:02x}", r.kind()))
+}

@@ -1,0 +1,160 @@
+//! Opening one stream: TCP, the preamble, TLS if configured, then the handshake.
+//!
+//! The preamble and TLS are done here on the socket; the Hello/Welcome exchange and the
+//! token proofs are [`ferry_proto::handshake::ClientHandshake`]'s, which this only drives:
+//! it writes what the machine gives it, feeds it what the server sends, and tells it when
+//! the server closes. What the machine refuses (unusable parameters, a missing or
+//! unproven token) is decided there, once, for every client.
+//!
+//! The caller bounds the whole of it with the connect timeout. Bytes the server sent past
+//! the handshake are kept ([`Opened::leftover`]) for the connection's reader.
+
+use std::io;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use ferry_proto::handshake::{ClientAuth, ClientHandshake, ClientParams};
+use ferry_proto::preamble::{self, Transport, PREAMBLE_LEN};
+use ferry_proto::{features, Welcome};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::ClientConfig;
+use crate::error::ClientError;
+use crate::tls::{self, TlsError};
+
+/// The two halves of a connection, plain or TLS.
+pub(super) type Halves = (
+    Box<dyn AsyncRead + Send + Unpin>,
+    Box<dyn AsyncWrite + Send + Unpin>,
+);
+
+/// A stream past its handshake.
+pub(super) struct Opened {
+    pub(super) halves: Halves,
+    /// The session's parameters, checked by the handshake machine.
+    pub(super) welcome: Welcome,
+    /// Bytes received past the handshake.
+    pub(super) leftover: BytesMut,
+}
+
+/// Connects to `cfg.addr` and completes the preamble, TLS and the handshake.
+///
+/// # Errors
+/// Each step's failure as its own [`ClientError`] variant.
+pub(super) async fn open_stream(cfg: &ClientConfig) -> Result<Opened, ClientError> {
+    let addr = &cfg.addr;
+    let io_err = |e: io::Error| ClientError::HandshakeIo {
+        addr: addr.clone(),
+        source: Arc::new(e),
+    };
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| ClientError::Connect {
+            addr: addr.clone(),
+            source: Arc::new(e),
+        })?;
+    stream.set_nodelay(true).ok();
+    let asked = if cfg.tls.is_some() {
+        Transport::Tls
+    } else {
+        Transport::Plain
+    };
+    stream
+        .write_all(&preamble::client_preamble(asked))
+        .await
+        .map_err(io_err)?;
+    let mut pre = [0u8; PREAMBLE_LEN];
+    stream
+        .read_exact(&mut pre)
+        .await
+        .map_err(|e| ClientError::PreambleClosed {
+            addr: addr.clone(),
+            source: Arc::new(e),
+        })?;
+    preamble::parse_server_preamble(&pre, asked).map_err(|source| ClientError::Preamble {
+        addr: addr.clone(),
+        source,
+    })?;
+    let tls_err = |source: TlsError| ClientError::Tls {
+        addr: addr.clone(),
+        source,
+    };
+    let (mut rd, mut wr): Halves = match &cfg.tls {
+        None => {
+            let (r, w) = stream.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        Some(tls) => {
+            let name = tls::server_name(addr).map_err(tls_err)?;
+            let s = tokio_rustls::TlsConnector::from(tls.config.clone())
+                .connect(name, stream)
+                .await
+                .map_err(|e| tls_err(TlsError::Handshake(Arc::new(e))))?;
+            let (r, w) = tokio::io::split(s);
+            (Box::new(r), Box::new(w))
+        }
+    };
+
+    let auth = match &cfg.token {
+        Some(token) => {
+            let mut client_nonce = [0u8; 32];
+            rustls::crypto::ring::default_provider()
+                .secure_random
+                .fill(&mut client_nonce)
+                .map_err(|_| ClientError::NoRandom { addr: addr.clone() })?;
+            Some(ClientAuth {
+                token: token.clone(),
+                client_nonce,
+            })
+        }
+        None => None,
+    };
+    let mut machine = ClientHandshake::new(ClientParams {
+        chunk_size: cfg.chunk_size,
+        features: if cfg.compression {
+            features::ALL
+        } else {
+            features::ALL & !features::LZ4
+        },
+        client_name: cfg.client_name.clone(),
+        auth,
+    });
+    let mut buf = BytesMut::with_capacity(4096);
+    loop {
+        if let Some(out) = machine.take_output() {
+            wr.write_all(&out).await.map_err(io_err)?;
+            wr.flush().await.map_err(io_err)?;
+        }
+        buf.clear();
+        let n = rd.read_buf(&mut buf).await.map_err(|e| {
+            // TLS 1.3 reports a refused client certificate only now, as an alert.
+            if e.get_ref().is_some_and(|x| x.is::<rustls::Error>()) {
+                tls_err(TlsError::Handshake(Arc::new(e)))
+            } else {
+                io_err(e)
+            }
+        })?;
+        let step = if n == 0 {
+            Err(machine.closed())
+        } else {
+            machine.receive(&buf)
+        };
+        match step {
+            Ok(None) => {}
+            Ok(Some(done)) => {
+                return Ok(Opened {
+                    halves: (rd, wr),
+                    welcome: done.welcome,
+                    leftover: done.leftover,
+                })
+            }
+            Err(source) => {
+                return Err(ClientError::Handshake {
+                    addr: addr.clone(),
+                    source,
+                })
+            }
+        }
+    }
+}
