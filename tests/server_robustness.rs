@@ -232,6 +232,7 @@ fn sigterm_drains_the_replies_of_requests_in_flight() {
             offset: u64::from(i) << 20,
             len: 1 << 20,
             allow_lz4: false,
+            class: ferry_proto::Class::Demand,
         }
         .encode(i + 1, &mut out);
     }
@@ -345,6 +346,7 @@ fn traversal_attempts_are_refused_and_nothing_outside_the_export_is_read() {
                 offset: 0,
                 len: 4096,
                 allow_lz4: false,
+                class: ferry_proto::Class::Demand,
             },
             Request::Hash { path: path.clone() },
             Request::ReadDir {
@@ -413,6 +415,7 @@ fn traversal_attempts_are_refused_and_nothing_outside_the_export_is_read() {
                     offset: 0,
                     len: 4096,
                     allow_lz4: false,
+                    class: ferry_proto::Class::Demand,
                 },
             );
             id += 1;
@@ -438,6 +441,7 @@ fn traversal_attempts_are_refused_and_nothing_outside_the_export_is_read() {
             offset: 0,
             len: 100,
             allow_lz4: false,
+            class: ferry_proto::Class::Demand,
         },
     ) {
         Response::Read(d) => assert_eq!(&d.data[..], b"inside"),

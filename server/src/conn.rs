@@ -24,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use ferry_proto::handshake::{ServerAuth, ServerHandshake, ServerParams};
 use ferry_proto::preamble::{self, PreambleError, Refusal, Transport, PREAMBLE_LEN};
 use ferry_proto::{
-    features, payload, DecodeError, FileHash, Frame, FrameCheck, FrameError, HandshakeError,
+    features, payload, Class, DecodeError, FileHash, Frame, FrameCheck, FrameError, HandshakeError,
     ReadData, Request, Response, Status, Welcome,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
@@ -227,6 +227,13 @@ where
             Ok(r) => r,
             Err(e) => break Err(ConnError::Decode(e)),
         };
+        if let Request::Read { class, .. } = &request {
+            if *class != Class::Demand && welcome.features & features::PRIORITY == 0 {
+                break Err(ConnError::Protocol(
+                    "a read with a class needs the PRIORITY feature",
+                ));
+            }
+        }
         let permit = match inflight.clone().acquire_owned().await {
             Ok(p) => p,
             Err(_) => break Ok(()),
@@ -471,6 +478,7 @@ async fn handle(
             offset,
             len,
             allow_lz4,
+            class: _,
         } => {
             if len > chunk_size {
                 return Response::Error {

@@ -280,6 +280,17 @@ impl Client {
             .sum()
     }
 
+    /// Foreground requests (a reader waits for each) sent and not yet answered. Background
+    /// work that competes for CPU or disk defers to them.
+    pub fn demand_in_flight(&self) -> usize {
+        self.inner.schedule.foreground_in_flight()
+    }
+
+    /// Whether readers are active: a foreground request was made within the last second.
+    pub fn readers_active(&self) -> bool {
+        self.inner.schedule.foreground_active()
+    }
+
     /// Streams connected now.
     pub fn live_streams(&self) -> usize {
         self.inner

@@ -24,6 +24,7 @@
 
 pub mod attr;
 pub mod auth;
+pub mod class;
 mod codec;
 pub mod frame;
 pub mod handshake;
@@ -35,6 +36,7 @@ pub mod preamble;
 pub mod status;
 
 pub use attr::{Attr, FileKind, Timestamp, Version};
+pub use class::Class;
 pub use codec::DecodeError;
 pub use frame::{Frame, FrameCheck, FrameError, FRAME_HEADER_LEN};
 pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
@@ -57,8 +59,11 @@ pub mod features {
     /// A read that returns a whole file carries the file's BLAKE3
     /// ([`crate::ReadData::file_hash`]).
     pub const READ_HASH: u64 = 1 << 2;
+    /// Reads carry their [`crate::Class`] (bits 1–2 of the Read flags byte) and the server
+    /// writes a connection's responses most urgent first.
+    pub const PRIORITY: u64 = 1 << 3;
     /// All features this build understands.
-    pub const ALL: u64 = LZ4 | HASH | READ_HASH;
+    pub const ALL: u64 = LZ4 | HASH | READ_HASH | PRIORITY;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

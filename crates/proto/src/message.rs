@@ -18,6 +18,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::attr::Attr;
+use crate::class::Class;
 use crate::codec::{
     expect_end, get_array, get_bytes16, get_string16, get_u16, get_u32, get_u64, get_u8,
     put_bytes16, DecodeError,
@@ -167,6 +168,9 @@ pub enum Request {
         len: u32,
         /// Whether the payload may be lz4-compressed (requires the LZ4 feature).
         allow_lz4: bool,
+        /// How urgent the read is; anything but [`Class::Demand`] requires the PRIORITY
+        /// feature.
+        class: Class,
     },
     /// Target of a symlink. Answer: [`Response::Link`].
     ReadLink {
@@ -440,11 +444,12 @@ impl Request {
                 offset,
                 len,
                 allow_lz4,
+                class,
             } => {
                 put_bytes16(&mut b, path);
                 b.put_u64(*offset);
                 b.put_u32(*len);
-                b.put_u8(u8::from(*allow_lz4));
+                b.put_u8(u8::from(*allow_lz4) | class.to_bits() << 1);
             }
         }
         put_frame(dst, self.kind(), request_id, &b);
@@ -470,21 +475,27 @@ impl Request {
                 cookie: get_u64(&mut b, "readdir")?,
                 max_entries: get_u32(&mut b, "readdir")?,
             },
-            K_READ => Request::Read {
-                path: get_bytes16(&mut b, "path")?,
-                offset: get_u64(&mut b, "read")?,
-                len: get_u32(&mut b, "read")?,
-                allow_lz4: match get_u8(&mut b, "read flags")? {
-                    0 => false,
-                    1 => true,
-                    v => {
-                        return Err(DecodeError::InvalidValue {
-                            field: "read flags",
-                            value: v.into(),
-                        })
-                    }
-                },
-            },
+            K_READ => {
+                let path = get_bytes16(&mut b, "path")?;
+                let offset = get_u64(&mut b, "read")?;
+                let len = get_u32(&mut b, "read")?;
+                let flags = get_u8(&mut b, "read flags")?;
+                // Bit 0: lz4 allowed; bits 1-2: the class; the rest must be zero.
+                let class = Class::from_bits(flags >> 1 & 0b11);
+                let (true, Some(class)) = (flags & !0b111 == 0, class) else {
+                    return Err(DecodeError::InvalidValue {
+                        field: "read flags",
+                        value: flags.into(),
+                    });
+                };
+                Request::Read {
+                    path,
+                    offset,
+                    len,
+                    allow_lz4: flags & 1 != 0,
+                    class,
+                }
+            }
             k => return Err(DecodeError::UnknownKind(k)),
         };
         expect_end(&b)?;

@@ -78,14 +78,20 @@ fn request() -> impl Strategy<Value = Request> {
                 max_entries,
             }
         }),
-        (bytes16(), any::<u64>(), any::<u32>(), any::<bool>()).prop_map(
-            |(path, offset, len, allow_lz4)| Request::Read {
+        (
+            bytes16(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<bool>(),
+            prop::sample::select(Class::ALL.to_vec())
+        )
+            .prop_map(|(path, offset, len, allow_lz4, class)| Request::Read {
                 path,
                 offset,
                 len,
-                allow_lz4
-            }
-        ),
+                allow_lz4,
+                class,
+            }),
     ]
 }
 

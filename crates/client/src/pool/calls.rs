@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use ferry_proto::{
-    features, payload, Attr, DirEntry, FileHash, Request, Response, StatFs, Version,
+    features, payload, Attr, Class, DirEntry, FileHash, Request, Response, StatFs, Version,
 };
 use tracing::warn;
 
@@ -161,6 +161,7 @@ impl Client {
                 offset,
                 len,
                 allow_lz4: self.inner.compression,
+                class: Class::Demand,
             })
             .await?
         {

@@ -70,6 +70,8 @@ pub(super) struct Schedule {
     last_foreground: AtomicU64,
     /// Each stream's background budget in bytes (one chunk).
     background_budget: usize,
+    /// Foreground requests assigned and not yet answered.
+    foreground_in_flight: AtomicUsize,
 }
 
 /// A request's place on a stream; gives its load (and background budget) back when dropped.
@@ -79,11 +81,16 @@ pub(super) struct Assignment<'a> {
     load: &'a AtomicU64,
     weight: u64,
     _background: Option<OwnedSemaphorePermit>,
+    /// The schedule's count of foreground requests in flight, for foreground requests.
+    foreground: Option<&'a AtomicUsize>,
 }
 
 impl Drop for Assignment<'_> {
     fn drop(&mut self) {
         self.load.fetch_sub(self.weight, Ordering::Relaxed);
+        if let Some(n) = self.foreground {
+            n.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -106,6 +113,7 @@ impl Schedule {
             started: Instant::now(),
             last_foreground: AtomicU64::new(0),
             background_budget,
+            foreground_in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -154,11 +162,16 @@ impl Schedule {
             (slot, conn, None)
         };
         slot.load.fetch_add(weight, Ordering::Relaxed);
+        let foreground = permit.is_none().then(|| {
+            self.foreground_in_flight.fetch_add(1, Ordering::Relaxed);
+            &self.foreground_in_flight
+        });
         Ok(Assignment {
             conn,
             load: &slot.load,
             weight,
             _background: permit,
+            foreground,
         })
     }
 
@@ -186,8 +199,13 @@ impl Schedule {
         self.started.elapsed().as_millis() as u64 + 1
     }
 
+    /// Foreground requests sent and not yet answered (readers waiting now).
+    pub(super) fn foreground_in_flight(&self) -> usize {
+        self.foreground_in_flight.load(Ordering::Relaxed)
+    }
+
     /// Whether a foreground request was made within [`FOREGROUND_QUIET`].
-    fn foreground_active(&self) -> bool {
+    pub(super) fn foreground_active(&self) -> bool {
         let last = self.last_foreground.load(Ordering::Relaxed);
         last != 0 && self.now_ms().saturating_sub(last) < FOREGROUND_QUIET.as_millis() as u64
     }
