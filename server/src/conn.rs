@@ -1,12 +1,20 @@
 //! One client connection: preamble, handshake, then pipelined requests.
 //!
-//! The reader half decodes frames and spawns one task per request, holding a per-connection
-//! permit (at most `max_inflight` requests at once; when none is free the reader stops
-//! reading, which pushes back on the client through TCP). File reads also take bytes from
-//! a server-wide memory budget, held until the response has been written, so the memory
-//! of all connections together is bounded. The writer half batches responses and writes
-//! large read payloads straight from their buffers (header and data as separate writes);
-//! a response (or flush) not written within `write_timeout` closes the connection.
+//! The reader half decodes frames and spawns one task per request ([`handle`]), holding a
+//! per-connection permit (at most `max_inflight` requests at once; when none is free the
+//! reader stops reading, which pushes back on the client through TCP). File reads also
+//! take bytes from a server-wide memory budget, held until the response has been written,
+//! so the memory of all connections together is bounded; a connection's background reads
+//! hold at most [`handle::BACKGROUND_READS`] places in the blocking pool and the budget at
+//! once, so its demand and prediction reads never wait behind them there.
+//!
+//! The writer half ([`writer`]) writes the most urgent waiting response next (demand, then
+//! prediction, then background; every non-Read response is demand), batches small demand
+//! and prediction responses, flushes each background response at once and writes large
+//! read payloads straight from their buffers; a response (or flush) not written within
+//! `write_timeout` closes the connection. Every accepted socket gets `TCP_NOTSENT_LOWAT`
+//! ([`writer::NOTSENT_LOWAT`]), so little data waits in the kernel where the order can no
+//! longer change.
 //!
 //! The handshake itself (Hello checks, negotiation, the Welcome, the token proof) is
 //! [`ferry_proto::handshake::ServerHandshake`]'s; [`handshake`] only drives it over the
@@ -15,24 +23,28 @@
 //! Anything malformed — bad magic, a frame over the limit, an undecodable message — ends
 //! this connection with a logged reason and touches nothing else.
 
+mod handle;
+mod writer;
+
 use std::io;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use ferry_proto::handshake::{ServerAuth, ServerHandshake, ServerParams};
 use ferry_proto::preamble::{self, PreambleError, Refusal, Transport, PREAMBLE_LEN};
 use ferry_proto::{
-    features, payload, Class, DecodeError, FileHash, Frame, FrameCheck, FrameError, HandshakeError,
-    ReadData, Request, Response, Status, Welcome,
+    features, Class, DecodeError, Frame, FrameCheck, FrameError, HandshakeError, Request, Response,
+    Welcome,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-use tracing::{debug, info, warn};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, Semaphore};
+use tracing::{debug, info};
 
-use crate::export::{self, OpError};
 use crate::Shared;
+use handle::Session;
+use writer::Outgoing;
 
 /// Why a connection ended early.
 #[derive(Debug, thiserror::Error)]
@@ -72,15 +84,6 @@ pub(crate) fn read_units(len: u32) -> u32 {
     (2 * len as usize).div_ceil(4096).max(1) as u32
 }
 
-/// Largest directory page served, whatever the client asks.
-const MAX_DIR_PAGE: usize = 4096;
-
-struct Outgoing {
-    head: BytesMut,
-    tail: Bytes,
-    _permits: Vec<OwnedSemaphorePermit>,
-}
-
 /// Reads one frame, buffering at most `max` bytes of it.
 async fn read_frame<R: AsyncRead + Unpin>(
     rd: &mut R,
@@ -114,6 +117,9 @@ pub(crate) async fn serve_tcp(
     shared: Arc<Shared>,
 ) -> Result<(), ConnError> {
     let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
+    if let Err(e) = writer::limit_unsent(&tcp) {
+        debug!("TCP_NOTSENT_LOWAT not set: {e}");
+    }
     let transport = tokio::time::timeout_at(deadline, answer_preamble(&mut tcp, &shared))
         .await
         .map_err(|_| ConnError::HandshakeTimeout)??;
@@ -180,12 +186,26 @@ where
     };
 
     let (tx, rx) = mpsc::channel::<Outgoing>(welcome.max_inflight as usize);
-    let mut writer = tokio::spawn(write_loop(wr, rx, shared.config.write_timeout));
+    let sh = shared.clone();
+    let mut writer = tokio::spawn(writer::write_loop(
+        wr,
+        rx,
+        shared.config.write_timeout,
+        move |class: Class, n| {
+            sh.stats.written[usize::from(class.to_bits())].fetch_add(n, Relaxed);
+        },
+    ));
     let mut writer_ended = false;
     let inflight = Arc::new(Semaphore::new(welcome.max_inflight as usize));
     // A quarter of the server's read budget per connection (at least one maximal read).
     let share = (shared.read_budget_units / 4).max(read_units(welcome.chunk_size));
-    let conn_budget = Arc::new(Semaphore::new(share as usize));
+    let session = Arc::new(Session {
+        features: welcome.features,
+        chunk_size: welcome.chunk_size,
+        max_frame: welcome.max_frame,
+        budget: Arc::new(Semaphore::new(share as usize)),
+        background: Arc::new(Semaphore::new(handle::BACKGROUND_READS)),
+    });
     let mut shutdown = shared.shutdown.clone();
     let idle = shared.config.idle_timeout;
     let result = loop {
@@ -240,24 +260,13 @@ where
         };
         let shared = shared.clone();
         let tx = tx.clone();
-        let session_features = welcome.features;
-        let chunk = welcome.chunk_size;
-        let max_frame = welcome.max_frame;
-        let conn_budget = conn_budget.clone();
+        let session = session.clone();
         shared.stats.requests.fetch_add(1, Relaxed);
         shared.stats.inflight.fetch_add(1, Relaxed);
         tokio::spawn(async move {
             let mut permits = vec![permit];
-            let response = handle(
-                &shared,
-                request,
-                session_features,
-                chunk,
-                max_frame,
-                &conn_budget,
-                &mut permits,
-            )
-            .await;
+            let class = handle::request_class(&request);
+            let response = handle::handle(&shared, &session, request, &mut permits).await;
             let st = &shared.stats;
             match &response {
                 Response::Read(r) => {
@@ -274,9 +283,16 @@ where
             st.inflight.fetch_sub(1, Relaxed);
             let mut head = BytesMut::with_capacity(128);
             let tail = response.encode(id, &mut head);
+            // Errors are small and answer someone: demand, whatever the request's class.
+            let class = if matches!(response, Response::Error { .. }) {
+                Class::Demand
+            } else {
+                class
+            };
             // A send error means the writer is gone: the connection is closing anyway.
             let _ = tx
                 .send(Outgoing {
+                    class,
                     head,
                     tail,
                     _permits: permits,
@@ -297,37 +313,6 @@ where
         }
     }
     result
-}
-
-async fn write_loop<W: AsyncWrite + Unpin>(
-    wr: W,
-    mut rx: mpsc::Receiver<Outgoing>,
-    timeout: Duration,
-) -> io::Result<()> {
-    let stalled = || io::Error::new(io::ErrorKind::TimedOut, "client stopped reading responses");
-    let mut w = BufWriter::with_capacity(64 * 1024, wr);
-    while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        while let Some(out) = next {
-            let write = async {
-                w.write_all(&out.head).await?;
-                if !out.tail.is_empty() {
-                    // Payloads over the buffer size go straight to the socket; smaller ones
-                    // are copied into the buffer with their header and sent together.
-                    w.write_all(&out.tail).await?;
-                }
-                io::Result::Ok(())
-            };
-            tokio::time::timeout(timeout, write)
-                .await
-                .map_err(|_| stalled())??;
-            next = rx.try_recv().ok();
-        }
-        tokio::time::timeout(timeout, w.flush())
-            .await
-            .map_err(|_| stalled())??;
-    }
-    w.shutdown().await
 }
 
 /// Drives the handshake machine: Hello/Welcome, and the token proof when the server has a
@@ -395,136 +380,4 @@ where
             Err(e) => return Err(ConnError::Handshake(e)),
         }
     }
-}
-
-fn error_response(e: OpError) -> Response {
-    Response::Error {
-        status: e.status,
-        message: e.message,
-    }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, OpError> + Send + 'static,
-) -> Result<T, OpError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(OpError::new(Status::Io, format!("worker failed: {e}"))))
-}
-
-async fn handle(
-    shared: &Arc<Shared>,
-    request: Request,
-    session_features: u64,
-    chunk_size: u32,
-    max_frame: u32,
-    conn_budget: &Arc<Semaphore>,
-    permits: &mut Vec<OwnedSemaphorePermit>,
-) -> Response {
-    let sh = shared.clone();
-    let result = match request {
-        Request::Ping => Ok(Response::Pong),
-        Request::Stat { path } => blocking(move || sh.export.stat(&path))
-            .await
-            .map(Response::Attr),
-        Request::ReadLink { path } => blocking(move || sh.export.readlink(&path))
-            .await
-            .map(Response::Link),
-        Request::StatFs => blocking(move || sh.export.statfs())
-            .await
-            .map(Response::StatFs),
-        Request::Hash { path } => {
-            // At most two files hashed at once; the wait is bounded by the client's own
-            // request timeout.
-            let Ok(_slot) = shared.hash_slots.clone().acquire_owned().await else {
-                return error_response(OpError::new(Status::Busy, "server busy"));
-            };
-            blocking(move || {
-                let (file, attr) = sh.export.open_file(&path)?;
-                let cached = sh
-                    .hashes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&path, attr.version());
-                if let Some(blake3) = cached {
-                    return Ok(FileHash {
-                        version: attr.version(),
-                        blake3,
-                    });
-                }
-                let (version, blake3) = export::hash_file(&file, attr, chunk_size as usize)?;
-                sh.hashes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(path, version, blake3);
-                Ok(FileHash { version, blake3 })
-            })
-            .await
-            .map(Response::Hash)
-        }
-        Request::ReadDir {
-            path,
-            cookie,
-            max_entries,
-        } => {
-            let fit = (max_frame as usize - 64) / export::MAX_DIRENT_WIRE_LEN;
-            let n = (max_entries as usize).clamp(1, MAX_DIR_PAGE.min(fit));
-            blocking(move || sh.export.read_dir(&path, cookie, n))
-                .await
-                .map(Response::DirPage)
-        }
-        Request::Read {
-            path,
-            offset,
-            len,
-            allow_lz4,
-            class: _,
-        } => {
-            if len > chunk_size {
-                return Response::Error {
-                    status: Status::TooLarge,
-                    message: format!("read of {len} bytes exceeds the chunk size {chunk_size}"),
-                };
-            }
-            let units = read_units(len);
-            // First this connection's share, then the server-wide budget: one client
-            // that stops reading can hold at most its share until the write timeout.
-            for budget in [conn_budget, &shared.read_budget] {
-                match budget.clone().acquire_many_owned(units).await {
-                    Ok(p) => permits.push(p),
-                    // Semaphores here are never closed; answer rather than panic.
-                    Err(_) => return error_response(OpError::new(Status::Busy, "server busy")),
-                }
-            }
-            let allow = session_features & features::LZ4 != 0 && allow_lz4;
-            let read_hash = session_features & features::READ_HASH != 0;
-            blocking(move || {
-                let (file, attr) = sh.export.open_file(&path)?;
-                let (data, attr) = export::read_at(&file, attr, offset, len as usize)?;
-                let decoded_len = data.len() as u32;
-                let checksum = payload::checksum(&data);
-                // The whole file in one read: its BLAKE3 comes along, so the client can
-                // verify its copy without asking again.
-                let file_hash = (read_hash && offset == 0 && data.len() as u64 == attr.size)
-                    .then(|| *blake3::hash(&data).as_bytes());
-                let (encoding, data) = payload::encode(data, allow);
-                Ok(ReadData {
-                    version: attr.version(),
-                    encoding,
-                    decoded_len,
-                    checksum,
-                    file_hash,
-                    data,
-                })
-            })
-            .await
-            .map(Response::Read)
-        }
-    };
-    result.unwrap_or_else(|e| {
-        if e.status == Status::Io {
-            warn!("{}", e.message);
-        }
-        error_response(e)
-    })
 }

@@ -2,7 +2,9 @@
 //!
 //! - [`export`]: the exported directory; every path is resolved beneath it by the kernel
 //!   (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), symlinks are never followed.
-//! - `conn`: one connection: preamble, handshake, pipelined requests, bounded memory.
+//! - `conn`: one connection: preamble, handshake, pipelined requests, bounded memory;
+//!   responses written most urgent class first (`conn/writer.rs`), background reads capped
+//!   per connection (`conn/handle.rs`).
 //! - [`run`]: the accept loop, a connection limit, and shutdown that drains.
 //!
 //! The binary (`src/main.rs`) only parses arguments, owns the runtime and signals.
@@ -106,6 +108,8 @@ pub(crate) struct Stats {
     pub(crate) auth_failures: AtomicU64,
     pub(crate) tls_failures: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
+    /// Response bytes written (whole frames), indexed by the class's wire value.
+    pub(crate) written: [AtomicU64; 3],
 }
 
 impl Shared {
@@ -144,6 +148,12 @@ impl Shared {
             "File bytes sent: as sent (wire, after lz4) and decoded.",
             "kind",
             &[("wire", g(&s.bytes_wire)), ("decoded", g(&s.bytes_decoded))],
+        )
+        .counter_by(
+            "server_written_bytes_total",
+            "Response bytes written to clients (whole frames), by the class they were written at: a read's class; every other response is demand.",
+            "class",
+            &ferry_proto::Class::ALL.map(|c| (c.as_str(), g(&s.written[usize::from(c.to_bits())]))),
         )
         .gauge(
             "server_compression_ratio",

@@ -1,0 +1,191 @@
+//! Executing one request: the export call on the blocking pool, under the read limits.
+//!
+//! Every request runs in its own task holding the connection's in-flight permit. A Read
+//! also takes, in this order and until its response has been written:
+//! 1. for a background read, one of the connection's [`BACKGROUND_READS`] background slots,
+//!    so a connection's background reads never hold more than that many places in the
+//!    blocking pool or the memory budget: demand and prediction reads of the same
+//!    connection (and of everyone else) do not queue behind a mirror's reads there;
+//! 2. `read_units(len)` of the connection's share of the memory budget;
+//! 3. the same units of the server-wide budget.
+//!
+//! Hashes take one of two server-wide hash slots (each reads a whole file).
+
+use std::sync::Arc;
+
+use ferry_proto::{features, payload, Class, FileHash, ReadData, Request, Response, Status};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::warn;
+
+use super::read_units;
+use crate::export::{self, OpError};
+use crate::Shared;
+
+/// Background reads one connection may have holding budget and a place in the blocking
+/// pool at once (from taking their slot until their response is written).
+pub(crate) const BACKGROUND_READS: usize = 2;
+
+/// Largest directory page served, whatever the client asks.
+const MAX_DIR_PAGE: usize = 4096;
+
+/// What every request of one connection shares: the session's terms and its limits.
+#[derive(Debug)]
+pub(crate) struct Session {
+    /// Features negotiated for the session.
+    pub(crate) features: u64,
+    /// The negotiated chunk size (largest Read).
+    pub(crate) chunk_size: u32,
+    /// The negotiated frame limit.
+    pub(crate) max_frame: u32,
+    /// This connection's share of the read budget, in 4 KiB units.
+    pub(crate) budget: Arc<Semaphore>,
+    /// Slots for background reads ([`BACKGROUND_READS`]).
+    pub(crate) background: Arc<Semaphore>,
+}
+
+/// The class a request's response is written at: a Read's own class, Demand for every
+/// other request.
+pub(crate) fn request_class(request: &Request) -> Class {
+    match request {
+        Request::Read { class, .. } => *class,
+        _ => Class::Demand,
+    }
+}
+
+fn error_response(e: OpError) -> Response {
+    Response::Error {
+        status: e.status,
+        message: e.message,
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, OpError> + Send + 'static,
+) -> Result<T, OpError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(OpError::new(Status::Io, format!("worker failed: {e}"))))
+}
+
+/// Serves `request`; the permits it takes (budget, background slot) are added to `permits`,
+/// to be released once the response is written.
+pub(crate) async fn handle(
+    shared: &Arc<Shared>,
+    session: &Session,
+    request: Request,
+    permits: &mut Vec<OwnedSemaphorePermit>,
+) -> Response {
+    let sh = shared.clone();
+    let chunk_size = session.chunk_size;
+    let result = match request {
+        Request::Ping => Ok(Response::Pong),
+        Request::Stat { path } => blocking(move || sh.export.stat(&path))
+            .await
+            .map(Response::Attr),
+        Request::ReadLink { path } => blocking(move || sh.export.readlink(&path))
+            .await
+            .map(Response::Link),
+        Request::StatFs => blocking(move || sh.export.statfs())
+            .await
+            .map(Response::StatFs),
+        Request::Hash { path } => {
+            // At most two files hashed at once; the wait is bounded by the client's own
+            // request timeout.
+            let Ok(_slot) = shared.hash_slots.clone().acquire_owned().await else {
+                return error_response(OpError::new(Status::Busy, "server busy"));
+            };
+            blocking(move || {
+                let (file, attr) = sh.export.open_file(&path)?;
+                let cached = sh
+                    .hashes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&path, attr.version());
+                if let Some(blake3) = cached {
+                    return Ok(FileHash {
+                        version: attr.version(),
+                        blake3,
+                    });
+                }
+                let (version, blake3) = export::hash_file(&file, attr, chunk_size as usize)?;
+                sh.hashes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(path, version, blake3);
+                Ok(FileHash { version, blake3 })
+            })
+            .await
+            .map(Response::Hash)
+        }
+        Request::ReadDir {
+            path,
+            cookie,
+            max_entries,
+        } => {
+            let fit = (session.max_frame as usize - 64) / export::MAX_DIRENT_WIRE_LEN;
+            let n = (max_entries as usize).clamp(1, MAX_DIR_PAGE.min(fit));
+            blocking(move || sh.export.read_dir(&path, cookie, n))
+                .await
+                .map(Response::DirPage)
+        }
+        Request::Read {
+            path,
+            offset,
+            len,
+            allow_lz4,
+            class,
+        } => {
+            if len > chunk_size {
+                return Response::Error {
+                    status: Status::TooLarge,
+                    message: format!("read of {len} bytes exceeds the chunk size {chunk_size}"),
+                };
+            }
+            if class == Class::Background {
+                match session.background.clone().acquire_owned().await {
+                    Ok(p) => permits.push(p),
+                    Err(_) => return error_response(OpError::new(Status::Busy, "server busy")),
+                }
+            }
+            let units = read_units(len);
+            // First this connection's share, then the server-wide budget: one client
+            // that stops reading can hold at most its share until the write timeout.
+            for budget in [&session.budget, &shared.read_budget] {
+                match budget.clone().acquire_many_owned(units).await {
+                    Ok(p) => permits.push(p),
+                    // Semaphores here are never closed; answer rather than panic.
+                    Err(_) => return error_response(OpError::new(Status::Busy, "server busy")),
+                }
+            }
+            let allow = session.features & features::LZ4 != 0 && allow_lz4;
+            let read_hash = session.features & features::READ_HASH != 0;
+            blocking(move || {
+                let (file, attr) = sh.export.open_file(&path)?;
+                let (data, attr) = export::read_at(&file, attr, offset, len as usize)?;
+                let decoded_len = data.len() as u32;
+                let checksum = payload::checksum(&data);
+                // The whole file in one read: its BLAKE3 comes along, so the client can
+                // verify its copy without asking again.
+                let file_hash = (read_hash && offset == 0 && data.len() as u64 == attr.size)
+                    .then(|| *blake3::hash(&data).as_bytes());
+                let (encoding, data) = payload::encode(data, allow);
+                Ok(ReadData {
+                    version: attr.version(),
+                    encoding,
+                    decoded_len,
+                    checksum,
+                    file_hash,
+                    data,
+                })
+            })
+            .await
+            .map(Response::Read)
+        }
+    };
+    result.unwrap_or_else(|e| {
+        if e.status == Status::Io {
+            warn!("{}", e.message);
+        }
+        error_response(e)
+    })
+}
