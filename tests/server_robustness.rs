@@ -14,10 +14,14 @@ fn preamble() -> [u8; 8] {
 }
 
 fn hello() -> Vec<u8> {
-    // Hello: version 1, features 1 (lz4), chunk 1 MiB, client name "t".
+    hello_with(ferry_proto::features::LZ4)
+}
+
+/// Hello: version 1, `features`, chunk 1 MiB, client name "t".
+fn hello_with(features: u64) -> Vec<u8> {
     let mut body = vec![];
     body.extend_from_slice(&1u16.to_be_bytes());
-    body.extend_from_slice(&1u64.to_be_bytes());
+    body.extend_from_slice(&features.to_be_bytes());
     body.extend_from_slice(&(1u32 << 20).to_be_bytes());
     body.extend_from_slice(&1u16.to_be_bytes());
     body.push(b't');
@@ -178,11 +182,17 @@ fn tls_request_to_a_plaintext_server_gets_a_clear_refusal() {
 
 /// A raw client past the handshake: the socket and bytes read past the Welcome.
 fn handshaken(addr: &str) -> (TcpStream, bytes::BytesMut) {
+    let (s, buf, _) = handshaken_with(addr, ferry_proto::features::LZ4);
+    (s, buf)
+}
+
+/// [`handshaken`] offering `features`; also returns the session's features.
+fn handshaken_with(addr: &str, features: u64) -> (TcpStream, bytes::BytesMut, u64) {
     use ferry_proto::{Frame, Handshake};
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(&preamble()).unwrap();
-    s.write_all(&hello()).unwrap();
+    s.write_all(&hello_with(features)).unwrap();
     let mut pre = [0u8; 8];
     s.read_exact(&mut pre).unwrap();
     let mut buf = bytes::BytesMut::new();
@@ -195,11 +205,10 @@ fn handshaken(addr: &str) -> (TcpStream, bytes::BytesMut) {
         assert!(n > 0, "closed during the handshake");
         buf.extend_from_slice(&tmp[..n]);
     };
-    assert!(
-        matches!(Handshake::decode(frame).unwrap(), Handshake::Welcome(_)),
-        "no Welcome"
-    );
-    (s, buf)
+    let Handshake::Welcome(welcome) = Handshake::decode(frame).unwrap() else {
+        panic!("no Welcome");
+    };
+    (s, buf, welcome.features)
 }
 
 #[test]
@@ -446,5 +455,139 @@ fn traversal_attempts_are_refused_and_nothing_outside_the_export_is_read() {
     ) {
         Response::Read(d) => assert_eq!(&d.data[..], b"inside"),
         other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_read_with_a_class_in_a_session_without_priority_closes_the_connection() {
+    use ferry_proto::{features, Class, Request};
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f"), 64 << 10, 3);
+    let server = TestServer::start(src.path());
+    for class in [Class::Prediction, Class::Background] {
+        let (mut s, _, session) = handshaken_with(&server.addr, features::LZ4);
+        assert_eq!(
+            session & features::PRIORITY,
+            0,
+            "not offered, not negotiated"
+        );
+        let mut out = bytes::BytesMut::new();
+        Request::Read {
+            path: bytes::Bytes::from_static(b"f"),
+            offset: 0,
+            len: 4096,
+            allow_lz4: false,
+            class,
+        }
+        .encode(1, &mut out);
+        s.write_all(&out).unwrap();
+        let mut rest = vec![];
+        match s.read_to_end(&mut rest) {
+            Ok(_) => assert!(rest.is_empty(), "{class}: answered: {rest:02x?}"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{class}"),
+        }
+    }
+    assert!(
+        ferry_tests::wait_for(Duration::from_secs(5), || server
+            .log_text()
+            .contains("needs the PRIORITY feature")),
+        "the reason is logged: {}",
+        server.log_text()
+    );
+    // Demand (no class bits) is what an older client sends: still served.
+    let (mut s, mut buf) = handshaken(&server.addr);
+    let req = Request::Read {
+        path: bytes::Bytes::from_static(b"f"),
+        offset: 0,
+        len: 4096,
+        allow_lz4: false,
+        class: Class::Demand,
+    };
+    let want = std::fs::read(src.path().join("f")).unwrap();
+    match ask(&mut s, &mut buf, 1, &req) {
+        ferry_proto::Response::Read(d) => assert!(d.data[..] == want[..4096]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn with_priority_every_class_is_accepted_and_answered_with_the_right_bytes() {
+    use ferry_proto::{features, payload, Class, Frame, Request, Response};
+    use std::collections::HashMap;
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f"), 12 << 20, 5);
+    let want = std::fs::read(src.path().join("f")).unwrap();
+    let server = TestServer::start(src.path());
+    let (mut s, mut buf, session) =
+        handshaken_with(&server.addr, features::LZ4 | features::PRIORITY);
+    assert_ne!(session & features::PRIORITY, 0, "PRIORITY negotiated");
+    // One pipelined burst mixing every class and size: background 1 MiB reads first (more
+    // than the per-connection background limit), then prediction and demand reads, a Ping
+    // and a Stat; some may be lz4-compressed.
+    let mut asked: HashMap<u32, Option<(u64, u32)>> = HashMap::new();
+    let mut out = bytes::BytesMut::new();
+    let mut id = 0u32;
+    let mut read = |class: Class, offset: u64, len: u32, out: &mut bytes::BytesMut| {
+        id += 1;
+        assert!(id < 1000);
+        Request::Read {
+            path: bytes::Bytes::from_static(b"f"),
+            offset,
+            len,
+            allow_lz4: id % 2 == 0,
+            class,
+        }
+        .encode(id, out);
+        asked.insert(id, Some((offset, len)));
+    };
+    for i in 0..8u64 {
+        read(Class::Background, i << 20, 1 << 20, &mut out);
+    }
+    for i in 0..4u64 {
+        read(Class::Prediction, (8 + i) << 20, 1 << 20, &mut out);
+    }
+    for i in 0..16u64 {
+        read(Class::Demand, i * 700_001, 4096 + i as u32 * 1000, &mut out);
+    }
+    // A read past the end comes back short, whatever its class.
+    read(Class::Background, (12 << 20) - 100, 4096, &mut out);
+    let (ping, stat) = (1000, 1001);
+    Request::Ping.encode(ping, &mut out);
+    asked.insert(ping, None);
+    Request::Stat {
+        path: bytes::Bytes::from_static(b"f"),
+    }
+    .encode(stat, &mut out);
+    asked.insert(stat, None);
+    s.write_all(&out).unwrap();
+    let mut tmp = vec![0u8; 256 << 10];
+    loop {
+        while let Some(frame) = Frame::parse(&mut buf, 2 << 20).unwrap() {
+            let id = frame.request_id;
+            let Some(what) = asked.remove(&id) else {
+                panic!("response to id {id}, which is not outstanding");
+            };
+            match (what, Response::decode(frame).unwrap()) {
+                (Some((offset, len)), Response::Read(r)) => {
+                    let data =
+                        payload::decode(r.encoding, r.decoded_len, r.checksum, r.data).unwrap();
+                    let start = offset as usize;
+                    let end = (start + len as usize).min(want.len());
+                    assert!(data[..] == want[start..end], "read {id} at {offset}+{len}");
+                }
+                (None, Response::Pong) => assert_eq!(id, ping),
+                (None, Response::Attr(a)) => {
+                    assert_eq!(id, stat);
+                    assert_eq!(a.size, 12 << 20);
+                }
+                (_, other) => panic!("request {id} got {other:?}"),
+            }
+        }
+        if asked.is_empty() {
+            break;
+        }
+        let n = s.read(&mut tmp).unwrap();
+        assert!(n > 0, "closed with {} requests unanswered", asked.len());
+        buf.extend_from_slice(&tmp[..n]);
     }
 }
