@@ -359,3 +359,34 @@ pub async fn run(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metrics_page_shows_bytes_written_per_class() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_stop, rx) = watch::channel(false);
+        let config = ServerConfig {
+            export: dir.path().to_path_buf(),
+            ..ServerConfig::default()
+        };
+        let shared = Shared::new(config, rx).expect("shared");
+        for (i, n) in [7u64, 0, 1 << 20].into_iter().enumerate() {
+            shared.stats.written[i].fetch_add(n, Relaxed);
+        }
+        let page = shared.metrics_page();
+        assert!(
+            page.contains("# TYPE ferry_server_written_bytes_total counter"),
+            "{page}"
+        );
+        for line in [
+            "ferry_server_written_bytes_total{class=\"demand\"} 7",
+            "ferry_server_written_bytes_total{class=\"prediction\"} 0",
+            "ferry_server_written_bytes_total{class=\"background\"} 1048576",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line} in {page}");
+        }
+    }
+}
