@@ -7,7 +7,9 @@
 //!   metadata, directory creation, `fdatasync`/`syncfs` and journal commits, status-file
 //!   writes. The mount's own reads of the local copy stay on tokio's blocking pool: they
 //!   serve readers. The queue in front of the threads is bounded ([`QUEUE`] jobs): a
-//!   submitter waits for room, so background work never piles up without bound.
+//!   submitter waits for room, so background work never piles up without bound. Long jobs
+//!   (hashing a whole file, [`run_long`]) take at most `THREADS − 1` threads, so writes and
+//!   syncs always have one.
 //! - **Deferral.** [`DemandGate::wait`]: before a piece of CPU or disk work that is not on
 //!   the network path (hashing a completed file, a sync batch, a journal compaction), the
 //!   mirror waits while demand reads are in flight ([`ferry_client::Client::demand_in_flight`]),
@@ -125,6 +127,22 @@ where
     }
 }
 
+/// Runs a long job (hashing a whole file) like [`run`], at most `THREADS − 1` of them at once:
+/// the mirror's writes and syncs keep a thread while a big file is hashed.
+///
+/// # Errors
+/// The job panicked.
+pub async fn run_long<T, F>(f: F) -> Result<T, BackgroundError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    static LONG: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(THREADS - 1);
+    // The semaphore is never closed.
+    let _turn = LONG.acquire().await.ok();
+    run(f).await
+}
+
 /// Deferrals so far, over the process (every [`DemandGate::wait`] that waited).
 pub fn deferrals() -> u64 {
     DEFERRALS.load(Ordering::Relaxed)
@@ -221,6 +239,28 @@ mod tests {
         }
         for (i, h) in all.into_iter().enumerate() {
             assert_eq!(h.await.expect("task").expect("job"), i * 2);
+        }
+    }
+
+    #[tokio::test]
+    async fn long_jobs_leave_a_thread_for_the_others() {
+        // Long jobs that only end when told: the others still run meanwhile.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = Arc::new(Mutex::new(rx));
+        let long: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let rx = rx.clone();
+                tokio::spawn(run_long(move || {
+                    let _ = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                }))
+            })
+            .collect();
+        assert_eq!(run(|| 7).await.expect("job"), 7);
+        for _ in 0..THREADS {
+            tx.send(()).expect("send");
+        }
+        for h in long {
+            h.await.expect("task").expect("job");
         }
     }
 

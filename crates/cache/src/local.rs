@@ -108,7 +108,7 @@ impl LocalCopy {
             let gate = crate::background::DemandGate::client(&client);
             let mine = tokio::spawn(async move {
                 gate.wait().await;
-                crate::background::run(move || crate::hash_file(&local)).await
+                crate::background::run_long(move || crate::hash_file(&local)).await
             });
             let theirs = client.hash(remote).await;
             let mine = match mine.await {

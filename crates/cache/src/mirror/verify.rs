@@ -62,7 +62,7 @@ pub(super) async fn written(
     let gate = ctx.gate.clone();
     let local_hash = tokio::spawn(async move {
         gate.wait().await;
-        crate::background::run(move || crate::hash_file(&local)).await
+        crate::background::run_long(move || crate::hash_file(&local)).await
     });
     let server = if attr.size == 0 || whole_file_hash.is_some() {
         None
