@@ -19,8 +19,8 @@ use super::{remote_path, Ctx, UNIT};
 /// A file that fits in one chunk: one read, then one blocking step that creates, writes and
 /// sets the metadata of the local file (a tree of small files is bound by per-file work). Its
 /// hash is computed in the same step over the bytes written, still in memory, and compared
-/// with the server's
-/// hash of the same version (carried by the read when the server has READ_HASH, else asked for).
+/// with the server's hash of the same version (carried by the read when the server has
+/// READ_HASH, else asked for).
 pub(super) async fn copy_small_file(
     ctx: &Arc<Ctx>,
     rel: &Bytes,
