@@ -6,6 +6,8 @@
 //! local bytes belong to, which chunks of it are present (durable on disk), and whether the
 //! whole file was verified against the server's BLAKE3.
 //!
+//! - [`background`]: the mirror's low-priority threads ([`background::run`]) and the
+//!   rule by which its CPU and disk work defers to demand reads ([`background::DemandGate`]).
 //! - [`journal`]: the on-disk record format (checksummed, append-only, replayed on open,
 //!   compacted).
 //! - [`state`]: per-file state and the [`CacheDir`] that owns the directory.
@@ -16,6 +18,7 @@
 //! - [`syncer`]: group commit of written chunks (durable first, recorded second).
 //! - [`local`]: [`LocalCopy`], the mount's read-through use of a cache directory.
 
+pub mod background;
 pub mod journal;
 pub mod local;
 pub mod mirror;

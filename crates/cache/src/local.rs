@@ -9,8 +9,11 @@
 //! stops being attempted for a while and reads go on from the network.
 //!
 //! Threads: [`ChunkBacking::store`] runs on the chunk store's write-back threads (bounded
-//! queue; a chunk that does not fit is skipped there), `load` and `complete_file` on the
-//! blocking pool; every method here may block on the disk and none runs on an async thread.
+//! queue, lower priority; a chunk that does not fit is skipped there), `load` and
+//! `complete_file` on tokio's blocking pool (they serve readers, at normal priority);
+//! verifying completed files hashes on the background threads ([`crate::background`]) after
+//! deferring to demand reads in flight. Every method here may block on the disk and none runs
+//! on an async thread.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -91,8 +94,9 @@ impl LocalCopy {
     /// Verifies the files the syncer reports complete (`completed`, from
     /// [`Syncer::start_with`]): the BLAKE3 of the local file against the server's, over the
     /// same version. A match is recorded (the file may then be opened with passthrough); a
-    /// mismatch drops the file's state so its chunks are fetched again. Runs until the
-    /// channel closes.
+    /// mismatch drops the file's state so its chunks are fetched again. Each hash waits while
+    /// `client` has demand reads in flight (boundedly) and runs on the background threads.
+    /// Runs until the channel closes.
     pub async fn verify_completed(
         self: Arc<Self>,
         client: ferry_client::Client,
@@ -101,18 +105,22 @@ impl LocalCopy {
         while let Some((rel, version, generation)) = completed.recv().await {
             let remote = crate::mirror::remote_path(&self.root, &rel);
             let local = self.cache.local_path(&rel);
-            let mine = tokio::task::spawn_blocking(move || crate::hash_file(&local));
+            let gate = crate::background::DemandGate::client(&client);
+            let mine = tokio::spawn(async move {
+                gate.wait().await;
+                crate::background::run_long(move || crate::hash_file(&local)).await
+            });
             let theirs = client.hash(remote).await;
             let mine = match mine.await {
-                Ok(Ok(h)) => h,
-                Ok(Err(e)) => {
+                Ok(Ok(Ok(h))) => h,
+                Ok(Ok(Err(e))) => {
                     tracing::warn!(
                         "verifying the local copy of /{}: {e}",
                         String::from_utf8_lossy(&rel)
                     );
                     continue;
                 }
-                Err(_) => continue,
+                Ok(Err(_)) | Err(_) => continue,
             };
             match theirs {
                 Ok(h) if h.version == version && h.blake3 == mine => {

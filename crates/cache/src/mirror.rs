@@ -5,8 +5,9 @@
 //!   locally (directories, symlinks) or queued as a file job. Totals grow as the walk goes.
 //! - **Files.** Up to `files_in_flight` files are copied at once; each fetches its missing
 //!   chunks, all in flight together within the chunk memory budget, and writes them with
-//!   `pwrite` on the blocking pool (many writes in parallel keep an NVMe queue busy). A file
-//!   whose local state records the same remote version resumes: only missing chunks move.
+//!   `pwrite` on the background threads, at most `write_queue` bytes handed to them at once.
+//!   A file whose local state records the same remote version resumes: only missing chunks
+//!   move.
 //! - **Durability.** A syncer task batches written chunks: it makes them durable (`fdatasync`
 //!   of each file, or one `syncfs` for a large batch), then records them in the journal and
 //!   commits it. So a chunk is recorded only once its bytes are on disk, and a crash loses at
@@ -24,9 +25,19 @@
 //! one attempt at a large or small file, `verify` the hash comparison, `fetch` chunk
 //! reads and the rate limit, `metadata` modes and times.
 //!
-//! Blocking file-system calls (creating directories, writing, setting metadata, the status
-//! file, compaction) run on the blocking pool, never on the async threads: in a mount, those
-//! also answer FUSE requests.
+//! Readers first: blocking file-system calls and CPU work (creating directories, writing,
+//! hashing, setting metadata, the status file, syncs, compaction) run on the background
+//! threads ([`crate::background`]: lower CPU and I/O priority), never on the async threads
+//! (in a mount those also answer FUSE requests) nor on tokio's shared blocking pool (which
+//! serves the mount's reads of the local copy). Work off the network path (hashing a complete
+//! file, a sync batch, the compaction) first waits, briefly and boundedly, while demand reads
+//! are in flight ([`crate::background::DemandGate`]).
+//!
+//! Memory: a chunk holds its share of `chunk_memory` from before it is requested until its
+//! `pwrite` returned, so chunks requested, fetched and not yet written never exceed it; of
+//! those, at most `write_queue` bytes are queued at or being written by the background
+//! threads (a fetched chunk waits for room, holding its memory, so a disk slower than the
+//! network stops new requests instead of growing a backlog).
 
 mod chunked;
 mod fetch;
@@ -49,6 +60,7 @@ use ferry_util::AbortOnDrop;
 use tokio::sync::Semaphore;
 use tracing::debug;
 
+use crate::background::{self, DemandGate};
 use crate::progress::{Progress, State};
 use crate::state::{CacheDir, CacheError};
 use crate::syncer::Syncer;
@@ -63,6 +75,9 @@ pub struct MirrorConfig {
     pub files_in_flight: usize,
     /// Bytes of chunks requested and not yet written, at most.
     pub chunk_memory: usize,
+    /// Bytes of fetched chunks handed to the background threads and not yet written, at
+    /// most (the bounded background write queue; within `chunk_memory`).
+    pub write_queue: usize,
     /// Directories listed at once.
     pub listings_in_flight: usize,
     /// Compare each complete file's BLAKE3 with the server's.
@@ -78,6 +93,7 @@ impl Default for MirrorConfig {
         MirrorConfig {
             files_in_flight: 512,
             chunk_memory: 64 << 20,
+            write_queue: WRITE_QUEUE,
             listings_in_flight: 32,
             verify: true,
             bwlimit: None,
@@ -85,6 +101,10 @@ impl Default for MirrorConfig {
         }
     }
 }
+
+/// Default of [`MirrorConfig::write_queue`]: two default chunks (1 MiB) for each of the
+/// default 8 streams, enough to keep the disk busy while the next chunks arrive.
+pub const WRITE_QUEUE: usize = 16 << 20;
 
 /// Why a mirror run failed.
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +171,13 @@ struct Ctx {
     chunk_units: Arc<Semaphore>,
     /// Units of `chunk_units` in all (a chunk never asks for more).
     total_units: u32,
+    /// Units (of [`UNIT`] bytes) of the write queue: held from handing a chunk to the
+    /// background threads until its write returned.
+    write_units: Arc<Semaphore>,
+    /// Units of `write_units` in all.
+    total_write_units: u32,
+    /// Defers hashing, syncs and compaction while demand reads are in flight.
+    gate: DemandGate,
     sync: Syncer,
     limiter: Option<Limiter>,
 }
@@ -215,24 +242,35 @@ impl Mirror {
         // The status file is allocated now, so it can be written even if the disk fills.
         let first = self.progress.snapshot(State::Running, &self.label);
         let meta = self.cache.meta().to_path_buf();
-        match tokio::task::spawn_blocking(move || first.write(&meta)).await {
+        match background::run(move || first.write(&meta)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => debug!("status file: {e}"),
             Err(e) => debug!("status file: {e}"),
         }
+        // A mirror on a background handle (a mount's) yields to the mount's readers; one on
+        // a foreground handle (`ferry mirror`) has no readers, and its own requests would
+        // count as theirs.
+        let gate = if self.client.is_background() {
+            DemandGate::client(&self.client)
+        } else {
+            DemandGate::open()
+        };
         let (sync, syncer) = match &self.syncer {
             Some(s) => (s.clone(), None),
             None => {
                 let errors = self.progress.clone();
-                let (s, task) = Syncer::start(
+                let (s, task) = Syncer::start_gated(
                     self.cache.clone(),
                     self.cfg.sync_interval,
                     Arc::new(move |m| errors.error(m)),
+                    None,
+                    gate.clone(),
                 );
                 (s, Some(task))
             }
         };
         let units = (self.cfg.chunk_memory / UNIT).max(1);
+        let write_units = (self.cfg.write_queue / UNIT).max(1);
         let ctx = Arc::new(Ctx {
             client: self.client.clone(),
             cache: self.cache.clone(),
@@ -241,6 +279,9 @@ impl Mirror {
             progress: self.progress.clone(),
             chunk_units: Arc::new(Semaphore::new(units)),
             total_units: units as u32,
+            write_units: Arc::new(Semaphore::new(write_units)),
+            total_write_units: write_units as u32,
+            gate: gate.clone(),
             sync,
             limiter: self.cfg.bwlimit.map(Limiter::new),
         });
@@ -262,7 +303,7 @@ impl Mirror {
             )
         });
         let (cache, progress) = (self.cache.clone(), self.progress.clone());
-        let set = tokio::task::spawn_blocking(move || {
+        let set = background::run(move || {
             for (rel, attr) in &dirs {
                 let local = cache.local_path(rel);
                 if let Err(e) = set_metadata(&local, attr, true) {
@@ -293,14 +334,16 @@ impl Mirror {
         };
         let last = p.snapshot(state, &self.label);
         let cache = self.cache.clone();
-        let finish = tokio::task::spawn_blocking(move || {
-            let _ = last.write(cache.meta());
-            if let Err(e) = cache.compact_if_large() {
-                debug!("journal compaction failed: {e}");
-            }
-        });
-        if let Err(e) = finish.await {
-            debug!("status file and compaction: {e}");
+        let written = background::run(move || last.write(cache.meta())).await;
+        if let Err(e) = written.map_err(std::io::Error::from).and_then(|r| r) {
+            debug!("status file: {e}");
+        }
+        gate.wait().await;
+        let cache = self.cache.clone();
+        match background::run(move || cache.compact_if_large()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => debug!("journal compaction failed: {e}"),
+            Err(e) => debug!("journal compaction: {e}"),
         }
         journal.map_err(|source| MirrorError::Journal {
             path: self.cache.meta().to_path_buf(),
@@ -327,7 +370,8 @@ pub(crate) fn remote_path(root: &Bytes, rel: &[u8]) -> Bytes {
     }
 }
 
-/// The status file, rewritten every second while the run goes on (on the blocking pool).
+/// The status file, rewritten every second while the run goes on (on the background
+/// threads).
 /// Dropping it stops the rewrites, waiting for one in progress, so that no "running" lands
 /// after whatever the caller writes next (the final state, or "interrupted").
 struct StatusWriter {
@@ -377,7 +421,7 @@ async fn status_writer(
         tick.tick().await;
         let s = progress.snapshot(State::Running, &label);
         let (cache, shared) = (cache.clone(), shared.clone());
-        let written = tokio::task::spawn_blocking(move || {
+        let written = background::run(move || {
             let _one = shared.writing.lock().unwrap_or_else(|e| e.into_inner());
             if shared.stopped.load(Ordering::SeqCst) {
                 return Ok(());

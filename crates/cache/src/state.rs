@@ -3,8 +3,9 @@
 //! Locks: the state (`inner`: every file's [`FileState`] and the records not yet handed to
 //! the journal) is only ever held for in-memory work, so async tasks that ask for a file's
 //! state never wait for the disk. The journal has its own lock, held across its writes,
-//! syncs and compaction (callers run those on the blocking pool); when both are taken, the
-//! journal's comes first. Records reach the journal in the order they were made.
+//! syncs and compaction (callers run those off the async threads: on the mirror's
+//! [`crate::background`] threads or the chunk store's write-back threads); when both are
+//! taken, the journal's comes first. Records reach the journal in the order they were made.
 
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;

@@ -20,6 +20,7 @@ use ferry_client::Client;
 use ferry_util::human_bytes;
 use tracing::{info, warn};
 
+use crate::background::DemandGate;
 use crate::mirror::{Mirror, MirrorConfig};
 use crate::progress::{Progress, State, Status};
 use crate::state::CacheDir;
@@ -127,10 +128,12 @@ impl MirrorSupervisor {
     ) -> MirrorTask {
         let _rt = rt.enter();
         let this = self.clone();
-        let (syncer, _task) = Syncer::start(
+        let (syncer, _task) = Syncer::start_gated(
             cache.clone(),
             SYNC_INTERVAL,
             Arc::new(move |m| this.current().1.error(m)),
+            None,
+            DemandGate::client(&client),
         );
         let task =
             rt.spawn(

@@ -5,6 +5,11 @@
 //! someone asks ([`Syncer::flush`]). Committing a batch: `fdatasync` of each file written
 //! (or one `syncfs` of the cache's file system when more than 8 files are involved), then
 //! the chunk and verification records in the order they were sent, then one journal sync.
+//!
+//! Readers first: a commit runs on the background threads ([`crate::background`]: lower CPU
+//! and I/O priority); no reader ever waits for one. A gated syncer ([`Syncer::start_gated`],
+//! the mirror's and the mount's) first waits, briefly and boundedly, while demand reads are in
+//! flight, so its `fdatasync`/`syncfs` does not compete with them for the disk.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -15,6 +20,7 @@ use bytes::Bytes;
 use ferry_proto::Version;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::background::{self, DemandGate};
 use crate::state::CacheDir;
 
 /// Reports an error (the mirror counts it; the mount logs it).
@@ -66,6 +72,20 @@ impl Syncer {
         Self::start_with(cache, interval, on_error, None)
     }
 
+    /// As [`Syncer::start_with`], each commit first deferred while `gate` sees demand reads
+    /// in flight ([`DemandGate::wait`]).
+    pub fn start_gated(
+        cache: Arc<CacheDir>,
+        interval: Duration,
+        on_error: OnError,
+        completed: Option<Completed>,
+        gate: DemandGate,
+    ) -> (Syncer, tokio::task::JoinHandle<std::io::Result<()>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(syncer(cache, rx, interval, on_error, completed, gate));
+        (Syncer { tx }, task)
+    }
+
     /// As [`Syncer::start`]; files whose last chunk it records are sent to `completed`
     /// (path and version), e.g. to be verified.
     pub fn start_with(
@@ -74,9 +94,7 @@ impl Syncer {
         on_error: OnError,
         completed: Option<Completed>,
     ) -> (Syncer, tokio::task::JoinHandle<std::io::Result<()>>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(syncer(cache, rx, interval, on_error, completed));
-        (Syncer { tx }, task)
+        Self::start_gated(cache, interval, on_error, completed, DemandGate::open())
     }
 
     /// Chunk `index` of `rel` at `version` was written to `file`, the local file of
@@ -123,6 +141,7 @@ async fn syncer(
     interval: Duration,
     on_error: OnError,
     completed: Option<Completed>,
+    gate: DemandGate,
 ) -> std::io::Result<()> {
     let mut batch: Vec<SyncEvent> = Vec::new();
     let mut first_at: Option<Instant> = None;
@@ -155,6 +174,9 @@ async fn syncer(
             }
         };
         if due {
+            if !batch.is_empty() {
+                gate.wait().await;
+            }
             commit_batch(
                 &cache,
                 &mut batch,
@@ -189,7 +211,7 @@ async fn commit_batch(
     }
     let events = std::mem::take(batch);
     let c = cache.clone();
-    let r = tokio::task::spawn_blocking(move || -> Committed {
+    let r = background::run(move || -> Committed {
         // 1. Data durable: each written file, or the whole file system at once when many
         //    files are involved (many small files).
         let mut files: HashMap<*const File, Arc<File>> = HashMap::new();

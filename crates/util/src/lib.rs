@@ -6,15 +6,19 @@
 //! - [`task`]: [`AbortOnDrop`], a task that ends with its owner.
 //! - [`process`]: process set-up of the binaries ([`limit_malloc_arenas`]) and, with the
 //!   `cli` feature, [`one_line_usage_error`].
+//! - [`priority`]: [`lower_current_thread`], lower CPU and I/O priority for background
+//!   threads (the mirror's, the write-back queue's), so readers come first.
 //! - [`human`]: [`human_bytes`], sizes as people read them in logs and progress lines.
 
 pub mod human;
 pub mod metrics;
+pub mod priority;
 pub mod process;
 pub mod task;
 
 pub use human::human_bytes;
 pub use metrics::serve_metrics;
+pub use priority::lower_current_thread;
 #[cfg(feature = "cli")]
 pub use process::one_line_usage_error;
 pub use process::{limit_malloc_arenas, usage_error_line};

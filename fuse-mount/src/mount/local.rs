@@ -53,11 +53,13 @@ impl Local {
         }
         let (syncer, sync_task) = {
             let _rt = rt.enter();
-            Syncer::start_with(
+            // Its syncs wait (boundedly) while demand reads are in flight.
+            Syncer::start_gated(
                 cache.clone(),
                 SYNC_INTERVAL,
                 Arc::new(|m| warn!("{m}")),
                 Some(done_tx),
+                ferry_cache::background::DemandGate::client(client),
             )
         };
         let copy = Arc::new(LocalCopy::new(cache, root, chunk_size, syncer.clone()));

@@ -1,7 +1,7 @@
 //! One attempt at copying a file of more than one chunk (or a complete small file being
 //! resumed): its missing chunks all in flight together within the chunk memory budget,
-//! each written with `pwrite` on the blocking pool (many writes in parallel keep an NVMe
-//! queue busy) and handed to the syncer; then verification and metadata.
+//! each written with `pwrite` on the background threads (within the write queue's budget)
+//! and handed to the syncer; then verification and metadata.
 //!
 //! Invariant: the bytes an attempt counted as done are taken back from the progress when
 //! the attempt does not end in [`FileOutcome::Done`], so the next attempt counts anew.
@@ -19,6 +19,7 @@ use super::metadata::set_metadata;
 use super::small::copy_small_file;
 use super::verify;
 use super::{remote_path, Ctx, UNIT};
+use crate::background;
 
 pub(super) async fn copy_file_once(
     ctx: &Arc<Ctx>,
@@ -41,9 +42,7 @@ pub(super) async fn copy_file_once(
     let (file, generation, resumed) = {
         let cache = ctx.cache.clone();
         let (r, a) = (rel.clone(), *attr);
-        tokio::task::spawn_blocking(move || open_local(&cache, &r, &a, cs))
-            .await
-            .map_err(std::io::Error::other)??
+        background::run(move || open_local(&cache, &r, &a, cs)).await??
     };
     let file = Arc::new(file);
     let st = ctx.cache.state(rel).filter(|s| s.generation == generation);
@@ -59,9 +58,7 @@ pub(super) async fn copy_file_once(
     {
         // Complete and verified by an earlier run: only the metadata may need setting.
         let (local, a) = (ctx.cache.local_path(rel), *attr);
-        tokio::task::spawn_blocking(move || set_metadata(&local, &a, true))
-            .await
-            .map_err(std::io::Error::other)??;
+        background::run(move || set_metadata(&local, &a, true)).await??;
         return Ok(FileOutcome::Done);
     }
     let missing: Vec<u64> = match &st {
@@ -98,10 +95,8 @@ pub(super) async fn copy_file_once(
                 Ok((data, file_hash)) => {
                     let n = data.len() as u64;
                     let f = file.clone();
-                    let w = tokio::task::spawn_blocking(move || f.write_all_at(&data, offset))
-                        .await
-                        .map_err(std::io::Error::other)
-                        .and_then(|r| r);
+                    let w =
+                        write_queued(&c, data.len(), move || f.write_all_at(&data, offset)).await;
                     match w {
                         Ok(()) => {
                             c.sync.written(rel, version, generation, index, file);
@@ -178,8 +173,22 @@ pub(super) async fn copy_file_once(
         }
     }
     let (local, a) = (ctx.cache.local_path(rel), *attr);
-    tokio::task::spawn_blocking(move || set_metadata(&local, &a, true))
-        .await
-        .map_err(std::io::Error::other)??;
+    background::run(move || set_metadata(&local, &a, true)).await??;
     Ok(FileOutcome::Done)
+}
+
+/// Runs `write` (of `len` bytes of a fetched chunk) on the background threads once the
+/// write queue has room for it; its room is released when the write returned.
+pub(super) async fn write_queued<T: Send + 'static>(
+    ctx: &Ctx,
+    len: usize,
+    write: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let units = (len.div_ceil(UNIT).max(1) as u32).min(ctx.total_write_units);
+    let _room = ctx
+        .write_units
+        .acquire_many(units)
+        .await
+        .map_err(std::io::Error::other)?;
+    background::run(write).await?
 }

@@ -59,7 +59,7 @@ pub(super) async fn copy_file(ctx: &Arc<Ctx>, rel: Bytes, mut attr: Attr) {
                 ctx.sync.flush().await;
                 ctx.cache.forget(&rel);
                 let local = ctx.cache.local_path(&rel);
-                let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(local)).await;
+                let _ = crate::background::run(move || std::fs::remove_file(local)).await;
                 return;
             }
             Ok(FileOutcome::Changed(new)) => {

@@ -1,6 +1,6 @@
 //! Metadata of local entries: modes and nanosecond access/modification times as the
 //! source's (ownership is not copied). Blocking system calls: callers run them on the
-//! blocking pool.
+//! background threads ([`crate::background`]).
 
 use std::fs::File;
 use std::os::unix::fs::PermissionsExt;

@@ -1,5 +1,6 @@
-//! A file that fits in one chunk, in one read and one blocking step: a tree of small files
-//! is bound by per-file work, not bytes.
+//! A file that fits in one chunk, in one read and one blocking step on the background
+//! threads (create, write, metadata, BLAKE3 of the bytes written): a tree of small files is
+//! bound by per-file work, not bytes.
 
 use std::fs::File;
 use std::sync::atomic::Ordering;
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferry_proto::Attr;
 
+use super::chunked::write_queued;
 use super::fetch::{fetch_chunk, ChunkError};
 use super::file::FileOutcome;
 use super::metadata::set_file_metadata;
@@ -16,8 +18,9 @@ use super::{remote_path, Ctx, UNIT};
 
 /// A file that fits in one chunk: one read, then one blocking step that creates, writes and
 /// sets the metadata of the local file (a tree of small files is bound by per-file work). Its
-/// hash is computed over the bytes written, still in memory, and compared with the server's
-/// hash of the same version (carried by the read when the server has READ_HASH, else asked for).
+/// hash is computed in the same step over the bytes written, still in memory, and compared
+/// with the server's hash of the same version (carried by the read when the server has
+/// READ_HASH, else asked for).
 pub(super) async fn copy_small_file(
     ctx: &Arc<Ctx>,
     rel: &Bytes,
@@ -40,16 +43,25 @@ pub(super) async fn copy_small_file(
         Err(ChunkError::Remote(e)) => return Err(std::io::Error::other(e.to_string())),
         Err(ChunkError::Io(e)) => return Err(e),
     };
-    let (file, generation) = {
-        let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data.clone());
-        tokio::task::spawn_blocking(move || -> std::io::Result<(File, u64)> {
-            let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
-            std::io::Write::write_all(&mut f, &d)?;
-            set_file_metadata(&f, &a)?;
-            Ok((f, generation))
-        })
+    let verify = ctx.cfg.verify;
+    let (file, generation, mine) = {
+        let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data);
+        write_queued(
+            ctx,
+            d.len(),
+            move || -> std::io::Result<(File, u64, [u8; 32])> {
+                let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
+                std::io::Write::write_all(&mut f, &d)?;
+                set_file_metadata(&f, &a)?;
+                let mine = if verify {
+                    *blake3::hash(&d).as_bytes()
+                } else {
+                    [0; 32]
+                };
+                Ok((f, generation, mine))
+            },
+        )
         .await
-        .map_err(std::io::Error::other)?
         .map_err(|e| std::io::Error::new(e.kind(), format!("writing the local copy: {e}")))?
     };
     drop(permit);
@@ -59,7 +71,7 @@ pub(super) async fn copy_small_file(
         .bytes_done
         .fetch_add(attr.size, Ordering::Relaxed);
     if ctx.cfg.verify {
-        let verdict = verify::in_memory(ctx, rel, remote, version, generation, &data, file_hash);
+        let verdict = verify::in_memory(ctx, rel, remote, version, generation, mine, file_hash);
         if let Some(o) = verdict.await.with_taken_back(ctx, attr.size) {
             return o;
         }

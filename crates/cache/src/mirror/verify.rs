@@ -4,6 +4,9 @@
 //!
 //! The server's hash comes with the read when one read returned the whole file (servers with
 //! READ_HASH), else it is asked for; an answer for another version means the file changed.
+//!
+//! Hashing a complete file reads all of it back: it runs on the background threads, after
+//! waiting (boundedly) for demand reads in flight to finish.
 
 use std::sync::atomic::Ordering;
 
@@ -56,15 +59,20 @@ pub(super) async fn written(
 ) -> Verdict {
     let version = attr.version();
     let local = ctx.cache.local_path(rel);
-    let local_hash = tokio::task::spawn_blocking(move || crate::hash_file(&local));
+    let gate = ctx.gate.clone();
+    let local_hash = tokio::spawn(async move {
+        gate.wait().await;
+        crate::background::run_long(move || crate::hash_file(&local)).await
+    });
     let server = if attr.size == 0 || whole_file_hash.is_some() {
         None
     } else {
         Some(ctx.client.hash(remote.clone()).await)
     };
     let local_hash = match local_hash.await {
-        Ok(Ok(h)) => h,
-        Ok(Err(e)) => return Verdict::Unreadable(e),
+        Ok(Ok(Ok(h))) => h,
+        Ok(Ok(Err(e))) => return Verdict::Unreadable(e),
+        Ok(Err(e)) => return Verdict::Unreadable(e.into()),
         Err(e) => return Verdict::Unreadable(std::io::Error::other(e)),
     };
     let expected = match server {
@@ -97,18 +105,17 @@ pub(super) async fn written(
     Verdict::Match
 }
 
-/// Verifies a small file from the bytes written, still in memory. `file_hash`: the
-/// server's hash carried by the read, if any.
+/// Verifies a small file from `mine`, the BLAKE3 of the bytes written (computed with the
+/// write, from memory). `file_hash`: the server's hash carried by the read, if any.
 pub(super) async fn in_memory(
     ctx: &Ctx,
     rel: &Bytes,
     remote: Bytes,
     version: Version,
     generation: u64,
-    data: &Bytes,
+    mine: [u8; 32],
     file_hash: Option<[u8; 32]>,
 ) -> Verdict {
-    let mine = *blake3::hash(data).as_bytes();
     let theirs = match file_hash {
         Some(h) => h,
         None => match ctx.client.hash(remote).await {

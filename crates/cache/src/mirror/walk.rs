@@ -19,6 +19,7 @@ use tracing::debug;
 use super::file::copy_file;
 use super::metadata::set_metadata;
 use super::{remote_path, Ctx};
+use crate::background;
 use crate::STATE_DIR;
 
 /// Lists the tree, creates directories and symlinks, runs file jobs. Returns every
@@ -30,9 +31,9 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
     let mut jobs = tokio::task::JoinSet::new();
     let files = Arc::new(Semaphore::new(ctx.cfg.files_in_flight.max(1)));
     let root = ctx.cache.local_path(b"");
-    let made = tokio::task::spawn_blocking(move || make_dir(&root))
+    let made = background::run(move || make_dir(&root))
         .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        .unwrap_or_else(|e| Err(e.into()));
     if let Err(e) = made {
         ctx.progress
             .error(format!("{}: {e}", ctx.cache.root().display()));
@@ -119,7 +120,7 @@ fn is_state_dir(rel: &[u8], name: &[u8]) -> bool {
 }
 
 /// Creates the local directories of the subdirectories listed in `rel`, all in one step on
-/// the blocking pool, before anything is created in them. One result per entry: `None`
+/// the background threads, before anything is created in them. One result per entry: `None`
 /// for entries that are not directories (or the state folder).
 async fn make_dirs(
     ctx: &Ctx,
@@ -137,16 +138,14 @@ async fn make_dirs(
         return paths.into_iter().map(|_| None).collect();
     }
     let n = paths.len();
-    tokio::task::spawn_blocking(move || {
-        paths.into_iter().map(|p| p.map(|p| make_dir(&p))).collect()
-    })
-    .await
-    .unwrap_or_else(|e| {
-        let e = e.to_string();
-        (0..n)
-            .map(|_| Some(Err(std::io::Error::other(e.clone()))))
-            .collect()
-    })
+    background::run(move || paths.into_iter().map(|p| p.map(|p| make_dir(&p))).collect())
+        .await
+        .unwrap_or_else(|e| {
+            let e = e.to_string();
+            (0..n)
+                .map(|_| Some(Err(std::io::Error::other(e.clone()))))
+                .collect()
+        })
 }
 
 /// Makes `p` a directory: kept if it is one, replacing a file or symlink.
@@ -178,7 +177,7 @@ async fn copy_symlink(ctx: &Ctx, rel: Bytes, attr: Attr) {
             return;
         }
     };
-    let r = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+    let r = background::run(move || -> std::io::Result<()> {
         use std::os::unix::ffi::OsStrExt;
         let want = std::ffi::OsStr::from_bytes(&target);
         match std::fs::symlink_metadata(&local) {

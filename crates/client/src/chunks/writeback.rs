@@ -8,7 +8,9 @@
 //!   the network, and the chunk will be fetched again by the next read or the mirror.
 //!   Memory is a budget, not a hope.
 //! - A fixed number of named writer threads (`ferry-store-N`) drain the queue in order.
-//!   When the queue is dropped they finish what is queued, then exit.
+//!   When the queue is dropped they finish what is queued, then exit. They run at lower CPU
+//!   and I/O priority ([`ferry_util::lower_current_thread`]): storing is background work, and
+//!   the readers whose chunks they store have their bytes already.
 //! - [`WriteBack::flush`] returns once every chunk offered before it has been handed to the
 //!   backing (which records it through its own syncer).
 
@@ -76,7 +78,10 @@ impl WriteBack {
             let s = shared.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("ferry-store-{n}"))
-                .spawn(move || writer(&s));
+                .spawn(move || {
+                    ferry_util::lower_current_thread();
+                    writer(&s)
+                });
             if let Err(e) = spawned {
                 // With no writer the queue fills up and chunks are skipped: reads go on.
                 tracing::warn!("cannot start a local-copy writer thread: {e}");

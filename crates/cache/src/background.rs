@@ -1,0 +1,299 @@
+//! The mirror's background threads and the rule by which its work yields to readers.
+//!
+//! - **Threads.** [`run`] runs a blocking closure on one of [`THREADS`] named threads
+//!   (`ferry-bg-N`), started on first use and shared by every mirror and syncer of the
+//!   process, each at lower CPU and I/O priority ([`ferry_util::lower_current_thread`]).
+//!   They take the mirror's blocking work: writes to the local copy, BLAKE3 hashing,
+//!   metadata, directory creation, `fdatasync`/`syncfs` and journal commits, status-file
+//!   writes. The mount's own reads of the local copy stay on tokio's blocking pool: they
+//!   serve readers. The queue in front of the threads is bounded ([`QUEUE`] jobs): a
+//!   submitter waits for room, so background work never piles up without bound. Long jobs
+//!   (hashing a whole file, [`run_long`]) take at most `THREADS − 1` threads, so writes and
+//!   syncs always have one.
+//! - **Deferral.** [`DemandGate::wait`]: before a piece of CPU or disk work that is not on
+//!   the network path (hashing a completed file, a sync batch, a journal compaction), the
+//!   mirror waits while demand reads are in flight ([`ferry_client::Client::demand_in_flight`]),
+//!   polled every [`DEFER_POLL`], until none was seen on two polls in a row, and never longer
+//!   than [`MAX_DEFERRAL`], so background work is delayed but never starved. Deferrals are
+//!   counted ([`deferrals`]).
+//!
+//! Invariant: a job that panics does not take its thread with it; its caller gets
+//! [`BackgroundError::Panicked`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use ferry_client::Client;
+use tokio::sync::{mpsc, oneshot};
+
+/// Background threads. Two keep a write going while the other thread hashes or syncs,
+/// and leave the other core of a small machine to readers.
+pub const THREADS: usize = 2;
+/// Jobs queued in front of the threads, at most.
+pub const QUEUE: usize = 64;
+/// How often a deferred job looks again whether demand reads are still in flight.
+pub const DEFER_POLL: Duration = Duration::from_millis(1);
+/// Longest a job waits for demand reads to finish before it runs anyway.
+pub const MAX_DEFERRAL: Duration = Duration::from_millis(50);
+
+/// Why a background job gave no result.
+#[derive(Debug, thiserror::Error)]
+pub enum BackgroundError {
+    /// The job panicked (its thread goes on with the next job).
+    #[error("a background job panicked")]
+    Panicked,
+}
+
+impl From<BackgroundError> for std::io::Error {
+    fn from(e: BackgroundError) -> Self {
+        std::io::Error::other(e)
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Pool {
+    tx: mpsc::Sender<Job>,
+    /// Threads that started; with none, jobs run on tokio's blocking pool instead.
+    started: usize,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>(QUEUE);
+        let rx = Arc::new(Mutex::new(rx));
+        let mut started = 0;
+        for n in 0..THREADS {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("ferry-bg-{n}"))
+                .spawn(move || {
+                    ferry_util::lower_current_thread();
+                    worker(&rx);
+                });
+            match spawned {
+                Ok(_) => started += 1,
+                Err(e) => tracing::warn!("cannot start a background thread: {e}"),
+            }
+        }
+        Pool { tx, started }
+    })
+}
+
+/// One background thread: runs jobs in the order queued, for the life of the process.
+fn worker(rx: &Mutex<mpsc::Receiver<Job>>) {
+    loop {
+        // One thread waits in the channel at a time; the other waits for the lock.
+        let job = rx.lock().unwrap_or_else(|e| e.into_inner()).blocking_recv();
+        match job {
+            Some(job) => job(),
+            None => return,
+        }
+    }
+}
+
+/// Runs `f` on a background thread (lower CPU and I/O priority) and returns its result,
+/// like `tokio::task::spawn_blocking` for the mirror's work. Waits for room in the queue
+/// first. The job runs to its end even if the caller stops waiting.
+///
+/// # Errors
+/// The job panicked.
+pub async fn run<T, F>(f: F) -> Result<T, BackgroundError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let p = pool();
+    let (tx, rx) = oneshot::channel();
+    let job: Job = Box::new(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        if r.is_err() {
+            tracing::error!("a background job panicked");
+        }
+        let _ = tx.send(r);
+    });
+    if p.started == 0 {
+        // No thread could be started: the work still has to be done.
+        let _ = tokio::task::spawn_blocking(job).await;
+    } else if let Err(mpsc::error::SendError(job)) = p.tx.send(job).await {
+        // The receivers live as long as the process; run it here rather than lose it.
+        let _ = tokio::task::spawn_blocking(job).await;
+    }
+    match rx.await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(_)) | Err(_) => Err(BackgroundError::Panicked),
+    }
+}
+
+/// Runs a long job (hashing a whole file) like [`run`], at most `THREADS − 1` of them at once:
+/// the mirror's writes and syncs keep a thread while a big file is hashed.
+///
+/// # Errors
+/// The job panicked.
+pub async fn run_long<T, F>(f: F) -> Result<T, BackgroundError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    static LONG: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(THREADS - 1);
+    // The semaphore is never closed.
+    let _turn = LONG.acquire().await.ok();
+    run(f).await
+}
+
+/// Deferrals so far, over the process (every [`DemandGate::wait`] that waited).
+pub fn deferrals() -> u64 {
+    DEFERRALS.load(Ordering::Relaxed)
+}
+
+static DEFERRALS: AtomicU64 = AtomicU64::new(0);
+
+/// How many demand reads are in flight now.
+type Probe = Arc<dyn Fn() -> usize + Send + Sync>;
+
+/// Defers background work while demand reads are in flight (see the module docs). Cheap to
+/// clone.
+#[derive(Clone, Default)]
+pub struct DemandGate {
+    probe: Option<Probe>,
+}
+
+impl std::fmt::Debug for DemandGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DemandGate")
+            .field("gated", &self.probe.is_some())
+            .finish()
+    }
+}
+
+impl DemandGate {
+    /// A gate that never waits.
+    pub fn open() -> DemandGate {
+        DemandGate { probe: None }
+    }
+
+    /// A gate that waits while `client` has demand reads in flight.
+    pub fn client(client: &Client) -> DemandGate {
+        let c = client.clone();
+        DemandGate::probe(move || c.demand_in_flight())
+    }
+
+    /// A gate that waits while `in_flight` returns more than zero.
+    pub fn probe(in_flight: impl Fn() -> usize + Send + Sync + 'static) -> DemandGate {
+        DemandGate {
+            probe: Some(Arc::new(in_flight)),
+        }
+    }
+
+    /// Returns at once when no demand read is in flight; else waits until none was seen on
+    /// two polls [`DEFER_POLL`] apart, at most [`MAX_DEFERRAL`]. Returns whether it waited.
+    pub async fn wait(&self) -> bool {
+        let Some(probe) = &self.probe else {
+            return false;
+        };
+        if probe() == 0 {
+            return false;
+        }
+        DEFERRALS.fetch_add(1, Ordering::Relaxed);
+        let until = tokio::time::Instant::now() + MAX_DEFERRAL;
+        let mut quiet = 0;
+        while quiet < 2 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(DEFER_POLL).await;
+            quiet = if probe() == 0 { quiet + 1 } else { 0 };
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[tokio::test]
+    async fn jobs_run_on_named_low_priority_threads() {
+        let (name, nice) = run(|| {
+            let name = std::thread::current().name().map(str::to_string);
+            (name, ferry_util::priority::current_thread_nice().ok())
+        })
+        .await
+        .expect("job");
+        assert!(name.is_some_and(|n| n.starts_with("ferry-bg-")));
+        if let Some(n) = nice {
+            assert!(n >= ferry_util::priority::BACKGROUND_NICE, "nice {n}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_an_error_and_the_threads_go_on() {
+        assert!(matches!(
+            run(|| panic!("boom")).await,
+            Err(BackgroundError::Panicked)
+        ));
+        // More jobs than threads and queue together: every one still runs.
+        let mut all = Vec::new();
+        for i in 0..(THREADS + QUEUE + 8) {
+            all.push(tokio::spawn(run(move || i * 2)));
+        }
+        for (i, h) in all.into_iter().enumerate() {
+            assert_eq!(h.await.expect("task").expect("job"), i * 2);
+        }
+    }
+
+    #[tokio::test]
+    async fn long_jobs_leave_a_thread_for_the_others() {
+        // Long jobs that only end when told: the others still run meanwhile.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = Arc::new(Mutex::new(rx));
+        let long: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let rx = rx.clone();
+                tokio::spawn(run_long(move || {
+                    let _ = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                }))
+            })
+            .collect();
+        assert_eq!(run(|| 7).await.expect("job"), 7);
+        for _ in 0..THREADS {
+            tx.send(()).expect("send");
+        }
+        for h in long {
+            h.await.expect("task").expect("job");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_demand_no_wait() {
+        let t = tokio::time::Instant::now();
+        assert!(!DemandGate::probe(|| 0).wait().await);
+        assert!(!DemandGate::open().wait().await);
+        assert_eq!(t.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_until_demand_is_quiet() {
+        // Demand in flight for the first 5 polls, then none.
+        let polls = Arc::new(AtomicUsize::new(0));
+        let p = polls.clone();
+        let gate = DemandGate::probe(move || usize::from(p.fetch_add(1, Ordering::SeqCst) < 6));
+        let before = deferrals();
+        let t = tokio::time::Instant::now();
+        assert!(gate.wait().await);
+        let waited = t.elapsed();
+        // Five busy polls after the first look, then two quiet ones.
+        assert!(waited >= DEFER_POLL * 7, "{waited:?}");
+        assert!(waited < MAX_DEFERRAL, "{waited:?}");
+        assert!(deferrals() > before);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn never_waits_longer_than_the_bound() {
+        let t = tokio::time::Instant::now();
+        assert!(DemandGate::probe(|| 3).wait().await);
+        let waited = t.elapsed();
+        assert!(waited >= MAX_DEFERRAL, "{waited:?}");
+        assert!(waited <= MAX_DEFERRAL + DEFER_POLL * 2, "{waited:?}");
+    }
+}
