@@ -26,6 +26,8 @@
 #   fio-mirror: fio random reads through a plain mount, then through a mount whose background
 #   mirror (--cache-dir --mirror) is filling a local copy of the whole data directory; pairs
 #   run --repeat times. Issue 4: --links wan --methods fio-mirror --datasets random
+#   (Readers during the mirror in depth, with latency percentiles, cp and pg_restore, issue 13:
+#   bench/readers.sh, on the same links.)
 # Every copy starts with the page cache dropped and is verified (cmp, diff -r), and is run
 # --repeat times (default 3; once if it takes over 30 s); the median run is reported. CPU seconds
 # are the whole machine's busy time during the copy (both ends, kernel included). fio random
@@ -60,7 +62,7 @@ while [ $# -gt 0 ]; do
         --repeat) repeat=$2; shift 2 ;;
         --datasets) datasets=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
         *) echo "bench/run.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
