@@ -96,7 +96,10 @@ for m in ${only//,/ }; do case "$m" in pread|fio|cp|cp1g|restore|idle) ;; *) die
 # measures_for LINK: --only as given, else all (cp1g and restore, the CPU- and disk-bound
 # targets, on loopback only).
 measures_for() {
-    if [ "$only_given" = 1 ]; then echo "${only//,/ }"
+    if [ "$only_given" = 1 ]; then
+        local m list=()
+        for m in pread fio cp cp1g restore idle; do [[ ",$only," == *",$m,"* ]] && list+=("$m"); done
+        echo "${list[*]}"
     elif [ "$1" = loopback ]; then echo "pread fio cp cp1g restore idle"
     else echo "pread fio cp idle"
     fi
@@ -223,7 +226,7 @@ measure_idle() {
 prepare() {  # before the page cache is dropped
     case "$1" in
         cp|cp1g) rm -f "$WORK/dst/copy" ;;
-        restore) pg dropdb --if-exists bench 2>/dev/null && pg createdb bench ;;
+        restore) pg dropdb --if-exists bench 2>/dev/null; pg createdb bench ;;
     esac
 }
 verify() {  # after the mount is gone
@@ -233,7 +236,9 @@ verify() {  # after the mount is gone
         restore)
             local n want=$((pg_scale * 100000))
             n=$(pg psql -tA -d bench -c 'select count(*) from pgbench_accounts')
-            [ "$n" = "$want" ] || die "restore: pgbench_accounts has $n rows, not $want" ;;
+            [ "$n" = "$want" ] || die "restore: pgbench_accounts has $n rows, not $want"
+            # Nothing of this restore (a checkpoint, dirty pages) is left to disturb the next run.
+            pg dropdb bench && pg psql -q -d postgres -c CHECKPOINT ;;
     esac
     rm -f "$WORK/dst/copy"
 }
@@ -264,6 +269,9 @@ run_one() {
     fi
     if ! r=$("measure_$m" "$mnt"); then
         r="failed"
+        # A Ctrl-C that the tool caught (pg_restore does) leaves bash running: ferryd, in the
+        # same process group, tells.
+        kill -0 "$ferryd_pid" 2>/dev/null || die "ferryd is gone (interrupted?)"
     fi
     if [ "$mode" = during ]; then
         t1=$(date +%s.%N); s1=$(status_json "$mnt")
@@ -356,20 +364,28 @@ base_mirror() {  # the mirror-alone median of LINK in the --baseline TSV
     echo "commit $commit; $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r)."
     echo "FERRY_ARGS='${FERRY_ARGS:-}' FERRY_MIRROR_MOUNT_ARGS='${FERRY_MIRROR_MOUNT_ARGS:-}' FERRYD_ARGS='${FERRYD_ARGS:-}'."
     echo
-    echo "The export, the same for every link ($(awk -v b="$total_bytes" 'BEGIN { printf "%.1f", b / 1073741824 }') GiB): read/random.bin ($read_mib MiB: the 4 KiB preads, fio,"
-    echo "the loopback cp1g), cp/random.bin ($cp_mib MiB: cp), bulk/ ($bulk_files × $bulk_mib MiB)$([ -n "$DUMP" ] && echo ", $DUMP ($(du -m "$DATA/$DUMP" | cut -f1) MiB, \`pgbench -i -s $pg_scale\`, \`pg_dump -Fc -Z0\`)"); incompressible"
-    echo "but the dump. **Alone**: through a plain mount. **During**: through a mount with \`--cache-dir DIR --mirror\`"
-    echo "(fresh DIR each run) whose mirror started $warmup s before. Page cache dropped before every run; pairs"
-    echo "alternate which goes first. Each figure is the median of $repeat runs; ratios are of the medians."
-    echo "pread: 4 KiB random \`pread\`s, posix_fadvise RANDOM, each block once, $seconds s (bench/pread_lat.py)."
-    echo "fio: 16 KiB random reads, 4 jobs, $fio_secs s. cp, cp1g: \`cp\` out of the mount to local disk, verified"
-    echo "with cmp. restore: \`pg_restore -d\` of the dump on the mount into a throwaway PostgreSQL 15"
-    echo "cluster (database dropped and created before each run; row count checked). Mirror MB/s:"
-    echo "\`bytes_fetched\` of \`ferry status --json\` over the measurement. Local copy: chunks readers found"
-    echo "already mirrored (a 4 KiB pread or a 16 KiB fio read is one); \"network reads only\" counts the others"
-    echo "(local reads taken as free), so it is not flattered by them; p50 and p99 include them. Mirror state: before → after the measurement; a"
-    echo "figure from a run where it was not \`running\` throughout understates the contention. Mirror alone:"
-    echo "MB/s over $seconds s, or until the mirror completed if sooner (the last column says which)."
+    gib=$(awk -v b="$total_bytes" 'BEGIN { printf "%.1f", b / 1073741824 }')
+    dump=""
+    [ -n "$DUMP" ] && dump=", $DUMP ($(du -m "$DATA/$DUMP" | cut -f1) MiB: \`pgbench -i -s $pg_scale\`, \`pg_dump -Fc -Z0\`)"
+    cat <<EOF
+- The export, the same for every link ($gib GiB): read/random.bin ($read_mib MiB), cp/random.bin
+  ($cp_mib MiB), bulk/ ($bulk_files × $bulk_mib MiB)$dump; all but the dump incompressible.
+- **Alone**: through a plain mount. **During**: through a mount with \`--cache-dir DIR --mirror\`
+  (a fresh DIR every run) whose mirror started $warmup s before. The page cache is dropped before
+  every run; the pairs alternate which goes first. Figures are medians of $repeat runs; ratios are
+  of the medians.
+- pread: 4 KiB random \`pread\`s of read/random.bin, posix_fadvise RANDOM, each block once, for
+  $seconds s (bench/pread_lat.py). fio: 16 KiB random reads of it, 4 jobs, $fio_secs s. cp: \`cp\` of
+  cp/random.bin out of the mount to local disk (cp1g: of read/random.bin), verified with cmp.
+  pg_restore: \`pg_restore -d\` of the dump on the mount into a throwaway PostgreSQL 15 cluster
+  (database dropped and created before every run, row count checked).
+- Mirror MB/s meanwhile: \`bytes_fetched\` of \`ferry status --json\` over the measurement. From the
+  local copy: chunks readers found already mirrored (one per 4 KiB pread or 16 KiB fio read).
+  "Network reads only" counts the other reads (local ones taken as free), so it is not flattered
+  by them; p50 and p99 include them. Mirror running throughout: its state before and after every
+  run was \`running\`; where not, the contention is understated. Mirror alone: MB/s over $seconds s,
+  or until the mirror completed if sooner (the last column says which).
+EOF
     for link in "${LINKS[@]}"; do
         read -ra MEASURES <<<"$(measures_for "$link")"
         echo
@@ -455,7 +471,8 @@ base_mirror() {  # the mirror-alone median of LINK in the --baseline TSV
         has "$link" idle || continue
         b=$(base_mirror "$link")
         if [ "$b" = n/a ]; then
-            target "$link: mirror alone, MB/s (no --baseline given)" "$(fmt "$(med "$link" idle during 9)")" report
+            target "$link: mirror alone, MB/s ($([ -n "$baseline" ] && echo "none for $link in the baseline" || echo "no --baseline given"))" \
+                "$(fmt "$(med "$link" idle during 9)")" report
         else
             target "$link: mirror alone ($(fmt "$(med "$link" idle during 9)") MB/s) ÷ the baseline's $(fmt "$b") MB/s (≥ 0.95)" \
                 "$(div "$(med "$link" idle during 9)" "$b")" 0.95
