@@ -11,7 +11,7 @@ ifeq ($(shell command -v $(CARGO) 2>/dev/null),)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help demo prereqs test build install uninstall lint clean-mounts bench bench-quick bench-loopback fuzz-build fuzz-smoke
+.PHONY: help demo prereqs test build install uninstall lint clean-mounts bench bench-quick bench-loopback bench-readers fuzz-build fuzz-smoke
 
 help:
 	@echo "make demo          build, export generated data with ferryd, mount it, copy and verify (FERRY_DEMO_MIB=512)"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench         ferry vs nc, scp, rsync, sshfs, rclone on emulated links -> docs/BENCHMARKS.md"
 	@echo "make bench-quick   a ~2-minute subset of it (bench/out/quick.md)"
 	@echo "make bench-loopback  cp from a loopback mount: MB/s and peak memory"
+	@echo "make bench-readers   reads through the mount alone vs during its background mirror (issue 13) -> bench/out/readers.md"
 	@echo "make fuzz-build    build the cargo-fuzz targets (nightly; installs cargo-fuzz if missing)"
 	@echo "make fuzz-smoke    run each fuzz target for FUZZ_SECONDS (60) and report executions"
 
@@ -87,6 +88,11 @@ bench-quick:
 # cp from a plain loopback mount: MB/s and peak memory of ferryd and ferry.
 bench-loopback:
 	bash bench/cp-loopback.sh --size-mib 1024 --runs 3 --kinds random,db,mixed
+
+# Readers alone vs during the mount's background mirror (bench/readers.sh, issue 13): 4 KiB
+# preads, fio, cp and pg_restore on the 1gbit, wan and loopback links; bench/out/readers.md.
+bench-readers:
+	bash bench/readers.sh --links 1gbit,wan,loopback
 
 # Fuzzing (fuzz/, cargo-fuzz on the nightly toolchain): the frame and message decoders, and
 # ferryd's whole connection handling on arbitrary client bytes.

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the loopback benchmark scripts (source it): a ferryd on 127.0.0.1 and a cleanup
 # that leaves no mount, process or temporary directory behind.
 #
@@ -38,4 +39,171 @@ bench_ferryd() {
     for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
     [ -s "$work/port" ] || { echo "ferryd did not start: $(cat "$work/ferryd.log")" >&2; exit 1; }
     ferryd_addr=$(cat "$work/port")
+}
+
+# ---------------------------------------------------------------- emulated links
+# Shared by bench/run.sh and bench/readers.sh: a private network namespace whose loopback is
+# shaped into a link, ferryd inside it, mounts from it, and a cleanup that leaves nothing
+# behind. The caller sets ROOT (the repository) and defines log and die.
+#
+#   ns_install CMD:PKG...              apt-get installs the packages of missing commands
+#   ns_toxiproxy LINKS                 builds toxiproxy into bench/out/bin if LINKS has wan
+#   ns_start                           sets $NS (a new namespace) and $WORK (a temp dir with
+#                                      logs/ and mnt/); traps EXIT to ns_cleanup, which first
+#                                      calls bench_extra_cleanup when the caller defines it
+#   in_ns CMD..., bg_ns CMD...         run CMD in the namespace (bg_ns: in the background,
+#                                      killed by the cleanup)
+#   ns_ferryd EXPORT                   ferryd on 127.0.0.1:7070 in the namespace; $ferryd_pid
+#   set_link LINK                      loopback, 1gbit or wan; sets $P_FERRY (and the ports of
+#                                      the other services) and, on wan, $WAN_RTT_MS
+#   drop_caches, kill_tree PID
+#   fio_randread FILE SECONDS JSON     16 KiB random reads, 4 jobs (psync, fadvise random)
+#   ferry_mount_at MNT [OPTIONS...]    ferry mount of 127.0.0.1:$P_FERRY with $FERRY_ARGS
+#   ferry_unmount MNT                  unmounts and waits for the mount's process to exit
+#                                      (killed, and status 1, after 30 s)
+BIN=${ROOT:-.}/bench/out/bin
+TOXI_VERSION=v2.12.0
+TOXI=127.0.0.1:8474
+WAN_RTT_MS=""
+
+ns_install() {
+    local need=() pair cmd pkg
+    for pair in "$@"; do
+        cmd=${pair%%:*} pkg=${pair#*:}
+        command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+    done
+    [ ${#need[@]} -gt 0 ] || return 0
+    log "installing ${need[*]}"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null; }; then
+        die "could not install ${need[*]} with apt-get"
+    fi
+}
+
+ns_toxiproxy() {
+    [[ ",$1," == *",wan,"* ]] || return 0
+    [ -x "$BIN/toxiproxy-server" ] && [ -x "$BIN/toxiproxy-cli" ] && return 0
+    command -v go >/dev/null 2>&1 || die "the wan link needs toxiproxy, built with Go: install Go or leave out --links wan"
+    log "building toxiproxy $TOXI_VERSION with go install"
+    mkdir -p "$BIN"
+    local tmp; tmp=$(mktemp -d)
+    if ! { GOBIN=$tmp go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXI_VERSION" \
+        && GOBIN=$tmp go install "github.com/Shopify/toxiproxy/v2/cmd/cli@$TOXI_VERSION"; }; then
+        rm -rf "$tmp"; die "go install of toxiproxy $TOXI_VERSION failed"
+    fi
+    mv "$tmp/server" "$BIN/toxiproxy-server"; mv "$tmp/cli" "$BIN/toxiproxy-cli"; rm -rf "$tmp"
+}
+
+ns_cleanup() {
+    set +e
+    declare -F bench_extra_cleanup >/dev/null && bench_extra_cleanup
+    for m in $(awk -v w="$WORK" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
+        fusermount3 -u -z "$m" 2>/dev/null || fusermount -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+    done
+    while read -r pid; do kill "$pid" 2>/dev/null; done < "$WORK/pids"
+    sleep 0.3
+    while read -r pid; do kill -9 "$pid" 2>/dev/null; done < "$WORK/pids"
+    # Processes started in the namespace that we did not track (daemonised mounts).
+    for pid in $(ip netns pids "$NS" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+    ip netns del "$NS" 2>/dev/null
+    rm -rf "$WORK"
+}
+
+ns_start() {
+    NS=ferrybench-$$
+    WORK=$(mktemp -d /tmp/ferry-bench.XXXXXX)
+    mkdir -p "$WORK/mnt" "$WORK/logs"
+    : > "$WORK/pids"
+    trap ns_cleanup EXIT
+    trap 'exit 130' INT TERM
+    ip netns add "$NS"
+    ip -n "$NS" link set lo up
+}
+
+in_ns() { nsenter --net="/var/run/netns/$NS" "$@"; }
+# nsenter called directly (not through in_ns): $! is then the program itself, as nsenter
+# execs it, so the cleanup kills the right process.
+bg_ns() { nsenter --net="/var/run/netns/$NS" "$@" & echo $! >> "$WORK/pids"; }
+
+ns_ferryd() {
+    # shellcheck disable=SC2086 # FERRYD_ARGS: extra ferryd options, split on purpose
+    bg_ns "$ROOT/target/release/ferryd" --export "$1" --listen 127.0.0.1:7070 ${FERRYD_ARGS:-} 2>"$WORK/logs/ferryd.log"
+    sleep 0.5
+    ferryd_pid=$(pgrep -f -- "ferryd --export $1 --listen 127.0.0.1:7070" | head -1)
+    [ -n "$ferryd_pid" ] || die "ferryd did not start: $(cat "$WORK/logs/ferryd.log")"
+}
+
+toxi() { in_ns "$BIN/toxiproxy-cli" -h "$TOXI" "$@" >/dev/null; }
+set_link() {
+    tc -n "$NS" qdisc del dev lo root 2>/dev/null || true
+    # shellcheck disable=SC2034 # the other ports are used by bench/run.sh's methods
+    P_FERRY=7070 P_FERRY_TLS=7071 P_SSH=2222 P_NC=9000
+    case "$1" in
+        loopback) ;;
+        1gbit) tc -n "$NS" qdisc add dev lo root tbf rate 1gbit burst 2mb latency 100ms ;;
+        # Through toxiproxy every byte crosses the loopback twice (client → proxy → server),
+        # so 2 Gbit/s on the qdisc is 1 Gbit/s end to end.
+        wan) tc -n "$NS" qdisc add dev lo root tbf rate 2gbit burst 4mb latency 100ms ;;
+        *) die "unknown link '$1' (loopback, 1gbit, wan)" ;;
+    esac
+    if [ "$1" = wan ]; then
+        if ! in_ns curl -s "http://$TOXI/version" >/dev/null 2>&1; then
+            bg_ns "$BIN/toxiproxy-server" -host 127.0.0.1 -port 8474 >"$WORK/logs/toxiproxy.log" 2>&1
+            for _ in $(seq 50); do in_ns curl -s "http://$TOXI/version" >/dev/null 2>&1 && break; sleep 0.1; done
+        fi
+        for p in ferry:17070:7070 tls:17071:7071 ssh:12222:2222 nc:19000:9000 probe:19100:9100; do
+            IFS=: read -r name listen upstream <<<"$p"
+            toxi delete "$name" 2>/dev/null || true
+            toxi create -l "127.0.0.1:$listen" -u "127.0.0.1:$upstream" "$name"
+            for dir in -d -u; do
+                toxi toxic add -t latency -a latency=20 "$dir" -n "lat$dir" "$name"
+                # toxiproxy's bandwidth is in KB/s, per connection.
+                toxi toxic add -t bandwidth -a rate=25000 "$dir" -n "bw$dir" "$name"
+            done
+        done
+        # shellcheck disable=SC2034 # the other ports are used by bench/run.sh's methods
+        P_FERRY=17070 P_FERRY_TLS=17071 P_SSH=12222 P_NC=19000
+        # The random-read bound: J jobs / the measured round trip of one 16 KiB read.
+        if [ -z "$WAN_RTT_MS" ]; then
+            bg_ns python3 "$ROOT/bench/rtt_probe.py" server 9100
+            sleep 0.3
+        fi
+        WAN_RTT_MS=$(in_ns python3 "$ROOT/bench/rtt_probe.py" client 19100 100)
+        log "  measured round trip of a 16 KiB read: $WAN_RTT_MS ms"
+    fi
+}
+
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+# Kills a process and all its descendants (a copy runs as shell functions, nsenter and the
+# tool itself; killing only the top shell would leave the tool running).
+kill_tree() {
+    local child
+    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+    kill -TERM "$1" 2>/dev/null || true
+}
+
+fio_randread() {  # fio_randread FILE SECONDS JSON
+    fio --name=randread --filename="$1" --readonly --rw=randread --bs=16k --numjobs=4 \
+        --ioengine=psync --fadvise_hint=random --invalidate=1 --time_based --runtime="$2" \
+        --group_reporting --output-format=json --output="$3" >/dev/null 2>&1
+}
+
+ferry_mount_at() {  # ferry_mount_at MOUNT [OPTIONS...]
+    local mnt=$1; shift
+    mkdir -p "$mnt"
+    # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
+    in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY" "$mnt" \
+        --log-file "$WORK/logs/ferry-$(basename "$mnt")-${link:-}.log" ${FERRY_ARGS:-} "$@" || return 1
+    for _ in $(seq 100); do grep -q " $mnt " /proc/self/mountinfo && return 0; sleep 0.1; done
+    return 1
+}
+
+ferry_unmount() {  # ferry_unmount MOUNT: the mount's process records what its mirror wrote, then exits
+    local mnt=$1
+    fusermount3 -u "$mnt" 2>/dev/null || fusermount -u "$mnt" 2>/dev/null || umount -l "$mnt"
+    for _ in $(seq 300); do pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $mnt" >/dev/null || return 0; sleep 0.1; done
+    # Still there after 30 s: this mount's process, found by its own mount point, is killed.
+    local pid
+    for pid in $(pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $mnt "); do kill -9 "$pid" 2>/dev/null; done
+    return 1
 }

@@ -26,6 +26,8 @@
 #   fio-mirror: fio random reads through a plain mount, then through a mount whose background
 #   mirror (--cache-dir --mirror) is filling a local copy of the whole data directory; pairs
 #   run --repeat times. Issue 4: --links wan --methods fio-mirror --datasets random
+#   (Readers during the mirror in depth, with latency percentiles, cp and pg_restore, issue 13:
+#   bench/readers.sh, on the same links.)
 # Every copy starts with the page cache dropped and is verified (cmp, diff -r), and is run
 # --repeat times (default 3; once if it takes over 30 s); the median run is reported. CPU seconds
 # are the whole machine's busy time during the copy (both ends, kernel included). fio random
@@ -60,7 +62,7 @@ while [ $# -gt 0 ]; do
         --repeat) repeat=$2; shift 2 ;;
         --datasets) datasets=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
         *) echo "bench/run.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -80,37 +82,20 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 [ -z "$(git status --porcelain 2>/dev/null)" ] || commit="$commit (+ uncommitted changes)"
 started=$(date -u '+%Y-%m-%d %H:%M')
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 
 # ---------------------------------------------------------------- prerequisites
 [ "$(id -u)" -eq 0 ] || die "run as root: it creates a network namespace, shapes it with tc, mounts FUSE and drops caches"
 [ -e /dev/fuse ] || die "/dev/fuse is missing: FUSE is needed for the mount methods"
 bash scripts/prereqs.sh
-need=()
-for pair in sshd:openssh-server ssh:openssh-client sshfs:sshfs rclone:rclone fio:fio \
-            nc:netcat-openbsd ip:iproute2 tc:iproute2 nsenter:util-linux jq:jq curl:curl; do
-    cmd=${pair%%:*} pkg=${pair#*:}
-    command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
-done
-[ -x /usr/bin/time ] || need+=(time)
-[[ ",$methods," == *",rsync8,"* ]] && ! command -v fpart >/dev/null 2>&1 && need+=(fpart)
-if [ ${#need[@]} -gt 0 ]; then
-    log "installing ${need[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null \
-        || die "could not install ${need[*]} with apt-get"
-fi
+need=(sshd:openssh-server ssh:openssh-client sshfs:sshfs rclone:rclone fio:fio nc:netcat-openbsd
+      ip:iproute2 tc:iproute2 nsenter:util-linux jq:jq curl:curl)
+[ -x /usr/bin/time ] || need+=(time:time)
+[[ ",$methods," == *",rsync8,"* ]] && need+=(fpart:fpart)
+ns_install "${need[@]}"
 nc -h 2>&1 | grep -q -- '-N' || die "nc must be netcat-openbsd (needs -N): apt-get install netcat-openbsd"
-BIN=$ROOT/bench/out/bin
-TOXI_VERSION=v2.12.0
-if [[ ",$links," == *",wan,"* ]] && { [ ! -x "$BIN/toxiproxy-server" ] || [ ! -x "$BIN/toxiproxy-cli" ]; }; then
-    command -v go >/dev/null 2>&1 || die "the wan link needs toxiproxy, built with Go: install Go or leave out --links wan"
-    log "building toxiproxy $TOXI_VERSION with go install"
-    mkdir -p "$BIN"
-    tmp=$(mktemp -d)
-    GOBIN=$tmp go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXI_VERSION" \
-        && GOBIN=$tmp go install "github.com/Shopify/toxiproxy/v2/cmd/cli@$TOXI_VERSION" \
-        || die "go install of toxiproxy $TOXI_VERSION failed"
-    mv "$tmp/server" "$BIN/toxiproxy-server"; mv "$tmp/cli" "$BIN/toxiproxy-cli"; rm -rf "$tmp"
-fi
+ns_toxiproxy "$links"
 log "building ferry (release)"
 cargo build --release --bins -q
 # Quick runs use their own smaller data set, so switching modes does not regenerate files.
@@ -121,33 +106,8 @@ log "data sets: ${size} MiB files, ${small} small files"
 python3 scripts/gen-data.py "$DATA" --size-mib "$size" --small-files "$small" --only "$(echo "$datasets" | sed 's/\.dat//g; s/\.bin//g')" >&2
 
 # ---------------------------------------------------------------- sandbox and cleanup
-NS=ferrybench-$$
-WORK=$(mktemp -d /tmp/ferry-bench.XXXXXX)
-mkdir -p "$WORK/mnt" "$WORK/dst" "$WORK/ssh" "$WORK/logs"
-: > "$WORK/pids"
-cleanup() {
-    set +e
-    for m in $(awk -v w="$WORK" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
-        fusermount3 -u -z "$m" 2>/dev/null || fusermount -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
-    done
-    while read -r pid; do kill "$pid" 2>/dev/null; done < "$WORK/pids"
-    sleep 0.3
-    while read -r pid; do kill -9 "$pid" 2>/dev/null; done < "$WORK/pids"
-    # Processes started in the namespace that we did not track (daemonised mounts).
-    for pid in $(ip netns pids "$NS" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
-    ip netns del "$NS" 2>/dev/null
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-ip netns add "$NS"
-ip -n "$NS" link set lo up
-in_ns() { nsenter --net="/var/run/netns/$NS" "$@"; }
-# nsenter called directly (not through in_ns): $! is then the program itself, as nsenter
-# execs it, so cleanup kills the right process.
-bg_ns() { nsenter --net="/var/run/netns/$NS" "$@" & echo $! >> "$WORK/pids"; }
-
+ns_start
+mkdir -p "$WORK/dst" "$WORK/ssh"
 # sshd for scp, rsync, sshfs and rclone: its own keys and config, nothing global touched.
 ssh-keygen -q -t ed25519 -N '' -f "$WORK/ssh/host_key"
 ssh-keygen -q -t ed25519 -N '' -f "$WORK/ssh/id"
@@ -166,11 +126,7 @@ EOF
 mkdir -p /run/sshd
 SSH_OPTS=(-i "$WORK/ssh/id" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)
 bg_ns "$(command -v sshd)" -D -f "$WORK/ssh/sshd_config" -E "$WORK/logs/sshd.log"
-# shellcheck disable=SC2086 # FERRYD_ARGS: extra ferryd options, split on purpose
-bg_ns "$ROOT/target/release/ferryd" --export "$DATA" --listen 127.0.0.1:7070 ${FERRYD_ARGS:-} 2>"$WORK/logs/ferryd.log"
-sleep 0.5
-ferryd_pid=$(pgrep -f -- "ferryd --export $DATA --listen 127.0.0.1:7070" | head -1)
-[ -n "$ferryd_pid" ] || die "ferryd did not start: $(cat "$WORK/logs/ferryd.log")"
+ns_ferryd "$DATA"
 # A second ferryd, TLS only, for the ferry-tls method (a self-signed certificate, pinned).
 TLS_FP=""
 if [[ ",$methods," == *",ferry-tls,"* ]]; then
@@ -182,48 +138,9 @@ if [[ ",$methods," == *",ferry-tls,"* ]]; then
 fi
 
 # ---------------------------------------------------------------- links
-TOXI=127.0.0.1:8474
-toxi() { in_ns "$BIN/toxiproxy-cli" -h "$TOXI" "$@" >/dev/null; }
-set_link() {
-    tc -n "$NS" qdisc del dev lo root 2>/dev/null || true
-    P_FERRY=7070 P_FERRY_TLS=7071 P_SSH=2222 P_NC=9000
-    case "$1" in
-        loopback) ;;
-        1gbit) tc -n "$NS" qdisc add dev lo root tbf rate 1gbit burst 2mb latency 100ms ;;
-        # Through toxiproxy every byte crosses the loopback twice (client → proxy → server),
-        # so 2 Gbit/s on the qdisc is 1 Gbit/s end to end.
-        wan) tc -n "$NS" qdisc add dev lo root tbf rate 2gbit burst 4mb latency 100ms ;;
-        *) die "unknown link '$1' (loopback, 1gbit, wan)" ;;
-    esac
-    if [ "$1" = wan ]; then
-        if ! in_ns curl -s "http://$TOXI/version" >/dev/null 2>&1; then
-            bg_ns "$BIN/toxiproxy-server" -host 127.0.0.1 -port 8474 >"$WORK/logs/toxiproxy.log" 2>&1
-            for _ in $(seq 50); do in_ns curl -s "http://$TOXI/version" >/dev/null 2>&1 && break; sleep 0.1; done
-        fi
-        for p in ferry:17070:7070 tls:17071:7071 ssh:12222:2222 nc:19000:9000 probe:19100:9100; do
-            IFS=: read -r name listen upstream <<<"$p"
-            toxi delete "$name" 2>/dev/null || true
-            toxi create -l "127.0.0.1:$listen" -u "127.0.0.1:$upstream" "$name"
-            for dir in -d -u; do
-                toxi toxic add -t latency -a latency=20 "$dir" -n "lat$dir" "$name"
-                # toxiproxy's bandwidth is in KB/s, per connection.
-                toxi toxic add -t bandwidth -a rate=25000 "$dir" -n "bw$dir" "$name"
-            done
-        done
-        P_FERRY=17070 P_FERRY_TLS=17071 P_SSH=12222 P_NC=19000
-        # The random-read bound: J jobs / the measured round trip of one 16 KiB read.
-        bg_ns python3 "$ROOT/bench/rtt_probe.py" server 9100
-        sleep 0.3
-        WAN_RTT_MS=$(in_ns python3 "$ROOT/bench/rtt_probe.py" client 19100 100)
-        log "  measured round trip of a 16 KiB read: $WAN_RTT_MS ms"
-    fi
-}
-WAN_RTT_MS=""
-
 # ---------------------------------------------------------------- measurement
 busy_jiffies() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 HZ=$(getconf CLK_TCK)
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 ROWS=$WORK/rows   # link|dataset|method|seconds|MBps|cpu
 : > "$ROWS"
 FIO=$WORK/fio     # link|method|iops
@@ -234,14 +151,6 @@ RSS=$WORK/rss     # link|ferryd MiB|ferry MiB
 : > "$RSS"
 
 size_of() { if [ -d "$1" ]; then du -sb "$1" | cut -f1; else stat -c %s "$1"; fi; }
-
-# Kills a process and all its descendants (a copy runs as shell functions, nsenter and the
-# tool itself; killing only the top shell would leave the tool writing into dst/).
-kill_tree() {
-    local child
-    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
-    kill -TERM "$1" 2>/dev/null || true
-}
 
 # copy_once LINK DATASET METHOD COMMAND... : times one copy into $WORK/dst and verifies it.
 # Prints "SECONDS|CPU" or "failed (why)" or "timed out (> N s)".
@@ -320,12 +229,14 @@ mount_method() {
     local method=$1 mnt=$WORK/mnt/$1
     mkdir -p "$mnt"
     case "$method" in
-        # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
-        ferry) in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY" "$mnt" \
-                   --log-file "$WORK/logs/ferry-$link.log" ${FERRY_ARGS:-} ;;
-        # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
-        ferry-tls) in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY_TLS" "$mnt" \
-                   --tls-fingerprint "$TLS_FP" --log-file "$WORK/logs/ferry-tls-$link.log" ${FERRY_ARGS:-} ;;
+        ferry)
+            # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
+            in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY" "$mnt" \
+                --log-file "$WORK/logs/ferry-$link.log" ${FERRY_ARGS:-} ;;
+        ferry-tls)
+            # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
+            in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY_TLS" "$mnt" \
+                --tls-fingerprint "$TLS_FP" --log-file "$WORK/logs/ferry-tls-$link.log" ${FERRY_ARGS:-} ;;
         sshfs|sshfs4)
             local extra=""; [ "$method" = sshfs4 ] && extra=",max_conns=4"
             in_ns sshfs -p "$P_SSH" "root@127.0.0.1:$DATA" "$mnt" \
@@ -390,9 +301,7 @@ rsync_copy() {
 
 fio_run() {  # fio_run LINK METHOD MOUNT
     local json=$WORK/logs/fio.json
-    fio --name=randread --filename="$3/random.bin" --readonly --rw=randread --bs=16k --numjobs=4 \
-        --ioengine=psync --fadvise_hint=random --invalidate=1 --time_based --runtime="$fio_secs" \
-        --group_reporting --output-format=json --output="$json" >/dev/null 2>&1 || {
+    fio_randread "$3/random.bin" "$fio_secs" "$json" || {
         log "  fio through $2 failed"; echo "$1|$2|failed" >> "$FIO"; return 0; }
     local iops; iops=$(jq '.jobs[0].read.iops' "$json")
     printf '%s|%s|%.1f\n' "$1" "$2" "$iops" >> "$FIO"
@@ -402,19 +311,8 @@ fio_run() {  # fio_run LINK METHOD MOUNT
 # fio_json MOUNT: one fio run; prints "IOPS READS".
 fio_json() {
     local json=$WORK/logs/fio.json
-    fio --name=randread --filename="$1/random.bin" --readonly --rw=randread --bs=16k --numjobs=4 \
-        --ioengine=psync --fadvise_hint=random --invalidate=1 --time_based --runtime="$fio_secs" \
-        --group_reporting --output-format=json --output="$json" >/dev/null 2>&1 || return 1
+    fio_randread "$1/random.bin" "$fio_secs" "$json" || return 1
     jq -r '.jobs[0].read | "\(.iops) \(.total_ios)"' "$json"
-}
-ferry_mount_at() {  # ferry_mount_at MOUNT [OPTIONS...]
-    local mnt=$1; shift
-    mkdir -p "$mnt"
-    # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
-    in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY" "$mnt" \
-        --log-file "$WORK/logs/ferry-fm-$link.log" ${FERRY_ARGS:-} "$@" || return 1
-    for _ in $(seq 100); do grep -q " $mnt " /proc/self/mountinfo && return 0; sleep 0.1; done
-    return 1
 }
 status_field() { jq -r "$2" <<<"$1"; }
 # fio_mirror_pair LINK: fio through a plain mount, then through a mount with --mirror running
@@ -434,9 +332,7 @@ fio_mirror_pair() {
     s0=$("$ROOT/target/release/ferry" status "$mnt" --json)
     read -r iops ios < <(fio_json "$mnt") || true
     s1=$("$ROOT/target/release/ferry" status "$mnt" --json)
-    unmount_method fm
-    # The mount process records what its mirror wrote, then exits.
-    for _ in $(seq 100); do pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $mnt" >/dev/null || break; sleep 0.1; done
+    ferry_unmount "$mnt" || log "  fio-mirror: the mount did not exit within 30 s"
     rm -rf "$cache"
     local local0 local1 f0 f1 state mbps
     local0=$(status_field "$s0" .mount.chunks_served_locally); local1=$(status_field "$s1" .mount.chunks_served_locally)
