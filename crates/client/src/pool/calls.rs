@@ -286,3 +286,59 @@ impl Client {
 fn unexpected(r: &Response) -> ClientError {
     ClientError::Protocol(format!("unexpected response kind 0x{:02x}", r.kind()))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+    use super::*;
+    use crate::ClientConfig;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_in_pieces_is_the_same_bytes_as_one_read_without_a_file_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..(300 << 10) + 5)
+            .map(|i: usize| (i * 11 + i / 777) as u8)
+            .collect();
+        std::fs::write(dir.path().join("f"), &data).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let config = ferry_server::ServerConfig {
+            export: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(ferry_server::run(listener, config, async {
+            let _ = rx.await;
+        }));
+        let client = Client::connect(ClientConfig {
+            addr,
+            streams: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .background();
+        let path = Bytes::from_static(b"f");
+        let whole = client
+            .read_verified(path.clone(), 0, 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(&whole.data[..], &data[..]);
+        assert!(
+            whole.file_hash.is_some(),
+            "one read returned the whole file"
+        );
+        // Uneven pieces, past the end of the file, from an offset.
+        for (offset, len, piece) in [(0, 1 << 20, 16 << 10), (4096, 200 << 10, 48 << 10)] {
+            let c = client
+                .read_pieces(path.clone(), offset, len, piece)
+                .await
+                .unwrap();
+            let end = (offset + u64::from(len)).min(data.len() as u64) as usize;
+            assert_eq!(&c.data[..], &data[offset as usize..end]);
+            assert_eq!(c.version, whole.version);
+            assert!(c.file_hash.is_none());
+        }
+    }
+}
