@@ -210,10 +210,8 @@ impl Schedule {
             _ => SMALL_REQUEST,
         };
         let (slot, conn, background) = if class == Class::Background {
-            let room = self
-                .window
-                .admit(weight, || self.controller().window(self.now()))
-                .await;
+            let w = self.controller().window(self.now());
+            let room = self.window.admit(weight, w).await;
             let (slot, conn) = self.pick_background()?;
             let budget = self.background_budget as u64;
             let units = weight.clamp(SMALL_REQUEST, budget) as u32;
@@ -225,7 +223,12 @@ impl Schedule {
                 .map_err(|_| ClientError::ConnectionLost)?;
             (slot, conn, Some((room, permit)))
         } else {
-            self.controller().on_demand(self.now());
+            let w = {
+                let mut c = self.controller();
+                c.on_demand(self.now());
+                c.window(self.now())
+            };
+            self.window.set_window(w);
             let (slot, conn) = self.pick()?;
             (slot, conn, None)
         };
@@ -245,8 +248,12 @@ impl Schedule {
 
     /// A round-trip sample (a Ping, or a small demand read).
     pub(super) fn on_sample(&self, rtt: Duration) {
-        self.controller().on_sample(self.now(), rtt);
-        self.window.grew();
+        let w = {
+            let mut c = self.controller();
+            c.on_sample(self.now(), rtt);
+            c.window(self.now())
+        };
+        self.window.set_window(w);
     }
 
     /// `n` decoded bytes were received for a read of class `class`.
