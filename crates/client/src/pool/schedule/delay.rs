@@ -19,8 +19,9 @@
 //! - Per sample: under target, W += [`GAIN`] × piece × (target − q) / target, at most
 //!   doubling per round trip; over target, W ×= 1 − [`BETA`] × min(1, (q − target) /
 //!   target), at most once per round trip.
-//! - W stays within [one piece, streams × chunk]; it starts at the maximum (no reader:
-//!   today's behaviour) and drops at once to [`DROP_PIECES`] pieces when readers become
+//! - W stays within [W_min, streams × chunk], W_min being one piece while readers are
+//!   active and [`ALONE_MIN_PIECES`] chunks otherwise (one chunk at a time would idle the
+//!   link between chunks); it starts at the maximum (no reader: today's behaviour) and drops at once to [`DROP_PIECES`] pieces when readers become
 //!   active after a quiet spell (readers first: no waiting for the samples to tell).
 //! - Piece size: a chunk while no reader is active; while readers are, about
 //!   [`PIECE_TIME`] of link time: clamp(rate × 1 ms, [`MIN_PIECE`], chunk) rounded down to
@@ -46,6 +47,8 @@ pub(crate) const GAIN: f64 = 1.0;
 pub(crate) const BETA: f64 = 0.5;
 /// Pieces the window drops to when readers become active after a quiet spell.
 pub(crate) const DROP_PIECES: u64 = 2;
+/// The window's minimum with no reader, in chunks.
+pub(crate) const ALONE_MIN_PIECES: u64 = 2;
 /// Link time of one background piece while readers are active.
 pub(crate) const PIECE_TIME: Duration = Duration::from_millis(1);
 /// Smallest background piece.
@@ -214,7 +217,7 @@ impl DelayController {
             self.window *= 1.0 - BETA * over;
             self.last_decrease = Some(now);
         }
-        self.window = self.window.clamp(piece, self.w_max as f64);
+        self.window = self.window.clamp(self.w_min(now) as f64, self.w_max as f64);
     }
 
     /// The base round trip (`None` before the first sample).
@@ -260,7 +263,18 @@ impl DelayController {
 
     /// The window: background bytes allowed in flight at `now`.
     pub(crate) fn window(&self, now: Duration) -> u64 {
-        (self.window as u64).clamp(self.piece(now), self.w_max)
+        (self.window as u64).clamp(self.w_min(now), self.w_max)
+    }
+
+    /// The smallest window at `now`: one piece while readers are active; with none,
+    /// [`ALONE_MIN_PIECES`] chunks (with a single chunk in flight the link would idle for
+    /// a round trip and the server's work between chunks).
+    pub(crate) fn w_min(&self, now: Duration) -> u64 {
+        if self.readers_active(now) {
+            self.piece(now)
+        } else {
+            (ALONE_MIN_PIECES * self.chunk).min(self.w_max)
+        }
     }
 
     /// The delivered rate estimate, bytes per second (0: not known yet).
