@@ -72,6 +72,26 @@ fn ferryd_and_the_mount_serve_prometheus_metrics() {
     assert_eq!(m["ferry_connected_streams"], 3.0);
     assert_eq!(m["ferry_checksum_failures_total"], 0.0);
     assert!(m.contains_key("ferry_compression_ratio"));
+    // The fetch scheduler: the copy's bytes were readers' (demand or read-ahead), none the
+    // mirror's (there is none), and the round trip has been measured.
+    let class = |c: &str| m[&format!("ferry_scheduler_received_bytes_total{{class=\"{c}\"}}")];
+    assert!(
+        class("demand") + class("prediction") >= (6 << 20) as f64,
+        "{m:?}"
+    );
+    assert_eq!(class("background"), 0.0);
+    assert!(m["ferry_scheduler_base_rtt_seconds"] > 0.0, "{m:?}");
+    for g in [
+        "ferry_scheduler_queue_delay_seconds",
+        "ferry_scheduler_target_delay_seconds",
+        "ferry_scheduler_background_window_bytes",
+        "ferry_scheduler_background_in_flight_bytes",
+        "ferry_scheduler_piece_bytes",
+        "ferry_scheduler_rate_bytes_per_second",
+        "ferry_scheduler_readers_active",
+    ] {
+        assert!(m.contains_key(g), "{g} missing: {m:?}");
+    }
 
     let s = scrape(&metrics_addr(&server.log_text()).expect("ferryd metrics address"));
     assert!(

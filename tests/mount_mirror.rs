@@ -65,6 +65,7 @@ fn reads_during_a_running_mirror_are_correct_and_the_mirror_completes() {
         "error_count",
         "errors",
         "faults",
+        "scheduler",
         "mount",
     ] {
         assert!(s.get(key).is_some(), "status lacks {key}: {s}");
@@ -97,6 +98,24 @@ fn reads_during_a_running_mirror_are_correct_and_the_mirror_completes() {
         "passthrough_opens",
     ] {
         assert!(s["mount"].get(key).is_some(), "mount lacks {key}: {s}");
+    }
+    for key in [
+        "base_rtt_us",
+        "queue_delay_us",
+        "target_us",
+        "background_window",
+        "background_in_flight",
+        "piece_size",
+        "rate_bytes_per_sec",
+        "demand_bytes",
+        "prediction_bytes",
+        "background_bytes",
+        "readers_active",
+    ] {
+        assert!(
+            s["scheduler"].get(key).is_some(),
+            "scheduler lacks {key}: {s}"
+        );
     }
     assert_eq!(s["mount"]["mirror"], true, "{s}");
     assert_eq!(s["mount"]["bwlimit"], 6 << 20, "{s}");
@@ -149,6 +168,11 @@ fn reads_during_a_running_mirror_are_correct_and_the_mirror_completes() {
     assert_eq!(s["files_total"], 43, "{s}");
     assert_eq!(s["files_done"], 43, "{s}");
     assert_eq!(s["error_count"], 0, "{s}");
+    // Readers and the mirror each had their share, counted by class.
+    let k = &s["scheduler"];
+    assert!(k["background_bytes"].as_u64().unwrap() > 0, "{s}");
+    assert!(k["demand_bytes"].as_u64().unwrap() > 0, "{s}");
+    assert!(k["base_rtt_us"].as_u64().unwrap() > 0, "{s}");
     run(Command::new("diff")
         .arg("-r")
         .arg("--no-dereference")

@@ -29,7 +29,7 @@ pub mod syncer;
 
 pub use local::LocalCopy;
 pub use mirror::{Mirror, MirrorConfig, MirrorError};
-pub use progress::{Faults, MountStatus, Progress, State, Status};
+pub use progress::{Faults, MountStatus, Progress, SchedulerStatus, State, Status};
 pub use state::{CacheDir, FileState};
 pub use supervisor::{MirrorPhase, MirrorSupervisor, MirrorTask};
 pub use syncer::Syncer;

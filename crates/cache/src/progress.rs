@@ -138,7 +138,7 @@ impl Progress {
     }
 
     /// Shows `client`'s fault counters (retries, checksum failures, reconnects, stalls,
-    /// server restarts) in the snapshots.
+    /// server restarts) and its fetch scheduler in the snapshots.
     pub fn attach_client(&self, client: &ferry_client::Client) {
         let _ = self.client.set(client.clone());
     }
@@ -160,6 +160,7 @@ impl Progress {
                 chunks: k.reads.load(Ordering::Relaxed),
             }
         });
+        let scheduler = self.client.get().map(SchedulerStatus::of);
         let rate = self.rate();
         let total = self.bytes_total.load(Ordering::Relaxed);
         let done = self.bytes_done.load(Ordering::Relaxed);
@@ -191,6 +192,7 @@ impl Progress {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
             faults: faults.unwrap_or_default(),
+            scheduler,
             mount: None,
         }
     }
@@ -283,9 +285,64 @@ pub struct Status {
     /// What the connection pool went through.
     #[serde(default)]
     pub faults: Faults,
+    /// The fetch scheduler of the process's connection pool (absent in a status file
+    /// written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<SchedulerStatus>,
     /// Present when the status is a mount's (`ferry status MOUNTPOINT`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount: Option<MountStatus>,
+}
+
+/// What the connection pool's fetch scheduler is doing: the delay controller that keeps
+/// background (mirror) traffic from queueing ahead of readers, and the bytes received per
+/// class ([`ferry_client::SchedulerStats`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SchedulerStatus {
+    /// The base round trip (minimum of the last minute), microseconds; 0 before the first
+    /// sample.
+    pub base_rtt_us: u64,
+    /// Recent round trips above the base, microseconds.
+    pub queue_delay_us: u64,
+    /// The queueing delay the background window aims at, microseconds.
+    pub target_us: u64,
+    /// Background bytes allowed in flight.
+    pub background_window: u64,
+    /// Background bytes in flight.
+    pub background_in_flight: u64,
+    /// Size of a background read piece, bytes.
+    pub piece_size: u64,
+    /// Delivered bytes per second (all classes; 0 until measured).
+    pub rate_bytes_per_sec: u64,
+    /// Bytes received for demand reads (readers waiting).
+    pub demand_bytes: u64,
+    /// Bytes received for prediction reads (read-ahead).
+    pub prediction_bytes: u64,
+    /// Bytes received for background reads (the mirror).
+    pub background_bytes: u64,
+    /// A reader made a request within the last second.
+    pub readers_active: bool,
+}
+
+impl SchedulerStatus {
+    /// The scheduler of `client`'s pool now.
+    pub fn of(client: &ferry_client::Client) -> SchedulerStatus {
+        let s = client.scheduler_stats();
+        let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        SchedulerStatus {
+            base_rtt_us: us(s.base_rtt),
+            queue_delay_us: us(s.queue_delay),
+            target_us: us(s.target),
+            background_window: s.background_window,
+            background_in_flight: s.background_in_flight,
+            piece_size: s.piece_size,
+            rate_bytes_per_sec: s.rate,
+            demand_bytes: s.demand_bytes,
+            prediction_bytes: s.prediction_bytes,
+            background_bytes: s.background_bytes,
+            readers_active: s.readers_active,
+        }
+    }
 }
 
 /// Faults the connection pool met and recovered from (all zero on a healthy network).
@@ -478,6 +535,59 @@ impl Status {
             "1 while a mirror pass runs.",
             f64::from(u8::from(self.state == State::Running)),
         );
+        if let Some(s) = &self.scheduler {
+            let secs = |us: u64| us as f64 / 1e6;
+            e.gauge(
+                "scheduler_base_rtt_seconds",
+                "Base round trip to ferryd: the minimum of the last minute.",
+                secs(s.base_rtt_us),
+            )
+            .gauge(
+                "scheduler_queue_delay_seconds",
+                "Recent round trips above the base (queueing on the way).",
+                secs(s.queue_delay_us),
+            )
+            .gauge(
+                "scheduler_target_delay_seconds",
+                "Queueing delay the background window aims at.",
+                secs(s.target_us),
+            )
+            .gauge(
+                "scheduler_background_window_bytes",
+                "Background (mirror) bytes allowed in flight.",
+                s.background_window as f64,
+            )
+            .gauge(
+                "scheduler_background_in_flight_bytes",
+                "Background (mirror) bytes in flight.",
+                s.background_in_flight as f64,
+            )
+            .gauge(
+                "scheduler_piece_bytes",
+                "Size of a background read piece.",
+                s.piece_size as f64,
+            )
+            .gauge(
+                "scheduler_rate_bytes_per_second",
+                "Delivered bytes per second, all classes.",
+                s.rate_bytes_per_sec as f64,
+            )
+            .counter_by(
+                "scheduler_received_bytes_total",
+                "Bytes received from ferryd (decoded), by request class.",
+                "class",
+                &[
+                    ("demand", s.demand_bytes),
+                    ("prediction", s.prediction_bytes),
+                    ("background", s.background_bytes),
+                ],
+            )
+            .gauge(
+                "scheduler_readers_active",
+                "1 while readers are active (a request in the last second).",
+                f64::from(u8::from(s.readers_active)),
+            );
+        }
         if let Some(m) = &self.mount {
             e.counter(
                 "cache_hits_total",

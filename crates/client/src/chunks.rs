@@ -6,6 +6,11 @@
 //! other caller — another reader, or the prefetcher — awaits the same fetch, so each chunk
 //! travels once however many readers want it.
 //!
+//! Classes: a chunk a reader waits for ([`ChunkStore::get`], [`ChunkStore::read_range`])
+//! is fetched with the client's own class (demand for a mount's client); one fetched
+//! ahead ([`ChunkStore::prefetch`], [`ChunkStore::start`]) as prediction (or the client's
+//! class, if less urgent), so the server and the scheduler put readers' waits first.
+//!
 //! Memory: every chunk present or in flight counts against the budget. Prefetches are not
 //! started when the budget is used up; demand reads always proceed and then evict the
 //! least recently used completed chunks (a chunk enters the LRU order when it completes;
@@ -29,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
-use ferry_proto::Version;
+use ferry_proto::{Class, Version};
 use tokio::sync::OnceCell;
 
 use crate::error::ClientError;
@@ -103,6 +108,8 @@ fn bump(c: &AtomicU64, n: u64) {
 /// The store. Shared by all open files of a mount (or all workers of a mirror).
 pub struct ChunkStore {
     client: Client,
+    /// The same pool, for fetches ahead of readers.
+    predict: Client,
     chunk_size: u64,
     budget: usize,
     table: Mutex<Table<Arc<Slot>>>,
@@ -139,7 +146,9 @@ impl ChunkStore {
             let room = (budget / 4).max(chunk_size as usize);
             WriteBack::start(b.clone(), room, writeback::WRITERS)
         });
+        let predict = client.with_class(client.class().max(Class::Prediction));
         Arc::new(ChunkStore {
+            predict,
             client,
             chunk_size,
             budget,
@@ -217,7 +226,15 @@ impl ChunkStore {
         Some((slot, false))
     }
 
-    async fn fill(&self, key: &FileKey, index: u64, slot: &Slot) -> Result<Bytes, ClientError> {
+    /// Fetches the chunk into `slot` (local copy, else the network through `client`),
+    /// unless someone else already is.
+    async fn fill(
+        &self,
+        client: &Client,
+        key: &FileKey,
+        index: u64,
+        slot: &Slot,
+    ) -> Result<Bytes, ClientError> {
         let result = slot
             .cell
             .get_or_init(|| async {
@@ -232,8 +249,7 @@ impl ChunkStore {
                     return Ok((parts.pop().unwrap_or_default(), key.version));
                 }
                 bump(&self.counters.fetched, 1);
-                let (data, version) = self
-                    .client
+                let (data, version) = client
                     .read(key.path.clone(), offset, slot.len as u32)
                     .await?;
                 self.store_local(key, offset, &data, version);
@@ -351,7 +367,7 @@ impl ChunkStore {
         if existed {
             bump(&self.counters.shared, 1);
         }
-        self.fill(key, index, &slot).await
+        self.fill(&self.client, key, index, &slot).await
     }
 
     /// Starts fetching chunk `index` in the background unless present, in flight, or
@@ -364,7 +380,7 @@ impl ChunkStore {
                 let me = self.clone();
                 let key = key.clone();
                 tokio::spawn(async move {
-                    let _ = me.fill(&key, index, &slot).await;
+                    let _ = me.fill(&me.predict, &key, index, &slot).await;
                 });
                 true
             }
@@ -378,7 +394,7 @@ impl ChunkStore {
             let me = self.clone();
             let key = key.clone();
             tokio::spawn(async move {
-                let _ = me.fill(&key, index, &slot).await;
+                let _ = me.fill(&me.predict, &key, index, &slot).await;
             });
         }
     }

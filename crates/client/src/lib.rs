@@ -4,8 +4,9 @@
 //!   (a writer task batches frames, a reader task matches responses to waiting callers by
 //!   request id); each call goes to the least-loaded stream, so one big file's chunks are
 //!   spread over all streams. Its stages: opening a stream (`pool/handshake.rs`, driving
-//!   ferry-proto's handshake machine), a connection's tasks (`pool/conn.rs`), stream choice
-//!   (`pool/schedule.rs`), reconnects (`pool/reconnect.rs`), the typed calls
+//!   ferry-proto's handshake machine), a connection's tasks (`pool/conn.rs`), the fetch
+//!   scheduler (`pool/schedule.rs`: classes, stream choice, the delay-controlled background
+//!   window, piece size), reconnects (`pool/reconnect.rs`), the typed calls
 //!   (`pool/calls.rs`).
 //! - [`chunks`]: [`ChunkStore`], an in-memory, single-flight chunk cache: a chunk wanted
 //!   by several readers (or by a reader and the prefetcher) is fetched once; its memory is
@@ -25,6 +26,6 @@ pub mod tls;
 
 pub use chunks::{ChunkBacking, ChunkStats, ChunkStore, FileKey};
 pub use error::ClientError;
-pub use pool::{Chunk, Client, ClientConfig, SessionInfo};
+pub use pool::{Chunk, Client, ClientConfig, SchedulerStats, SessionInfo};
 pub use prefetch::{PrefetchConfig, Prefetcher};
 pub use tls::{TlsClient, TlsConfigError, TlsError, TlsOptions, Token};

@@ -11,7 +11,10 @@
 //!   handshake machine;
 //! - `pool/conn.rs`: a connection's tasks — writer, reader, watchdog — and its pending
 //!   requests;
-//! - `pool/schedule.rs`: which stream carries each request (foreground and background);
+//! - `pool/schedule.rs`: the fetch scheduler — per class (demand, prediction, background)
+//!   which stream carries each request, how many background bytes may be in flight (a
+//!   delay controller's window, fed by round-trip samples and probes), how big a
+//!   background piece is;
 //! - `pool/reconnect.rs`: the supervisor that re-establishes lost streams;
 //! - `pool/calls.rs`: the typed calls (`stat`, `read`, `read_dir`, ...) over
 //!   [`Client::call`].
@@ -30,13 +33,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_proto::{features, Request, Response, Version, DEFAULT_CHUNK_SIZE};
+use ferry_proto::{features, Class, Request, Response, Version, DEFAULT_CHUNK_SIZE};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use self::conn::{start_conn, Outgoing};
 use self::handshake::open_stream;
-use self::schedule::Schedule;
+use self::schedule::{Schedule, SMALL_SAMPLE};
 use crate::error::ClientError;
+
+pub use self::schedule::SchedulerStats;
 
 /// How to reach the server and how many streams to use.
 #[derive(Debug, Clone)]
@@ -135,20 +140,25 @@ pub struct Chunk {
 
 /// A pool of connections to one ferryd. Cheap to clone.
 ///
-/// Requests are foreground (a reader waits for them) or, through a handle from
-/// [`Client::background`], background (a mirror filling a local copy). Background requests
-/// yield to foreground ones:
-/// - each stream carries at most one chunk's worth of background bytes at a time, so a
-///   foreground read waits behind at most one background chunk on its stream;
-/// - while foreground requests are being made (one in the last second), background
-///   requests use only the first half of the streams, leaving the others to the readers,
-///   which pick the stream with the least outstanding bytes.
+/// Every request has a class ([`Class`]), the handle's: demand (a reader waits for it; the
+/// default), prediction (read-ahead; [`Client::with_class`]) or background (a mirror
+/// filling a local copy; [`Client::background`]). Reads carry their class on the wire
+/// when the session has the PRIORITY feature, so ferryd answers the urgent ones first.
+/// Background requests yield to the others:
+/// - all background bytes in flight together stay within a window that a delay
+///   controller keeps small while readers are active (so the link's queue stays short)
+///   and large when none is (so the mirror runs at full speed);
+/// - while readers are active, background reads go in pieces of about 1 ms of link time;
+/// - each stream carries at most one chunk's worth of background bytes at a time, and
+///   while readers are active (a demand or prediction request in the last second),
+///   background requests use only the first half of the streams, leaving the others to
+///   the readers, which pick the stream with the least outstanding bytes.
 ///
 /// (`pool/schedule.rs` has the details.)
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
-    background: bool,
+    class: Class,
 }
 
 struct Inner {
@@ -217,7 +227,7 @@ impl Client {
         };
         let counters = Arc::new(Counters::default());
         let (dead_tx, dead_rx) = mpsc::unbounded_channel();
-        let background_budget = session.chunk_size.max(4096) as usize;
+        let chunk = session.chunk_size.max(4096) as usize;
         let conns = opened
             .into_iter()
             .enumerate()
@@ -227,31 +237,49 @@ impl Client {
             compression: config.compression && session.features & features::LZ4 != 0,
             instance: Mutex::new(session.instance_id),
             config,
-            schedule: Schedule::new(conns, background_budget),
+            schedule: Schedule::new(conns, chunk),
             session,
             counters,
             changed: Notify::new(),
             dead: dead_tx,
         });
         tokio::spawn(reconnect::supervise(Arc::downgrade(&inner), dead_rx));
+        tokio::spawn(schedule::run_probes(Arc::downgrade(&inner)));
         Ok(Client {
             inner,
-            background: false,
+            class: Class::Demand,
         })
     }
 
-    /// A handle on the same streams whose requests are background work: they yield to
-    /// foreground requests (see [`Client`]).
-    pub fn background(&self) -> Client {
+    /// A handle on the same streams whose requests have class `class` (see [`Client`]).
+    pub fn with_class(&self, class: Class) -> Client {
         Client {
             inner: self.inner.clone(),
-            background: true,
+            class,
         }
+    }
+
+    /// A handle on the same streams whose requests are background work: they yield to
+    /// demand and prediction requests (see [`Client`]). Same as
+    /// `with_class(Class::Background)`.
+    pub fn background(&self) -> Client {
+        self.with_class(Class::Background)
     }
 
     /// Whether this handle's requests are background work.
     pub fn is_background(&self) -> bool {
-        self.background
+        self.class == Class::Background
+    }
+
+    /// The class of this handle's requests.
+    pub fn class(&self) -> Class {
+        self.class
+    }
+
+    /// What the fetch scheduler is doing now: base round trip, queueing delay and its
+    /// target, the background window and piece size, bytes received per class.
+    pub fn scheduler_stats(&self) -> SchedulerStats {
+        self.inner.schedule.stats()
     }
 
     /// Session parameters.
@@ -264,7 +292,8 @@ impl Client {
         &self.inner.counters
     }
 
-    /// Background bytes in flight on each stream (each at most one chunk).
+    /// Background bytes in flight on each stream (each at most one chunk; all together at
+    /// most the background window when each was admitted).
     pub fn background_in_flight(&self) -> Vec<u64> {
         self.inner.schedule.background_in_flight()
     }
@@ -280,13 +309,14 @@ impl Client {
             .sum()
     }
 
-    /// Foreground requests (a reader waits for each) sent and not yet answered. Background
-    /// work that competes for CPU or disk defers to them.
+    /// Demand and prediction requests (readers wait for them) sent and not yet answered.
+    /// Background work that competes for CPU or disk defers to them.
     pub fn demand_in_flight(&self) -> usize {
         self.inner.schedule.foreground_in_flight()
     }
 
-    /// Whether readers are active: a foreground request was made within the last second.
+    /// Whether readers are active: a demand or prediction request was made within the
+    /// last second.
     pub fn readers_active(&self) -> bool {
         self.inner.schedule.foreground_active()
     }
@@ -345,14 +375,19 @@ impl Client {
     }
 
     async fn call_once(&self, request: Request) -> Result<Response, ClientError> {
-        // Holds the stream's load (and background budget) until this call ends, also when
+        // Holds the stream's load (and background budgets) until this call ends, also when
         // it is cancelled.
-        let assignment = self
-            .inner
-            .schedule
-            .assign(&request, self.background)
-            .await?;
+        let assignment = self.inner.schedule.assign(&request, self.class).await?;
         let conn = &assignment.conn;
+        // The scheduler's samples: small demand requests (their own transfer time is
+        // negligible next to the queue's).
+        let timed = match &request {
+            Request::Ping => true,
+            Request::Read { len, .. } => {
+                self.class == Class::Demand && u64::from(*len) <= SMALL_SAMPLE
+            }
+            _ => false,
+        };
         let result = async {
             let _permit = conn
                 .inflight
@@ -361,13 +396,22 @@ impl Client {
                 .map_err(|_| ClientError::ConnectionLost)?;
             let (tx, rx) = oneshot::channel();
             conn.tx
-                .send(Outgoing { request, reply: tx })
+                .send(Outgoing {
+                    request,
+                    reply: tx,
+                    timed,
+                })
                 .await
                 .map_err(|_| ClientError::ConnectionLost)?;
             rx.await.map_err(|_| ClientError::ConnectionLost)?
         }
         .await;
-        match result? {
+        let answer = result?;
+        drop(assignment);
+        if let Some(rtt) = answer.rtt {
+            self.inner.schedule.on_sample(rtt);
+        }
+        match answer.response {
             Response::Error { status, message } => Err(ClientError::Remote { status, message }),
             r => Ok(r),
         }

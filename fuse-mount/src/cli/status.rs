@@ -162,6 +162,24 @@ fn print_status(path: &Path, s: &Status) {
             human_bytes(m.wire_bytes),
             m.chunks_served_locally
         );
+        if let Some(k) = &s.scheduler {
+            let ms = |us: u64| us as f64 / 1000.0;
+            println!(
+                "  sched   base RTT {:.2} ms, queueing {:.2} ms (target {:.2} ms); background window {} in pieces of {}{}",
+                ms(k.base_rtt_us),
+                ms(k.queue_delay_us),
+                ms(k.target_us),
+                human_bytes(k.background_window),
+                human_bytes(k.piece_size),
+                if k.readers_active { ", readers active" } else { "" }
+            );
+            println!(
+                "          received for readers {}, read-ahead {}, the mirror {}",
+                human_bytes(k.demand_bytes),
+                human_bytes(k.prediction_bytes),
+                human_bytes(k.background_bytes)
+            );
+        }
         match &m.cache_dir {
             Some(d) => println!(
                 "  local   {d}: {} chunks stored by reads, {} store errors, {} files verified by reads, {} passthrough opens",

@@ -11,6 +11,9 @@
 //!   [`DIRS_AHEAD`] in all, each up to [`DIR_AHEAD_MAX_SIZE`] bytes on the server) are
 //!   fetched in the background, with chunk 0 of their first [`PIPELINE_FILES_AHEAD`] files,
 //!   for their `opendir` to take. Off when the attribute TTL is zero.
+//! - Classes: listings and first chunks fetched ahead are prediction requests (after
+//!   readers' demand requests, before the mirror's); a listing an `opendir` waits for is
+//!   demand.
 //!
 //! Invariants: a listing fetched ahead is used at most once, and only within one TTL of when
 //! it was started (its entries then count as fetched at that time); one that failed is
@@ -24,7 +27,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use ferry_client::{ChunkStore, ClientError, FileKey};
 use ferry_proto::name::join;
-use ferry_proto::{Attr, DirEntry, FileKind};
+use ferry_proto::{Attr, Class, DirEntry, FileKind};
 
 use super::{file_id, lock, Fs};
 use crate::error::Error;
@@ -206,7 +209,8 @@ impl Fs {
             a.by_path
                 .insert(child.clone(), (Instant::now(), cell.clone()));
             a.order.push_back(child.clone());
-            let client = self.client.clone();
+            // Nobody waits for these yet: prediction, after readers' own requests.
+            let client = self.client.with_class(Class::Prediction);
             let store = self.store.clone();
             tokio::spawn(async move {
                 let path = child.clone();

@@ -3,12 +3,15 @@
 //!
 //! With `mirror` the state and the progress counters are the background mirror's
 //! ([`MirrorSupervisor::status`]); without it the state is always
-//! [`ferry_cache::State::Mounted`]. The `mount` section adds the reads and the local copy.
+//! [`ferry_cache::State::Mounted`]. The `mount` section adds the reads and the local copy;
+//! the `scheduler` section is always the mount's own pool (readers and mirror share it).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use ferry_cache::{LocalCopy, MirrorSupervisor, MountStatus, Progress, State, Status};
+use ferry_cache::{
+    LocalCopy, MirrorSupervisor, MountStatus, Progress, SchedulerStatus, State, Status,
+};
 use ferry_client::Client;
 
 use super::mountpoint::absolute;
@@ -42,6 +45,7 @@ pub(crate) fn source(
         } else {
             mounted.snapshot(State::Mounted, &label)
         };
+        s.scheduler = Some(SchedulerStatus::of(&client));
         let c = client.counters();
         let l = local.as_deref();
         let count = |f: fn(&LocalCopy) -> u64| l.map_or(0, f);

@@ -2,6 +2,13 @@
 //! kind asked for. Reads decode and verify their payload (a checksum failure is fetched
 //! again, up to three times); directory listings are fetched page by page and their
 //! entry names validated.
+//!
+//! A background read larger than the scheduler's piece size (pool/schedule.rs) is fetched
+//! as consecutive pieces, sent together, each its own request and checksum-verified, and
+//! returned as one [`Chunk`]. Invariant: the pieces of one chunk are of one version —
+//! when they are not (the file changed between them) the read is made again whole, in one
+//! request; `file_hash` is only ever the server's, from one read that returned the whole
+//! file.
 
 use std::sync::atomic::Ordering;
 
@@ -127,6 +134,79 @@ impl Client {
         offset: u64,
         len: u32,
     ) -> Result<Chunk, ClientError> {
+        if self.class == Class::Background {
+            let piece = self.inner.schedule.piece();
+            if u64::from(len) > piece {
+                return self.read_pieces(path, offset, len, piece as u32).await;
+            }
+        }
+        self.read_verified(path, offset, len).await
+    }
+
+    /// A background read in pieces of `piece` bytes, sent together (the scheduler admits
+    /// them as the background window allows), joined into one chunk.
+    async fn read_pieces(
+        &self,
+        path: Bytes,
+        offset: u64,
+        len: u32,
+        piece: u32,
+    ) -> Result<Chunk, ClientError> {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut at = 0u32;
+        let mut index = 0usize;
+        while at < len {
+            let n = piece.min(len - at);
+            let (me, p) = (self.clone(), path.clone());
+            let i = index;
+            tasks.spawn(async move { (i, me.read_verified(p, offset + u64::from(at), n).await) });
+            at += n;
+            index += 1;
+        }
+        let mut parts: Vec<Option<(Chunk, u32)>> = vec![None; index];
+        while let Some(joined) = tasks.join_next().await {
+            let (i, r) =
+                joined.map_err(|e| ClientError::Protocol(format!("read task failed: {e}")))?;
+            // The piece's length asked for, to tell a short (end of file) piece.
+            let asked = piece.min(len - piece * i as u32);
+            parts[i] = Some((r?, asked));
+        }
+        let version = parts
+            .first()
+            .and_then(|p| p.as_ref())
+            .map(|(c, _)| c.version);
+        if parts
+            .iter()
+            .any(|p| p.as_ref().map(|(c, _)| c.version) != version)
+        {
+            // The file changed between pieces: one version, whole.
+            return self.read_verified(path, offset, len).await;
+        }
+        let mut data = Vec::with_capacity(parts.len());
+        let mut wire_len = 0;
+        for (c, asked) in parts.into_iter().flatten() {
+            let short = c.data.len() < asked as usize;
+            wire_len += c.wire_len;
+            data.push(c.data);
+            if short {
+                break; // the end of the file
+            }
+        }
+        Ok(Chunk {
+            data: crate::chunks::concat(data),
+            version: version.unwrap_or_default(),
+            wire_len,
+            file_hash: None,
+        })
+    }
+
+    /// One read (one request), fetched again when its payload fails the checksum.
+    async fn read_verified(
+        &self,
+        path: Bytes,
+        offset: u64,
+        len: u32,
+    ) -> Result<Chunk, ClientError> {
         let mut failures = 0;
         loop {
             match self.read_chunk_once(path.clone(), offset, len).await {
@@ -155,13 +235,19 @@ impl Client {
         offset: u64,
         len: u32,
     ) -> Result<Chunk, ClientError> {
+        // The class goes on the wire only when the server knows about classes.
+        let class = if self.session().features & features::PRIORITY != 0 {
+            self.class
+        } else {
+            Class::Demand
+        };
         let r = match self
             .call(Request::Read {
                 path,
                 offset,
                 len,
                 allow_lz4: self.inner.compression,
-                class: Class::Demand,
+                class,
             })
             .await?
         {
@@ -180,6 +266,9 @@ impl Client {
         c.decoded_bytes
             .fetch_add(u64::from(r.decoded_len), Ordering::Relaxed);
         c.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .schedule
+            .on_delivered(self.class, u64::from(r.decoded_len));
         let version = r.version;
         let wire_len = r.data.len();
         let file_hash = r.file_hash;
@@ -196,4 +285,60 @@ impl Client {
 /// A response of the wrong kind for its request.
 fn unexpected(r: &Response) -> ClientError {
     ClientError::Protocol(format!("unexpected response kind 0x{:02x}", r.kind()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+    use super::*;
+    use crate::ClientConfig;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_in_pieces_is_the_same_bytes_as_one_read_without_a_file_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..(300 << 10) + 5)
+            .map(|i: usize| (i * 11 + i / 777) as u8)
+            .collect();
+        std::fs::write(dir.path().join("f"), &data).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let config = ferry_server::ServerConfig {
+            export: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(ferry_server::run(listener, config, async {
+            let _ = rx.await;
+        }));
+        let client = Client::connect(ClientConfig {
+            addr,
+            streams: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .background();
+        let path = Bytes::from_static(b"f");
+        let whole = client
+            .read_verified(path.clone(), 0, 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(&whole.data[..], &data[..]);
+        assert!(
+            whole.file_hash.is_some(),
+            "one read returned the whole file"
+        );
+        // Uneven pieces, past the end of the file, from an offset.
+        for (offset, len, piece) in [(0, 1 << 20, 16 << 10), (4096, 200 << 10, 48 << 10)] {
+            let c = client
+                .read_pieces(path.clone(), offset, len, piece)
+                .await
+                .unwrap();
+            let end = (offset + u64::from(len)).min(data.len() as u64) as usize;
+            assert_eq!(&c.data[..], &data[offset as usize..end]);
+            assert_eq!(c.version, whole.version);
+            assert!(c.file_hash.is_none());
+        }
+    }
 }

@@ -1,7 +1,11 @@
 //! One connection's tasks, once its handshake is done: a writer, a reader and a watchdog.
 //!
 //! - The writer takes requests from a channel, gives each the next request id, records
-//!   its reply channel in [`Pending`], and writes them in batches.
+//!   its reply channel in [`Pending`] (and, for a timed request, when it was written), and
+//!   writes them in batches.
+//! - Round trips: a timed request (a Ping, a small demand read: the scheduler's samples)
+//!   is answered with its round trip, from its hand-over to the socket to the moment its
+//!   response frame is complete.
 //! - The reader cuts frames off the socket and completes the waiting request with the same
 //!   id. Small frames share one buffer; a large frame (a read payload) gets an exact-size
 //!   buffer of its own, so a chunk kept in a cache pins only its own bytes. A response
@@ -30,12 +34,20 @@ use super::{ClientConfig, Counters};
 use crate::error::ClientError;
 
 /// Where a request's response goes.
-pub(super) type Reply = oneshot::Sender<Result<Response, ClientError>>;
+pub(super) type Reply = oneshot::Sender<Result<Answer, ClientError>>;
+
+/// A response, and its round trip when the request was timed.
+pub(super) struct Answer {
+    pub(super) response: Response,
+    pub(super) rtt: Option<Duration>,
+}
 
 /// A request on its way to the writer.
 pub(super) struct Outgoing {
     pub(super) request: Request,
     pub(super) reply: Reply,
+    /// Measure the round trip (a sample for the scheduler).
+    pub(super) timed: bool,
 }
 
 /// One connection: a writer task fed by `tx`, a reader task completing the pending
@@ -62,7 +74,8 @@ impl Drop for Conn {
 #[derive(Default)]
 struct Pending {
     next_id: u32,
-    waiting: HashMap<u32, Reply>,
+    /// Reply channels, with when the request was written if it is timed.
+    waiting: HashMap<u32, (Reply, Option<Instant>)>,
     closed: bool,
 }
 
@@ -177,6 +190,7 @@ async fn watchdog(
             tx.try_send(Outgoing {
                 request: Request::Ping,
                 reply,
+                timed: false,
             })
         };
         if waiting > 0 {
@@ -218,7 +232,7 @@ fn close(pending: &Mutex<Pending>, alive: &AtomicBool) {
         p.closed = true;
         std::mem::take(&mut p.waiting)
     };
-    for (_, reply) in waiting {
+    for (_, (reply, _)) in waiting {
         let _ = reply.send(Err(ClientError::ConnectionLost));
     }
 }
@@ -249,7 +263,8 @@ async fn write_loop(
                     // After an idle spell the stall clock starts with this request.
                     last_rx.store(now_ms(), Ordering::Relaxed);
                 }
-                p.waiting.insert(id, out.reply);
+                let sent = out.timed.then(Instant::now);
+                p.waiting.insert(id, (out.reply, sent));
                 id
             };
             out.request.encode(id, &mut buf);
@@ -335,6 +350,7 @@ async fn read_loop(
             _ = kill.notified() => break,
         };
         let id = frame.request_id;
+        let complete = Instant::now();
         let response = Response::decode(frame).map_err(ClientError::Decode);
         let bad = response.is_err();
         let reply = pending
@@ -343,8 +359,9 @@ async fn read_loop(
             .waiting
             .remove(&id);
         match reply {
-            Some(reply) => {
-                let _ = reply.send(response);
+            Some((reply, sent)) => {
+                let rtt = sent.map(|t| complete.saturating_duration_since(t));
+                let _ = reply.send(response.map(|response| Answer { response, rtt }));
             }
             None => {
                 debug!("response for unknown request id {id}");

@@ -1,39 +1,85 @@
-//! Stream choice: which of the pool's streams carries each request.
+//! The fetch scheduler: what each request may do, how big a background piece is, which
+//! stream carries it, and how many bytes each class may have in flight. It never sends
+//! anything itself (but for its probes, `schedule/probe.rs`).
 //!
-//! This module decides, per request, the stream it goes on and how long it may have to
-//! wait for room there; it never sends anything. Its one entry point is
-//! [`Schedule::assign`], which returns an [`Assignment`]: the stream's current connection,
-//! holding the request's share of the stream's load (and, for background work, of its
-//! background budget) until it is dropped — however the call ends, cancellation included.
+//! Classes ([`Class`]): demand (a reader waits now) before prediction (read-ahead) before
+//! background (the mirror). A call takes its place through [`Schedule::assign`], which
+//! returns an [`Assignment`]: the stream's current connection, holding the request's share
+//! of the stream's load (and, for background work, of the background budgets) until it is
+//! dropped — however the call ends, cancellation included.
 //!
 //! Policy:
-//! - A foreground request (a reader waits for it) goes to the live stream with the least
-//!   outstanding bytes; ties rotate.
-//! - A background request (a mirror filling a local copy) first takes room in its stream's
-//!   background budget — one chunk's worth — so a foreground read waits behind at most one
-//!   background chunk on its stream. While foreground requests are being made (one within
-//!   [`FOREGROUND_QUIET`]), background requests use only the first half of the streams,
-//!   leaving the others to readers; among those it picks the stream with the most budget
-//!   left, then the least load.
+//! - Demand and prediction requests go to the live stream with the least outstanding
+//!   bytes; ties rotate. Each marks readers active for `delay::READERS_QUIET` (1 s).
+//! - A background request first waits for room in the total background window W
+//!   (`schedule/window.rs`), then for room in its stream's budget — one chunk's worth, so a
+//!   demand read waits behind at most one background chunk on its stream. While readers
+//!   are active, background requests use only the first half of the streams, leaving the
+//!   others to readers; among those it picks the stream with the most budget left, then
+//!   the least load.
+//! - W comes from the delay controller (`schedule/delay.rs`), fed with round trips of
+//!   Pings and small demand reads (measured by `pool/conn.rs`) and with delivered bytes.
+//!   While background requests are in flight, a probe (`schedule/probe.rs`) pings the
+//!   least-loaded stream every clamp(2 × base, 1 ms, 100 ms).
+//! - Background reads larger than the piece size ([`Schedule::piece`]: a chunk with no
+//!   reader, ≈1 ms of link time while readers are active) are fetched as several pieces
+//!   (`pool/calls.rs`).
+//!
+//! Invariants: background bytes in flight never exceed W when a request is admitted
+//! (except one request alone); no stream carries more than one chunk of background bytes;
+//! demand and prediction requests never wait for the schedule. So a demand read waits on
+//! the wire behind at most W background bytes (and the server writes its response before
+//! queued background ones when the session has the PRIORITY feature).
 //!
 //! Load is counted in bytes asked for: a read counts its length, any other request 4 KiB.
+
+mod delay;
+mod probe;
+mod window;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_proto::Request;
+use ferry_proto::{Class, Request};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::conn::Conn;
 use crate::error::ClientError;
-
-/// How long after a foreground request background requests keep to their half of the
-/// streams.
-pub(super) const FOREGROUND_QUIET: Duration = Duration::from_secs(1);
+use delay::DelayController;
+pub(crate) use delay::SMALL_SAMPLE;
+pub(super) use probe::run as run_probes;
+use window::{BackgroundWindow, WindowPermit};
 
 /// Weight of a request that is not a read.
 const SMALL_REQUEST: u64 = 4096;
+
+/// What the scheduler is doing now ([`super::Client::scheduler_stats`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulerStats {
+    /// The base round trip: the minimum of the last minute (zero before the first sample).
+    pub base_rtt: Duration,
+    /// The queueing delay: recent round trips above the base.
+    pub queue_delay: Duration,
+    /// The queueing delay the background window aims at.
+    pub target: Duration,
+    /// Background bytes allowed in flight (W).
+    pub background_window: u64,
+    /// Background bytes in flight now.
+    pub background_in_flight: u64,
+    /// Size of a background piece now.
+    pub piece_size: u64,
+    /// Delivered bytes per second (EWMA over all classes; 0 until known).
+    pub rate: u64,
+    /// Bytes received (decoded) for demand reads.
+    pub demand_bytes: u64,
+    /// Bytes received (decoded) for prediction reads (read-ahead).
+    pub prediction_bytes: u64,
+    /// Bytes received (decoded) for background reads (the mirror).
+    pub background_bytes: u64,
+    /// Whether readers are active (a demand or prediction request within the last second).
+    pub readers_active: bool,
+}
 
 /// One of the pool's streams: its current connection (replaced when it is reconnected)
 /// and what outlives connections.
@@ -64,23 +110,27 @@ pub(super) struct Schedule {
     slots: Vec<Slot>,
     /// Rotates the starting point of each choice, so ties spread.
     next: AtomicUsize,
-    /// Reference point of `last_foreground`.
+    /// Reference point of the controller's clock.
     started: Instant,
-    /// When the last foreground request was assigned (ms since `started`, plus one; 0: never).
-    last_foreground: AtomicU64,
     /// Each stream's background budget in bytes (one chunk).
     background_budget: usize,
-    /// Foreground requests assigned and not yet answered.
+    /// Demand and prediction requests assigned and not yet answered.
     foreground_in_flight: AtomicUsize,
+    /// The total background window's admission.
+    window: BackgroundWindow,
+    controller: Mutex<DelayController>,
+    /// Decoded bytes received, by class (demand, prediction, background).
+    received: [AtomicU64; 3],
 }
 
-/// A request's place on a stream; gives its load (and background budget) back when dropped.
+/// A request's place on a stream; gives its load (and background budgets) back when
+/// dropped.
 pub(super) struct Assignment<'a> {
     /// The connection to send on.
     pub(super) conn: Arc<Conn>,
     load: &'a AtomicU64,
     weight: u64,
-    _background: Option<OwnedSemaphorePermit>,
+    _background: Option<(WindowPermit<'a>, OwnedSemaphorePermit)>,
     /// The schedule's count of foreground requests in flight, for foreground requests.
     foreground: Option<&'a AtomicUsize>,
 }
@@ -95,31 +145,44 @@ impl Drop for Assignment<'_> {
 }
 
 impl Schedule {
-    /// Streams over these connections, each allowed `background_budget` bytes of
-    /// background requests in flight.
-    pub(super) fn new(conns: Vec<Conn>, background_budget: usize) -> Schedule {
-        let slots = conns
+    /// Streams over these connections, each allowed `chunk` bytes of background requests
+    /// in flight, all of them together at most a window the controller sets (at most
+    /// streams × chunk).
+    pub(super) fn new(conns: Vec<Conn>, chunk: usize) -> Schedule {
+        let slots: Vec<Slot> = conns
             .into_iter()
             .map(|c| Slot {
                 conn: Mutex::new(Arc::new(c)),
                 load: AtomicU64::new(0),
-                background: Arc::new(Semaphore::new(background_budget)),
+                background: Arc::new(Semaphore::new(chunk)),
                 reconnecting: AtomicBool::new(false),
             })
             .collect();
+        let w_max = (chunk * slots.len().max(1)) as u64;
         Schedule {
             slots,
             next: AtomicUsize::new(0),
             started: Instant::now(),
-            last_foreground: AtomicU64::new(0),
-            background_budget,
+            background_budget: chunk,
             foreground_in_flight: AtomicUsize::new(0),
+            window: BackgroundWindow::default(),
+            controller: Mutex::new(DelayController::new(chunk as u64, w_max)),
+            received: Default::default(),
         }
     }
 
     /// The streams, in slot order.
     pub(super) fn slots(&self) -> &[Slot] {
         &self.slots
+    }
+
+    /// The controller's clock: time since the schedule started.
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn controller(&self) -> std::sync::MutexGuard<'_, DelayController> {
+        self.controller.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Background bytes in flight on each stream (each at most one chunk).
@@ -131,21 +194,24 @@ impl Schedule {
             .collect()
     }
 
-    /// Chooses the stream for `request` and takes its place there; a background request
-    /// may wait for room in its stream's background budget.
+    /// Chooses the stream for `request` of class `class` and takes its place there; a
+    /// background request may wait for room in the background window and in its stream's
+    /// background budget.
     ///
     /// # Errors
     /// [`ClientError::ConnectionLost`]: no stream is connected.
     pub(super) async fn assign(
         &self,
         request: &Request,
-        background: bool,
+        class: Class,
     ) -> Result<Assignment<'_>, ClientError> {
         let weight = match request {
             Request::Read { len, .. } => u64::from(*len),
             _ => SMALL_REQUEST,
         };
-        let (slot, conn, permit) = if background {
+        let (slot, conn, background) = if class == Class::Background {
+            let w = self.controller().window(self.now());
+            let room = self.window.admit(weight, w).await;
             let (slot, conn) = self.pick_background()?;
             let budget = self.background_budget as u64;
             let units = weight.clamp(SMALL_REQUEST, budget) as u32;
@@ -155,14 +221,19 @@ impl Schedule {
                 .acquire_many_owned(units)
                 .await
                 .map_err(|_| ClientError::ConnectionLost)?;
-            (slot, conn, Some(permit))
+            (slot, conn, Some((room, permit)))
         } else {
-            self.last_foreground.store(self.now_ms(), Ordering::Relaxed);
+            let w = {
+                let mut c = self.controller();
+                c.on_demand(self.now());
+                c.window(self.now())
+            };
+            self.window.set_window(w);
             let (slot, conn) = self.pick()?;
             (slot, conn, None)
         };
         slot.load.fetch_add(weight, Ordering::Relaxed);
-        let foreground = permit.is_none().then(|| {
+        let foreground = background.is_none().then(|| {
             self.foreground_in_flight.fetch_add(1, Ordering::Relaxed);
             &self.foreground_in_flight
         });
@@ -170,13 +241,65 @@ impl Schedule {
             conn,
             load: &slot.load,
             weight,
-            _background: permit,
+            _background: background,
             foreground,
         })
     }
 
+    /// A round-trip sample (a Ping, or a small demand read).
+    pub(super) fn on_sample(&self, rtt: Duration) {
+        let w = {
+            let mut c = self.controller();
+            c.on_sample(self.now(), rtt);
+            c.window(self.now())
+        };
+        self.window.set_window(w);
+    }
+
+    /// `n` decoded bytes were received for a read of class `class`.
+    pub(super) fn on_delivered(&self, class: Class, n: u64) {
+        self.received[class as usize].fetch_add(n, Ordering::Relaxed);
+        self.controller().on_delivered(self.now(), n);
+    }
+
+    /// The size of a background piece now: background reads larger than this are fetched
+    /// as several pieces.
+    pub(super) fn piece(&self) -> u64 {
+        self.controller().piece(self.now())
+    }
+
+    /// How often the prober pings while background work is in flight:
+    /// clamp(2 × base, 1 ms, 100 ms).
+    fn probe_interval(&self) -> Duration {
+        let base = self
+            .controller()
+            .base()
+            .unwrap_or(Duration::from_millis(10));
+        (base * 2).clamp(Duration::from_millis(1), Duration::from_millis(100))
+    }
+
+    /// What the scheduler is doing now.
+    pub(super) fn stats(&self) -> SchedulerStats {
+        let now = self.now();
+        let c = self.controller();
+        let received = |i: usize| self.received[i].load(Ordering::Relaxed);
+        SchedulerStats {
+            base_rtt: c.base().unwrap_or_default(),
+            queue_delay: c.queue_delay(),
+            target: c.target(now),
+            background_window: c.window(now),
+            background_in_flight: self.window.in_flight(),
+            piece_size: c.piece(now),
+            rate: c.rate() as u64,
+            demand_bytes: received(0),
+            prediction_bytes: received(1),
+            background_bytes: received(2),
+            readers_active: c.readers_active(now),
+        }
+    }
+
     /// Picks the live stream with the least outstanding bytes; ties rotate.
-    fn pick(&self) -> Result<(&Slot, Arc<Conn>), ClientError> {
+    pub(super) fn pick(&self) -> Result<(&Slot, Arc<Conn>), ClientError> {
         let slots = &self.slots;
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut best: Option<(&Slot, Arc<Conn>, u64)> = None;
@@ -195,19 +318,15 @@ impl Schedule {
             .ok_or(ClientError::ConnectionLost)
     }
 
-    fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64 + 1
-    }
-
-    /// Foreground requests sent and not yet answered (readers waiting now).
+    /// Demand and prediction requests sent and not yet answered (readers waiting now).
     pub(super) fn foreground_in_flight(&self) -> usize {
         self.foreground_in_flight.load(Ordering::Relaxed)
     }
 
-    /// Whether a foreground request was made within [`FOREGROUND_QUIET`].
+    /// Whether readers are active: a demand or prediction request within the last
+    /// second.
     pub(super) fn foreground_active(&self) -> bool {
-        let last = self.last_foreground.load(Ordering::Relaxed);
-        last != 0 && self.now_ms().saturating_sub(last) < FOREGROUND_QUIET.as_millis() as u64
+        self.controller().readers_active(self.now())
     }
 
     /// Picks a stream for a background request: among the streams background work may use

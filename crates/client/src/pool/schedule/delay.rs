@@ -1,0 +1,287 @@
+//! The delay controller: how many background bytes may be in flight (the window W), from
+//! measured round trips, LEDBAT/Vegas style; and how big a background piece is.
+//!
+//! Pure and deterministic: no clock and no I/O inside. Every method takes `now` (time since
+//! an arbitrary start) and the samples as arguments, so the policy is unit-tested on a
+//! simulated link (`delay/tests.rs`).
+//!
+//! - Samples are round trips of small requests (Ping probes, demand reads of at most
+//!   [`SMALL_SAMPLE`] bytes), from the request's write to its response's last byte.
+//! - base = the minimum sample of the last [`BASE_WINDOWS`] × [`BASE_WINDOW`] (kept as one
+//!   minimum per window, so it can rise again after a route change); queueing delay
+//!   q = min of the last [`FILTER`] samples − base (the short min-filter ignores the
+//!   queue's ripple of one piece and keeps its standing part).
+//! - Readers are active while a demand (or prediction) request was made within
+//!   [`READERS_QUIET`]. Target: clamp(base / 2, 100 µs, 5 ms) then; otherwise
+//!   clamp(2 × base, 1 ms, 25 ms), but at least one chunk's time on the link (a queue of
+//!   whole chunks cannot be kept shorter than one chunk without idling the link, and with
+//!   no reader full speed comes first).
+//! - Per sample: under target, W += [`GAIN`] × piece × (target − q) / target, at most
+//!   doubling per round trip; over target, W ×= 1 − [`BETA`] × min(1, (q − target) /
+//!   target), at most once per round trip.
+//! - W stays within [W_min, streams × chunk], W_min being one piece while readers are
+//!   active and [`ALONE_MIN_PIECES`] chunks otherwise (one chunk at a time would idle the
+//!   link between chunks); it starts at the maximum (no reader: today's behaviour) and drops at once to [`DROP_PIECES`] pieces when readers become
+//!   active after a quiet spell (readers first: no waiting for the samples to tell).
+//! - Piece size: a chunk while no reader is active; while readers are, about
+//!   [`PIECE_TIME`] of link time: clamp(rate × 1 ms, [`MIN_PIECE`], chunk) rounded down to
+//!   4 KiB, rate being the EWMA of bytes delivered per second ([`Rate`]).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Requests up to this many bytes give round-trip samples (their own transfer time is
+/// negligible next to the queue).
+pub(crate) const SMALL_SAMPLE: u64 = 16 << 10;
+/// Length of one window of the base round trip's sliding minimum.
+pub(crate) const BASE_WINDOW: Duration = Duration::from_secs(10);
+/// Windows kept: the base is the minimum of the last minute.
+pub(crate) const BASE_WINDOWS: u64 = 6;
+/// Samples in the queueing delay's min-filter.
+pub(crate) const FILTER: usize = 2;
+/// Readers are active while a demand request was made this recently.
+pub(crate) const READERS_QUIET: Duration = Duration::from_secs(1);
+/// Window growth per round trip, in pieces, at zero queueing delay.
+pub(crate) const GAIN: f64 = 1.0;
+/// Multiplicative decrease at (or beyond) twice the target.
+pub(crate) const BETA: f64 = 0.5;
+/// Pieces the window drops to when readers become active after a quiet spell.
+pub(crate) const DROP_PIECES: u64 = 2;
+/// The window's minimum with no reader, in chunks.
+pub(crate) const ALONE_MIN_PIECES: u64 = 2;
+/// Link time of one background piece while readers are active.
+pub(crate) const PIECE_TIME: Duration = Duration::from_millis(1);
+/// Smallest background piece.
+pub(crate) const MIN_PIECE: u64 = 16 << 10;
+/// Pieces are multiples of this.
+const PIECE_ALIGN: u64 = 4 << 10;
+
+/// Target bounds while readers are active.
+const ACTIVE_TARGET: (Duration, Duration) = (Duration::from_micros(100), Duration::from_millis(5));
+/// The longest chunk time the target with no reader grows to (a bound on a bad rate
+/// estimate: beyond it one chunk in flight nearly fills the link anyway).
+const MAX_CHUNK_TIME: Duration = Duration::from_secs(1);
+/// Target bounds with no reader (the mirror alone).
+const ALONE_TARGET: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(25));
+
+/// The delivered rate: an EWMA of bytes per second over intervals of at least
+/// [`Rate::INTERVAL`] while data flows (idle gaps are not counted as slowness).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Rate {
+    /// Bytes per second; 0 until the first interval ends.
+    ewma: f64,
+    /// Start of the interval being counted and its bytes.
+    start: Option<Duration>,
+    bytes: u64,
+    /// When bytes last arrived.
+    last: Duration,
+}
+
+impl Rate {
+    /// Shortest interval of one rate sample.
+    pub(crate) const INTERVAL: Duration = Duration::from_millis(10);
+    /// A gap this long without data starts a new interval (shorter gaps are the lumps of
+    /// whole responses: a 1 MiB response arrives as one delivery).
+    const IDLE: Duration = Duration::from_secs(2);
+    /// Weight of a new interval in the average.
+    const ALPHA: f64 = 0.25;
+
+    /// `n` bytes were delivered at `now`.
+    pub(crate) fn on_bytes(&mut self, now: Duration, n: u64) {
+        let start = match self.start {
+            Some(s) if now.saturating_sub(self.last) < Self::IDLE => s,
+            _ => {
+                // After an idle gap the interval starts with this delivery (its bytes
+                // took an unknown time to arrive: they are not counted).
+                self.start = Some(now);
+                self.bytes = 0;
+                self.last = now;
+                return;
+            }
+        };
+        self.bytes += n;
+        self.last = now;
+        let span = now.saturating_sub(start);
+        if span >= Self::INTERVAL {
+            let sample = self.bytes as f64 / span.as_secs_f64();
+            self.ewma = if self.ewma == 0.0 {
+                sample
+            } else {
+                self.ewma + Self::ALPHA * (sample - self.ewma)
+            };
+            self.start = Some(now);
+            self.bytes = 0;
+        }
+    }
+
+    /// Bytes per second (0: not known yet).
+    pub(crate) fn get(&self) -> f64 {
+        self.ewma
+    }
+}
+
+/// The controller. See the module docs for the policy.
+#[derive(Debug, Clone)]
+pub(crate) struct DelayController {
+    chunk: u64,
+    w_max: u64,
+    /// The window in bytes (fractional: growth comes in small steps).
+    window: f64,
+    /// Minimum sample per [`BASE_WINDOW`], by window number, oldest first.
+    base: VecDeque<(u64, Duration)>,
+    /// The last [`FILTER`] samples.
+    recent: VecDeque<Duration>,
+    last_sample: Option<Duration>,
+    last_decrease: Option<Duration>,
+    last_demand: Option<Duration>,
+    rate: Rate,
+}
+
+impl DelayController {
+    /// A controller for background pieces of at most `chunk` bytes and a window of at most
+    /// `w_max` bytes (streams × chunk). It starts at `w_max`.
+    pub(crate) fn new(chunk: u64, w_max: u64) -> DelayController {
+        let chunk = chunk.max(1);
+        let w_max = w_max.max(chunk);
+        DelayController {
+            chunk,
+            w_max,
+            window: w_max as f64,
+            base: VecDeque::new(),
+            recent: VecDeque::new(),
+            last_sample: None,
+            last_decrease: None,
+            last_demand: None,
+            rate: Rate::default(),
+        }
+    }
+
+    /// Whether readers are active: a demand request within [`READERS_QUIET`] of `now`.
+    pub(crate) fn readers_active(&self, now: Duration) -> bool {
+        self.last_demand
+            .is_some_and(|t| now.saturating_sub(t) < READERS_QUIET)
+    }
+
+    /// A demand (or prediction) request starts at `now`. After a quiet spell the window
+    /// drops at once to [`DROP_PIECES`] pieces.
+    pub(crate) fn on_demand(&mut self, now: Duration) {
+        let was_active = self.readers_active(now);
+        self.last_demand = Some(now);
+        if !was_active {
+            let floor = (DROP_PIECES * self.piece(now)) as f64;
+            self.window = self.window.min(floor);
+        }
+    }
+
+    /// `n` bytes (any class) were delivered at `now`: feeds the rate estimate.
+    pub(crate) fn on_delivered(&mut self, now: Duration, n: u64) {
+        self.rate.on_bytes(now, n);
+    }
+
+    /// A round-trip sample taken at `now`; updates base, queueing delay and window.
+    pub(crate) fn on_sample(&mut self, now: Duration, rtt: Duration) {
+        let slot = now.as_nanos() as u64 / BASE_WINDOW.as_nanos() as u64;
+        match self.base.back_mut() {
+            Some((s, m)) if *s == slot => *m = (*m).min(rtt),
+            _ => self.base.push_back((slot, rtt)),
+        }
+        while self
+            .base
+            .front()
+            .is_some_and(|(s, _)| s + BASE_WINDOWS <= slot)
+        {
+            self.base.pop_front();
+        }
+        self.recent.push_back(rtt);
+        if self.recent.len() > FILTER {
+            self.recent.pop_front();
+        }
+        let gap = self.last_sample.map_or(rtt, |t| now.saturating_sub(t));
+        self.last_sample = Some(now);
+
+        let base = self.base().unwrap_or(rtt);
+        let q = self.queue_delay();
+        let target = self.target(now);
+        let piece = self.piece(now) as f64;
+        let round_trip = (base + q).max(Duration::from_micros(1));
+        if q < target {
+            let off = (target - q).as_secs_f64() / target.as_secs_f64();
+            // At most doubling per round trip (when samples come faster than round trips).
+            let trips = (gap.as_secs_f64() / round_trip.as_secs_f64()).min(1.0);
+            self.window += (GAIN * piece * off).min(self.window * trips);
+        } else if self
+            .last_decrease
+            .is_none_or(|t| now.saturating_sub(t) >= round_trip)
+        {
+            let over = ((q - target).as_secs_f64() / target.as_secs_f64()).min(1.0);
+            self.window *= 1.0 - BETA * over;
+            self.last_decrease = Some(now);
+        }
+        self.window = self.window.clamp(self.w_min(now) as f64, self.w_max as f64);
+    }
+
+    /// The base round trip (`None` before the first sample).
+    pub(crate) fn base(&self) -> Option<Duration> {
+        self.base.iter().map(|(_, m)| *m).min()
+    }
+
+    /// The queueing delay: the min-filtered latest samples minus the base.
+    pub(crate) fn queue_delay(&self) -> Duration {
+        let (Some(base), Some(recent)) = (self.base(), self.recent.iter().min()) else {
+            return Duration::ZERO;
+        };
+        recent.saturating_sub(base)
+    }
+
+    /// The queueing delay aimed at, at `now` (see the module docs).
+    pub(crate) fn target(&self, now: Duration) -> Duration {
+        let base = self.base().unwrap_or(Duration::ZERO);
+        if self.readers_active(now) {
+            (base / 2).clamp(ACTIVE_TARGET.0, ACTIVE_TARGET.1)
+        } else {
+            let rate = self.rate.get();
+            let chunk_time = if rate > 0.0 {
+                Duration::from_secs_f64(self.chunk as f64 / rate)
+            } else {
+                Duration::ZERO
+            };
+            (base * 2)
+                .clamp(ALONE_TARGET.0, ALONE_TARGET.1)
+                .max(chunk_time.min(MAX_CHUNK_TIME))
+        }
+    }
+
+    /// The background piece size at `now` (also the window's minimum).
+    pub(crate) fn piece(&self, now: Duration) -> u64 {
+        if !self.readers_active(now) {
+            return self.chunk;
+        }
+        let bytes = (self.rate.get() * PIECE_TIME.as_secs_f64()) as u64;
+        let p = bytes.min(self.chunk) / PIECE_ALIGN * PIECE_ALIGN;
+        p.max(MIN_PIECE).min(self.chunk)
+    }
+
+    /// The window: background bytes allowed in flight at `now`.
+    pub(crate) fn window(&self, now: Duration) -> u64 {
+        (self.window as u64).clamp(self.w_min(now), self.w_max)
+    }
+
+    /// The smallest window at `now`: one piece while readers are active; with none,
+    /// [`ALONE_MIN_PIECES`] chunks (with a single chunk in flight the link would idle for
+    /// a round trip and the server's work between chunks).
+    pub(crate) fn w_min(&self, now: Duration) -> u64 {
+        if self.readers_active(now) {
+            self.piece(now)
+        } else {
+            (ALONE_MIN_PIECES * self.chunk).min(self.w_max)
+        }
+    }
+
+    /// The delivered rate estimate, bytes per second (0: not known yet).
+    pub(crate) fn rate(&self) -> f64 {
+        self.rate.get()
+    }
+}
+
+#[cfg(test)]
+mod tests;
