@@ -19,13 +19,16 @@
 //! - Per sample: under target, W += [`GAIN`] × piece × (target − q) / target, at most
 //!   doubling per round trip; over target, W ×= 1 − [`BETA`] × min(1, (q − target) /
 //!   target), at most once per round trip.
-//! - W stays within [W_min, streams × chunk], W_min being one piece while readers are
-//!   active and [`ALONE_MIN_PIECES`] chunks otherwise (one chunk at a time would idle the
+//! - W stays within [W_min, streams × chunk], W_min being [`MIN_PIECE`] while readers
+//!   are active and [`ALONE_MIN_PIECES`] chunks otherwise (one chunk at a time would idle the
 //!   link between chunks); it starts at the maximum (no reader: today's behaviour) and drops at once to [`DROP_PIECES`] pieces when readers become
 //!   active after a quiet spell (readers first: no waiting for the samples to tell).
 //! - Piece size: a chunk while no reader is active; while readers are, about
-//!   [`PIECE_TIME`] of link time: clamp(rate × 1 ms, [`MIN_PIECE`], chunk) rounded down to
-//!   4 KiB, rate being the EWMA of bytes delivered per second ([`Rate`]).
+//!   [`PIECE_TIME`] of link time and at most the window: clamp(min(rate × 1 ms, W),
+//!   [`MIN_PIECE`], chunk) rounded down to 4 KiB, rate being the EWMA of bytes delivered
+//!   per second ([`Rate`]). On a LAN whose base round trip is far below a piece's time on
+//!   the wire, one 1 ms piece in flight keeps the link busy on its own and every read
+//!   waits behind it; the window then shrinks below one such piece, and the pieces with it.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -251,13 +254,17 @@ impl DelayController {
         }
     }
 
-    /// The background piece size at `now` (also the window's minimum).
+    /// The background piece size at `now`. While readers are active it is about
+    /// [`PIECE_TIME`] of link time and never more than the window: when the queue stays over
+    /// the target with the window at one piece (a link whose base round trip is far below a
+    /// piece's time on the wire, such as a LAN, where one piece in flight already keeps the
+    /// link busy), the pieces shrink with the window, down to [`MIN_PIECE`].
     pub(crate) fn piece(&self, now: Duration) -> u64 {
         if !self.readers_active(now) {
             return self.chunk;
         }
         let bytes = (self.rate.get() * PIECE_TIME.as_secs_f64()) as u64;
-        let p = bytes.min(self.chunk) / PIECE_ALIGN * PIECE_ALIGN;
+        let p = bytes.min(self.window as u64).min(self.chunk) / PIECE_ALIGN * PIECE_ALIGN;
         p.max(MIN_PIECE).min(self.chunk)
     }
 
@@ -266,12 +273,12 @@ impl DelayController {
         (self.window as u64).clamp(self.w_min(now), self.w_max)
     }
 
-    /// The smallest window at `now`: one piece while readers are active; with none,
-    /// [`ALONE_MIN_PIECES`] chunks (with a single chunk in flight the link would idle for
-    /// a round trip and the server's work between chunks).
+    /// The smallest window at `now`: [`MIN_PIECE`] while readers are active (one smallest
+    /// piece); with none, [`ALONE_MIN_PIECES`] chunks (with a single chunk in flight the link
+    /// would idle for a round trip and the server's work between chunks).
     pub(crate) fn w_min(&self, now: Duration) -> u64 {
         if self.readers_active(now) {
-            self.piece(now)
+            MIN_PIECE.min(self.chunk)
         } else {
             (ALONE_MIN_PIECES * self.chunk).min(self.w_max)
         }

@@ -365,3 +365,10 @@ fn piece_size_is_about_a_millisecond_of_link_time_while_readers_are_active() {
     assert_eq!(p % 4096, 0);
     assert!((90_000..=100_000).contains(&p), "{p}");
 }
+
+#[test]
+fn a_lan_whose_round_trip_is_far_below_a_piece_time_backs_off_for_a_reader() {
+    // The emulated 1 Gbit/s link measures a 28 µs base round trip: a 1 ms piece alone keeps
+    // the link busy there, so the window has to go below one such piece.
+    three_phases(125e6, Duration::from_micros(30), 4.0);
+}
