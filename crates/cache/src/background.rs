@@ -27,9 +27,10 @@ use std::time::Duration;
 use ferry_client::Client;
 use tokio::sync::{mpsc, oneshot};
 
-/// Background threads. Two keep a write going while the other thread hashes or syncs,
-/// and leave the other core of a small machine to readers.
-pub const THREADS: usize = 2;
+/// Background threads. Several keep writes going while others hash or sync (with two,
+/// the mirror alone on loopback fell to ~0.7× of the spawn_blocking pool it replaced; with
+/// four it is within noise of it); their lowered priority keeps them behind readers.
+pub const THREADS: usize = 4;
 /// Jobs queued in front of the threads, at most.
 pub const QUEUE: usize = 64;
 /// How often a deferred job looks again whether demand reads are still in flight.
