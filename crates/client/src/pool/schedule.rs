@@ -77,7 +77,7 @@ pub struct SchedulerStats {
     pub prediction_bytes: u64,
     /// Bytes received (decoded) for background reads (the mirror).
     pub background_bytes: u64,
-    /// Whether readers are active (a demand or prediction request within the last second).
+    /// Whether readers are active (a demand or prediction read within the last second; a stat or listing alone does not count).
     pub readers_active: bool,
 }
 
@@ -225,7 +225,12 @@ impl Schedule {
         } else {
             let w = {
                 let mut c = self.controller();
-                c.on_demand(self.now());
+                // Reads make readers active; a lone stat or listing (`ls`, `ferry status`)
+                // goes first on the wire anyway and must not collapse the window for the
+                // seconds it takes to grow back on a long link.
+                if matches!(request, Request::Read { .. }) {
+                    c.on_demand(self.now());
+                }
                 c.window(self.now())
             };
             self.window.set_window(w);

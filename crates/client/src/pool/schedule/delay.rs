@@ -11,7 +11,7 @@
 //!   minimum per window, so it can rise again after a route change); queueing delay
 //!   q = min of the last [`FILTER`] samples − base (the short min-filter ignores the
 //!   queue's ripple of one piece and keeps its standing part).
-//! - Readers are active while a demand (or prediction) request was made within
+//! - Readers are active while a demand (or prediction) read was made within
 //!   [`READERS_QUIET`]. Target: clamp(base / 2, 100 µs, 5 ms) then; otherwise
 //!   clamp(2 × base, 1 ms, 25 ms), but at least one chunk's time on the link (a queue of
 //!   whole chunks cannot be kept shorter than one chunk without idling the link, and with
