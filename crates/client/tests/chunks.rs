@@ -8,23 +8,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferry_client::{ChunkBacking, ChunkStore, Client, ClientConfig, FileKey};
 
-async fn serve(dir: &std::path::Path) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let config = ferry_server::ServerConfig {
-        export: dir.to_path_buf(),
-        ..Default::default()
-    };
-    tokio::spawn(async move {
-        ferry_server::run(listener, config, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
-    (addr, tx)
-}
+#[path = "support/server.rs"]
+mod server;
+use server::serve;
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()

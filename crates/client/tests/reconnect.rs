@@ -10,28 +10,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ferry_client::{Client, ClientConfig, ClientError};
 
-/// Serves `dir` on `listener` until the returned sender is dropped or fired.
-fn serve_on(
-    listener: tokio::net::TcpListener,
-    dir: &std::path::Path,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let config = ferry_server::ServerConfig {
-        export: dir.to_path_buf(),
-        ..Default::default()
-    };
-    let task = tokio::spawn(async move {
-        ferry_server::run(listener, config, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
-    (tx, task)
-}
+#[path = "support/server.rs"]
+mod server;
+use server::serve_on;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_wait_for_a_restarted_server_and_then_succeed() {

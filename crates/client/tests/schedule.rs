@@ -8,24 +8,9 @@ use bytes::Bytes;
 use ferry_client::{Client, ClientConfig};
 use ferry_proto::{features, Class};
 
-/// Serves `dir` on a fresh port until the returned sender is dropped; the pool's address.
-async fn serve(dir: &std::path::Path) -> (tokio::sync::oneshot::Sender<()>, String) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let config = ferry_server::ServerConfig {
-        export: dir.to_path_buf(),
-        ..Default::default()
-    };
-    tokio::spawn(async move {
-        ferry_server::run(listener, config, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
-    (tx, addr)
-}
+#[path = "support/server.rs"]
+mod server;
+use server::serve;
 
 fn pattern(n: usize, seed: usize) -> Vec<u8> {
     (0..n).map(|i| (i * seed + i / 4093) as u8).collect()
@@ -38,7 +23,7 @@ async fn background_reads_go_in_pieces_while_readers_are_active_and_return_the_s
     let small = pattern(200 << 10, 13);
     std::fs::write(dir.path().join("big"), &big).unwrap();
     std::fs::write(dir.path().join("small"), &small).unwrap();
-    let (_stop, addr) = serve(dir.path()).await;
+    let (addr, _stop) = serve(dir.path()).await;
     let client = Client::connect(ClientConfig {
         addr,
         streams: 4,
