@@ -254,10 +254,18 @@ impl Export {
 /// Reads up to `len` bytes at `offset`, short only at end of file. Returns the bytes and
 /// the attributes of the file they came from; if the file changes during the read
 /// (size or mtime moves), the read is repeated so the bytes belong to one version.
+/// `uncached`: pages the read brings into the page cache are dropped again
+/// ([`ferry_util::direct::pread_uncached`]).
 ///
 /// # Errors
 /// I/O errors, or a file that keeps changing.
-pub fn read_at(file: &File, attr: Attr, offset: u64, len: usize) -> Result<(Bytes, Attr), OpError> {
+pub fn read_at(
+    file: &File,
+    attr: Attr,
+    offset: u64,
+    len: usize,
+    uncached: bool,
+) -> Result<(Bytes, Attr), OpError> {
     let mut before = attr;
     for _ in 0..3 {
         let want = len.min(before.size.saturating_sub(offset) as usize);
@@ -266,10 +274,18 @@ pub fn read_at(file: &File, attr: Attr, offset: u64, len: usize) -> Result<(Byte
         let mut buf: Vec<u8> = Vec::with_capacity(want);
         while buf.len() < want {
             let at = offset + buf.len() as u64;
-            match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), at) {
+            let read = if uncached {
+                // Background reads (a mirror's) leave the page cache as they found it.
+                ferry_util::direct::pread_uncached(file, &mut buf, at)
+            } else {
+                match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), at) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    r => r.map_err(std::io::Error::from),
+                }
+            };
+            match read {
                 Ok(0) => break,
                 Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(OpError::new(Status::Io, format!("read: {e}"))),
             }
         }
@@ -288,7 +304,8 @@ pub fn read_at(file: &File, attr: Attr, offset: u64, len: usize) -> Result<(Byte
     ))
 }
 
-/// BLAKE3 of the whole file, read in chunks of `buf_len` bytes. The version must be the same
+/// BLAKE3 of the whole file, read in chunks of `buf_len` bytes (uncached:
+/// [`ferry_util::direct::pread_uncached`]). The version must be the same
 /// before and after (else the file is hashed again, up to three times), so the hash belongs
 /// to exactly the version it is reported with.
 ///
@@ -302,13 +319,13 @@ pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u
         let mut offset = 0u64;
         loop {
             buf.clear();
-            match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), offset) {
+            // Only mirrors ask for hashes: the page cache is left as it was found.
+            match ferry_util::direct::pread_uncached(file, &mut buf, offset) {
                 Ok(0) => break,
                 Ok(n) => {
                     hasher.update(&buf[..n]);
                     offset += n as u64;
                 }
-                Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(OpError::new(Status::Io, format!("read: {e}"))),
             }
         }
@@ -352,7 +369,7 @@ mod tests {
         let a = e.stat(b"f").unwrap();
         assert_eq!((a.kind, a.size), (FileKind::File, 11));
         let (f, attr) = e.open_file(b"f").unwrap();
-        let (data, _) = read_at(&f, attr, 6, 100).unwrap();
+        let (data, _) = read_at(&f, attr, 6, 100, false).unwrap();
         assert_eq!(&data[..], b"world");
         assert_eq!(e.stat(b"").unwrap().kind, FileKind::Directory);
     }

@@ -17,15 +17,14 @@
 //!   than [`MAX_DEFERRAL`], so background work is delayed but never starved. Deferrals are
 //!   counted ([`deferrals`]).
 //!
-//! Invariant: a job that panics does not take its thread with it; its caller gets
-//! [`BackgroundError::Panicked`].
+//! The pool itself is [`ferry_util::background::Pool`] (a job that panics does not take its
+//! thread with it; its caller gets [`BackgroundError::Panicked`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_client::Client;
-use tokio::sync::{mpsc, oneshot};
 
 /// Background threads. Several keep writes going while others hash or sync (with two,
 /// the mirror alone on loopback fell to ~0.7× of the spawn_blocking pool it replaced; with
@@ -38,62 +37,11 @@ pub const DEFER_POLL: Duration = Duration::from_millis(1);
 /// Longest a job waits for demand reads to finish before it runs anyway.
 pub const MAX_DEFERRAL: Duration = Duration::from_millis(50);
 
-/// Why a background job gave no result.
-#[derive(Debug, thiserror::Error)]
-pub enum BackgroundError {
-    /// The job panicked (its thread goes on with the next job).
-    #[error("a background job panicked")]
-    Panicked,
-}
+pub use ferry_util::background::BackgroundError;
 
-impl From<BackgroundError> for std::io::Error {
-    fn from(e: BackgroundError) -> Self {
-        std::io::Error::other(e)
-    }
-}
-
-type Job = Box<dyn FnOnce() + Send>;
-
-struct Pool {
-    tx: mpsc::Sender<Job>,
-    /// Threads that started; with none, jobs run on tokio's blocking pool instead.
-    started: usize,
-}
-
-fn pool() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Job>(QUEUE);
-        let rx = Arc::new(Mutex::new(rx));
-        let mut started = 0;
-        for n in 0..THREADS {
-            let rx = rx.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("ferry-bg-{n}"))
-                .spawn(move || {
-                    ferry_util::lower_current_thread();
-                    worker(&rx);
-                });
-            match spawned {
-                Ok(_) => started += 1,
-                Err(e) => tracing::warn!("cannot start a background thread: {e}"),
-            }
-        }
-        Pool { tx, started }
-    })
-}
-
-/// One background thread: runs jobs in the order queued, for the life of the process.
-fn worker(rx: &Mutex<mpsc::Receiver<Job>>) {
-    loop {
-        // One thread waits in the channel at a time; the other waits for the lock.
-        let job = rx.lock().unwrap_or_else(|e| e.into_inner()).blocking_recv();
-        match job {
-            Some(job) => job(),
-            None => return,
-        }
-    }
-}
+/// The mirror's threads (`ferry-bg-N`), shared by every mirror and syncer of the process.
+static POOL: ferry_util::background::Pool =
+    ferry_util::background::Pool::new("ferry-bg", THREADS, QUEUE);
 
 /// Runs `f` on a background thread (lower CPU and I/O priority) and returns its result,
 /// like `tokio::task::spawn_blocking` for the mirror's work. Waits for room in the queue
@@ -106,26 +54,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    let p = pool();
-    let (tx, rx) = oneshot::channel();
-    let job: Job = Box::new(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-        if r.is_err() {
-            tracing::error!("a background job panicked");
-        }
-        let _ = tx.send(r);
-    });
-    if p.started == 0 {
-        // No thread could be started: the work still has to be done.
-        let _ = tokio::task::spawn_blocking(job).await;
-    } else if let Err(mpsc::error::SendError(job)) = p.tx.send(job).await {
-        // The receivers live as long as the process; run it here rather than lose it.
-        let _ = tokio::task::spawn_blocking(job).await;
-    }
-    match rx.await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(_)) | Err(_) => Err(BackgroundError::Panicked),
-    }
+    POOL.run(f).await
 }
 
 /// Runs a long job (hashing a whole file) like [`run`], at most `THREADS − 1` of them at once:
@@ -212,35 +141,14 @@ impl DemandGate {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+    use std::sync::Mutex;
 
     #[tokio::test]
-    async fn jobs_run_on_named_low_priority_threads() {
-        let (name, nice) = run(|| {
-            let name = std::thread::current().name().map(str::to_string);
-            (name, ferry_util::priority::current_thread_nice().ok())
-        })
-        .await
-        .expect("job");
+    async fn jobs_run_on_the_mirror_threads() {
+        let name = run(|| std::thread::current().name().map(str::to_string))
+            .await
+            .expect("job");
         assert!(name.is_some_and(|n| n.starts_with("ferry-bg-")));
-        if let Some(n) = nice {
-            assert!(n >= ferry_util::priority::BACKGROUND_NICE, "nice {n}");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_panicking_job_is_an_error_and_the_threads_go_on() {
-        assert!(matches!(
-            run(|| panic!("boom")).await,
-            Err(BackgroundError::Panicked)
-        ));
-        // More jobs than threads and queue together: every one still runs.
-        let mut all = Vec::new();
-        for i in 0..(THREADS + QUEUE + 8) {
-            all.push(tokio::spawn(run(move || i * 2)));
-        }
-        for (i, h) in all.into_iter().enumerate() {
-            assert_eq!(h.await.expect("task").expect("job"), i * 2);
-        }
     }
 
     #[tokio::test]

@@ -38,12 +38,15 @@ pub use syncer::Syncer;
 /// top level is not mirrored.
 pub const STATE_DIR: &str = ".ferry";
 
-/// BLAKE3 of the file at `path` (the local side of every verification).
+/// BLAKE3 of the file at `path` (the local side of every verification), read past the
+/// page cache where possible ([`ferry_util::direct`]).
 ///
 /// # Errors
 /// The file cannot be opened or read.
 pub fn hash_file(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
     let mut h = blake3::Hasher::new();
-    h.update_reader(std::fs::File::open(path)?)?;
+    ferry_util::direct::read_all(path, |b| {
+        h.update(b);
+    })?;
     Ok(*h.finalize().as_bytes())
 }

@@ -17,7 +17,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -233,7 +232,7 @@ impl LocalCopy {
         };
         // A write that lands on a file which has started over since is harmless: it goes to
         // the old inode, and its record is refused (another generation).
-        file.write_all_at(data, index * u64::from(self.chunk_size))?;
+        ferry_util::direct::write_all_at(&file, data, index * u64::from(self.chunk_size))?;
         self.syncer
             .written(rel, key.version, generation, index, file);
         Ok(())

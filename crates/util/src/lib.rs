@@ -8,8 +8,14 @@
 //!   `cli` feature, [`one_line_usage_error`].
 //! - [`priority`]: [`lower_current_thread`], lower CPU and I/O priority for background
 //!   threads (the mirror's, the write-back queue's), so readers come first.
+//! - [`background`]: [`background::Pool`], named threads at that lower priority with a
+//!   bounded queue (the mirror's work, ferryd's background reads).
+//! - [`direct`]: direct I/O for the local copy's bulk data (written and read back past the
+//!   page cache, which belongs to readers).
 //! - [`human`]: [`human_bytes`], sizes as people read them in logs and progress lines.
 
+pub mod background;
+pub mod direct;
 pub mod human;
 pub mod metrics;
 pub mod priority;

@@ -4,8 +4,8 @@
 //! On Linux both priorities are per thread: `setpriority(PRIO_PROCESS, tid, ..)` changes
 //! the nice value of that one thread (not of the process), and `ioprio_set(IOPRIO_WHO_PROCESS,
 //! tid, ..)` its I/O priority, which the block layer's schedulers (BFQ, mq-deadline) use to
-//! order the requests it submits (`fdatasync` write-back, reads of files not in the page
-//! cache). Lowering is best effort: a failure (a container without permission to change
+//! order the requests it submits (direct writes and reads, `fdatasync` write-back, reads of
+//! files not in the page cache). Lowering is best effort: a failure (a container without permission to change
 //! priorities, another OS) is logged once at debug level and the thread runs on as it was.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,11 +15,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// and all of it when nothing else wants the CPU.
 pub const BACKGROUND_NICE: i32 = 10;
 
-/// The best-effort I/O priority level background threads run at (0 highest, 7 lowest).
-pub const BACKGROUND_IO_LEVEL: u32 = 7;
+/// The I/O priority background threads run at: the idle class, whose requests the block
+/// layer's schedulers (mq-deadline, BFQ) dispatch only when no request of a higher class is
+/// waiting (mq-deadline still serves them after `prio_aging_expire`, 10 s by default, so
+/// they are delayed, never starved). The best-effort levels alone would not do: mq-deadline
+/// orders by class only, so a best-effort level 7 read waits no less than a reader's.
+pub const BACKGROUND_IOPRIO: u32 = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT;
 
-/// `IOPRIO_CLASS_BE` (linux/ioprio.h): best effort, ordered by level.
-const IOPRIO_CLASS_BE: u32 = 2;
+/// `IOPRIO_CLASS_IDLE` (linux/ioprio.h): served when nothing else is.
+const IOPRIO_CLASS_IDLE: u32 = 3;
 /// `IOPRIO_CLASS_SHIFT`: the class sits above 13 bits of level/data.
 const IOPRIO_CLASS_SHIFT: u32 = 13;
 /// `IOPRIO_WHO_PROCESS`: the target is a thread id.
@@ -33,12 +37,12 @@ static LOGGED: AtomicBool = AtomicBool::new(false);
 pub struct Lowered {
     /// The thread's nice value is now [`BACKGROUND_NICE`] (or was already at least that).
     pub cpu: bool,
-    /// The thread's I/O priority is now best effort, level [`BACKGROUND_IO_LEVEL`].
+    /// The thread's I/O priority is now [`BACKGROUND_IOPRIO`] (the idle class).
     pub io: bool,
 }
 
 /// Lowers the calling thread's CPU priority to nice [`BACKGROUND_NICE`] and its I/O
-/// priority to best effort level [`BACKGROUND_IO_LEVEL`]. Never fails: what could not be
+/// priority to the idle class ([`BACKGROUND_IOPRIO`]). Never fails: what could not be
 /// done is logged once (debug) and reported in the result. Call it first thing in a thread
 /// that does background work; it affects that thread only (and threads it starts later).
 pub fn lower_current_thread() -> Lowered {
@@ -106,11 +110,6 @@ pub fn current_thread_ioprio() -> std::io::Result<u32> {
     }
 }
 
-/// The I/O priority value of best effort level `level`.
-pub const fn best_effort(level: u32) -> u32 {
-    (IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT) | (level & 7)
-}
-
 #[cfg(target_os = "linux")]
 fn current_tid() -> libc::pid_t {
     // SAFETY: gettid has no preconditions.
@@ -153,7 +152,7 @@ fn lower_io() -> std::io::Result<()> {
                 libc::SYS_ioprio_set,
                 IOPRIO_WHO_PROCESS,
                 current_tid() as libc::c_long,
-                best_effort(BACKGROUND_IO_LEVEL) as libc::c_long,
+                BACKGROUND_IOPRIO as libc::c_long,
             )
         };
         if r != 0 {
@@ -183,10 +182,7 @@ mod tests {
         assert!(lowered.cpu, "setpriority on the thread failed");
         assert_eq!(nice.expect("getpriority"), before.max(BACKGROUND_NICE));
         if lowered.io {
-            assert_eq!(
-                ioprio.expect("ioprio_get"),
-                best_effort(BACKGROUND_IO_LEVEL)
-            );
+            assert_eq!(ioprio.expect("ioprio_get"), BACKGROUND_IOPRIO);
         }
         // This thread (and so the process) kept its priority.
         assert_eq!(current_thread_nice().expect("getpriority"), before);

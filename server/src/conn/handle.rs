@@ -10,6 +10,13 @@
 //! 3. the same units of the server-wide budget.
 //!
 //! Hashes take one of two server-wide hash slots (each reads a whole file).
+//!
+//! Readers first for CPU and disk: background reads and hashes (only mirrors and local
+//! copies ask for them) run on [`BACKGROUND_POOL`], threads at lower CPU and I/O priority
+//! (`ferryd-bg-N`, [`ferry_util::background::Pool`]); demand and prediction reads, and
+//! everything else, on tokio's blocking pool at normal priority. Where the link outruns the
+//! machine (a fast LAN, loopback), a mirror's reads, checksums and compression then take
+//! only the CPU and disk time readers leave.
 
 use std::sync::Arc;
 
@@ -24,6 +31,11 @@ use crate::Shared;
 /// Background reads one connection may have holding budget and a place in the blocking
 /// pool at once (from taking their slot until their response is written).
 pub(crate) const BACKGROUND_READS: usize = 2;
+
+/// Threads for background reads and hashes (lower CPU and I/O priority); enough for a
+/// few mirrors' reads to keep a fast disk busy.
+pub(crate) static BACKGROUND_POOL: ferry_util::background::Pool =
+    ferry_util::background::Pool::new("ferryd-bg", 4, 64);
 
 /// Largest directory page served, whatever the client asks.
 const MAX_DIR_PAGE: usize = 4096;
@@ -67,6 +79,20 @@ async fn blocking<T: Send + 'static>(
         .unwrap_or_else(|e| Err(OpError::new(Status::Io, format!("worker failed: {e}"))))
 }
 
+/// Like [`blocking`], on [`BACKGROUND_POOL`] for background work.
+async fn blocking_as<T: Send + 'static>(
+    class: Class,
+    f: impl FnOnce() -> Result<T, OpError> + Send + 'static,
+) -> Result<T, OpError> {
+    if class != Class::Background {
+        return blocking(f).await;
+    }
+    BACKGROUND_POOL
+        .run(f)
+        .await
+        .unwrap_or_else(|e| Err(OpError::new(Status::Io, format!("worker failed: {e}"))))
+}
+
 /// Serves `request`; the permits it takes (budget, background slot) are added to `permits`,
 /// to be released once the response is written.
 pub(crate) async fn handle(
@@ -94,7 +120,7 @@ pub(crate) async fn handle(
             let Ok(_slot) = shared.hash_slots.clone().acquire_owned().await else {
                 return error_response(OpError::new(Status::Busy, "server busy"));
             };
-            blocking(move || {
+            blocking_as(Class::Background, move || {
                 let (file, attr) = sh.export.open_file(&path)?;
                 let cached = sh
                     .hashes
@@ -159,9 +185,10 @@ pub(crate) async fn handle(
             }
             let allow = session.features & features::LZ4 != 0 && allow_lz4;
             let read_hash = session.features & features::READ_HASH != 0;
-            blocking(move || {
+            blocking_as(class, move || {
                 let (file, attr) = sh.export.open_file(&path)?;
-                let (data, attr) = export::read_at(&file, attr, offset, len as usize)?;
+                let uncached = class == Class::Background;
+                let (data, attr) = export::read_at(&file, attr, offset, len as usize, uncached)?;
                 let decoded_len = data.len() as u32;
                 let checksum = payload::checksum(&data);
                 // The whole file in one read: its BLAKE3 comes along, so the client can

@@ -6,7 +6,6 @@
 //! Invariant: the bytes an attempt counted as done are taken back from the progress when
 //! the attempt does not end in [`FileOutcome::Done`], so the next attempt counts anew.
 
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -95,8 +94,10 @@ pub(super) async fn copy_file_once(
                 Ok((data, file_hash)) => {
                     let n = data.len() as u64;
                     let f = file.clone();
-                    let w =
-                        write_queued(&c, data.len(), move || f.write_all_at(&data, offset)).await;
+                    let w = write_queued(&c, data.len(), move || {
+                        ferry_util::direct::write_all_at(&f, &data, offset)
+                    })
+                    .await;
                     match w {
                         Ok(()) => {
                             c.sync.written(rel, version, generation, index, file);
