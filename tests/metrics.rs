@@ -89,6 +89,8 @@ fn ferryd_and_the_mount_serve_prometheus_metrics() {
         "ferry_scheduler_piece_bytes",
         "ferry_scheduler_rate_bytes_per_second",
         "ferry_scheduler_readers_active",
+        "ferry_scheduler_cpu_wait_ratio",
+        "ferry_scheduler_background_pace_bytes_per_second",
     ] {
         assert!(m.contains_key(g), "{g} missing: {m:?}");
     }

@@ -111,6 +111,8 @@ fn reads_during_a_running_mirror_are_correct_and_the_mirror_completes() {
         "prediction_bytes",
         "background_bytes",
         "readers_active",
+        "cpu_wait_permille",
+        "background_pace",
     ] {
         assert!(
             s["scheduler"].get(key).is_some(),

@@ -322,6 +322,14 @@ pub struct SchedulerStatus {
     pub background_bytes: u64,
     /// A reader made a request within the last second.
     pub readers_active: bool,
+    /// How long the process's foreground threads waited for a CPU over the last 100 ms, per
+    /// mille of it, summed over the threads; `None` while not measured (no background work
+    /// in flight).
+    #[serde(default)]
+    pub cpu_wait_permille: Option<u64>,
+    /// Background bytes per second allowed while readers are short of CPU; 0: no pace.
+    #[serde(default)]
+    pub background_pace: u64,
 }
 
 impl SchedulerStatus {
@@ -341,6 +349,8 @@ impl SchedulerStatus {
             prediction_bytes: s.prediction_bytes,
             background_bytes: s.background_bytes,
             readers_active: s.readers_active,
+            cpu_wait_permille: s.cpu_wait.map(|x| (x * 1000.0).round() as u64),
+            background_pace: s.background_pace.unwrap_or(0),
         }
     }
 }
@@ -586,6 +596,16 @@ impl Status {
                 "scheduler_readers_active",
                 "1 while readers are active (a request in the last second).",
                 f64::from(u8::from(s.readers_active)),
+            )
+            .gauge(
+                "scheduler_cpu_wait_ratio",
+                "Share of the last 100 ms the foreground threads waited for a CPU, summed (0 when not measured).",
+                s.cpu_wait_permille.map_or(0.0, |p| p as f64 / 1000.0),
+            )
+            .gauge(
+                "scheduler_background_pace_bytes_per_second",
+                "Background bytes per second allowed while readers are short of CPU (0: none).",
+                s.background_pace as f64,
             );
         }
         if let Some(m) = &self.mount {

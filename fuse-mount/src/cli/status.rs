@@ -173,6 +173,13 @@ fn print_status(path: &Path, s: &Status) {
                 human_bytes(k.piece_size),
                 if k.readers_active { ", readers active" } else { "" }
             );
+            if k.background_pace > 0 {
+                println!(
+                    "          CPU short for readers (their threads waited {:.0} % of the time): the mirror paced at {}/s",
+                    k.cpu_wait_permille.unwrap_or(0) as f64 / 10.0,
+                    human_bytes(k.background_pace)
+                );
+            }
             println!(
                 "          received for readers {}, read-ahead {}, the mirror {}",
                 human_bytes(k.demand_bytes),

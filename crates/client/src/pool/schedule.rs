@@ -21,6 +21,11 @@
 //!   Pings and small demand reads (measured by `pool/conn.rs`) and with delivered bytes.
 //!   While background requests are in flight, a probe (`schedule/probe.rs`) pings the
 //!   least-loaded stream every clamp(2 × base, 1 ms, 100 ms).
+//! - Where the CPUs rather than the link are the limit (loopback, a fast LAN beside a
+//!   small host), a window of even one small piece lets the mirror take the CPU readers
+//!   need: while readers are active and this process's foreground threads wait for a CPU,
+//!   background requests are also paced (`schedule/cpu.rs`, sampled by the prober), down
+//!   to a trickle; with no reader active there is no pace.
 //! - Background reads larger than the piece size ([`Schedule::piece`]: a chunk with no
 //!   reader, ≈1 ms of link time while readers are active) are fetched as several pieces
 //!   (`pool/calls.rs`).
@@ -33,6 +38,7 @@
 //!
 //! Load is counted in bytes asked for: a read counts its length, any other request 4 KiB.
 
+mod cpu;
 mod delay;
 mod probe;
 mod window;
@@ -46,6 +52,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::conn::Conn;
 use crate::error::ClientError;
+use cpu::CpuPace;
 use delay::DelayController;
 pub(crate) use delay::SMALL_SAMPLE;
 pub(super) use probe::run as run_probes;
@@ -79,6 +86,13 @@ pub struct SchedulerStats {
     pub background_bytes: u64,
     /// Whether readers are active (a demand or prediction read within the last second; a stat or listing alone does not count).
     pub readers_active: bool,
+    /// How long this process's foreground threads (normal priority) waited for a CPU over
+    /// the last 100 ms, as a share of it, summed over the threads (`None`: not measured, as
+    /// while no background work is in flight).
+    pub cpu_wait: Option<f64>,
+    /// Background bytes per second allowed while readers are short of CPU (`None`: no
+    /// pace).
+    pub background_pace: Option<u64>,
 }
 
 /// One of the pool's streams: its current connection (replaced when it is reconnected)
@@ -119,6 +133,11 @@ pub(super) struct Schedule {
     /// The total background window's admission.
     window: BackgroundWindow,
     controller: Mutex<DelayController>,
+    /// The background's pace while readers are short of CPU.
+    cpu: Mutex<CpuPace>,
+    /// When the next paced background request may be admitted (time since `started`);
+    /// held, in arrival order, by the request waiting for its turn.
+    paced: tokio::sync::Mutex<Duration>,
     /// Decoded bytes received, by class (demand, prediction, background).
     received: [AtomicU64; 3],
 }
@@ -167,6 +186,8 @@ impl Schedule {
             foreground_in_flight: AtomicUsize::new(0),
             window: BackgroundWindow::default(),
             controller: Mutex::new(DelayController::new(chunk as u64, w_max)),
+            cpu: Mutex::default(),
+            paced: tokio::sync::Mutex::new(Duration::ZERO),
             received: Default::default(),
         }
     }
@@ -210,6 +231,7 @@ impl Schedule {
             _ => SMALL_REQUEST,
         };
         let (slot, conn, background) = if class == Class::Background {
+            self.pace(weight).await;
             let w = self.controller().window(self.now());
             let room = self.window.admit(weight, w).await;
             let (slot, conn) = self.pick_background()?;
@@ -251,6 +273,45 @@ impl Schedule {
         })
     }
 
+    /// Waits for a background request's turn under the CPU pace, if there is one: paced
+    /// requests go one after the other, `bytes / pace` apart. The pace is looked at again
+    /// at least every [`cpu::INTERVAL`], so a lifted pace frees the waiters at once.
+    async fn pace(&self, bytes: u64) {
+        if self.background_pace().is_none() {
+            return;
+        }
+        let mut next = self.paced.lock().await;
+        loop {
+            let Some(pace) = self.background_pace() else {
+                return;
+            };
+            let now = self.now();
+            if now >= *next {
+                *next = now + Duration::from_secs_f64(bytes as f64 / pace);
+                return;
+            }
+            tokio::time::sleep((*next - now).min(cpu::INTERVAL)).await;
+        }
+    }
+
+    /// Background bytes per second allowed now (`None`: no pace).
+    fn background_pace(&self) -> Option<f64> {
+        let active = self.foreground_active();
+        self.cpu().pace(active)
+    }
+
+    fn cpu(&self) -> std::sync::MutexGuard<'_, CpuPace> {
+        self.cpu.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A sample of the foreground threads' total wait for a CPU (the prober's, every
+    /// [`cpu::INTERVAL`] while background work is in flight).
+    pub(super) fn on_cpu_sample(&self, waited: Duration) {
+        let now = self.now();
+        let active = self.foreground_active();
+        self.cpu().on_sample(now, waited, active);
+    }
+
     /// A round-trip sample (a Ping, or a small demand read).
     pub(super) fn on_sample(&self, rtt: Duration) {
         let w = {
@@ -264,7 +325,11 @@ impl Schedule {
     /// `n` decoded bytes were received for a read of class `class`.
     pub(super) fn on_delivered(&self, class: Class, n: u64) {
         self.received[class as usize].fetch_add(n, Ordering::Relaxed);
-        self.controller().on_delivered(self.now(), n);
+        let now = self.now();
+        self.controller().on_delivered(now, n);
+        if class == Class::Background {
+            self.cpu().on_background(now, n);
+        }
     }
 
     /// The size of a background piece now: background reads larger than this are fetched
@@ -286,6 +351,11 @@ impl Schedule {
     /// What the scheduler is doing now.
     pub(super) fn stats(&self) -> SchedulerStats {
         let now = self.now();
+        let (cpu_wait, background_pace) = {
+            let active = self.foreground_active();
+            let cpu = self.cpu();
+            (cpu.wait(), cpu.pace(active).map(|p| p as u64))
+        };
         let c = self.controller();
         let received = |i: usize| self.received[i].load(Ordering::Relaxed);
         SchedulerStats {
@@ -300,6 +370,8 @@ impl Schedule {
             prediction_bytes: received(1),
             background_bytes: received(2),
             readers_active: c.readers_active(now),
+            cpu_wait,
+            background_pace,
         }
     }
 

@@ -5,7 +5,9 @@
 //! least-loaded stream every clamp(2 × base, 1 ms, 100 ms) (one at a time), and its round
 //! trip feeds the delay controller. ferryd answers Pings at demand priority, so a probe
 //! sees the queue a demand read would see. At start, a few Pings on the idle link give the
-//! base round trip before the mirror loads the link.
+//! base round trip before the mirror loads the link. Every `cpu::INTERVAL` while background
+//! work is in flight it also samples how long the process's foreground threads waited for a CPU,
+//! for the CPU pace (`cpu.rs`).
 //!
 //! Invariant: the task holds the pool only weakly between probes, so it ends when the
 //! pool is dropped; a probe never takes the place of a request (it is sent only when its
@@ -28,6 +30,8 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// Runs the prober of a pool until the pool is dropped.
 pub(in crate::pool) async fn run(inner: Weak<Inner>) {
+    let mut cpu_sampled: Option<tokio::time::Instant> = None;
+    let mut waits = super::cpu::WaitSampler::default();
     for _ in 0..START_PINGS {
         if probe(&inner).await.is_none() {
             break;
@@ -43,6 +47,12 @@ pub(in crate::pool) async fn run(inner: Weak<Inner>) {
             continue;
         }
         let interval = i.schedule.probe_interval();
+        if cpu_sampled.is_none_or(|t| t.elapsed() >= super::cpu::INTERVAL) {
+            cpu_sampled = Some(tokio::time::Instant::now());
+            if let Some(waited) = waits.sample() {
+                i.schedule.on_cpu_sample(waited);
+            }
+        }
         drop(i);
         tokio::time::sleep(interval).await;
         if probe(&inner).await.is_none() {
