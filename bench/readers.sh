@@ -25,6 +25,11 @@
 #   restore  pg_restore into a throwaway PostgreSQL 15 cluster of a custom-format dump
 #            (pgbench -i -s --pg-scale, pg_dump -Fc -Z0, made once) read from the mount
 #   idle     the mirror alone, no readers: MB/s over --seconds s (or until it completes)
+# Alone and during alike wait --warmup s between dropping the page cache (and mounting)
+# and the measurement: on a virtual machine that hands freed memory back to its host (free
+# page reporting, virtio-balloon), pages freed by the drop are slow to use again a few
+# seconds later (measured on the 2-core VM: a plain cp of 1 GiB ~0.6x when started 6 s
+# after the drop rather than at once), so an unequal wait would be counted against the mirror.
 # During the mirror, `ferry status --json` before and after each measurement gives the
 # mirror's MB/s over it (bytes_fetched), whether it was running throughout, and the chunks
 # readers found in the local copy. The export (--data, made once by scripts/gen-data.py) is
@@ -64,7 +69,7 @@ while [ $# -gt 0 ]; do
         --data) data=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --baseline) baseline=$2; shift 2 ;;
-        -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
         *) echo "bench/readers.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -258,6 +263,9 @@ run_one() {
     if [ "$mode" = alone ]; then
         mnt=$WORK/mnt/plain
         ferry_mount_at "$mnt" || die "ferry mount failed: $(tail -3 "$WORK/logs/ferry-plain-$link.log" 2>/dev/null)"
+        # The same wait as the mirror's warm-up: both modes start as long after the page
+        # cache was dropped (see the header).
+        sleep "$warmup"
     else
         mnt=$WORK/mnt/mirror
         rm -rf "$WORK/cache"; mkdir -p "$WORK/cache"
