@@ -252,6 +252,7 @@ impl Schedule {
                 // seconds it takes to grow back on a long link.
                 if matches!(request, Request::Read { .. }) {
                     c.on_demand(self.now());
+                    self.cpu().on_read(self.now());
                 }
                 c.window(self.now())
             };
@@ -296,8 +297,7 @@ impl Schedule {
 
     /// Background bytes per second allowed now (`None`: no pace).
     fn background_pace(&self) -> Option<f64> {
-        let active = self.foreground_active();
-        self.cpu().pace(active)
+        self.cpu().pace(self.now())
     }
 
     fn cpu(&self) -> std::sync::MutexGuard<'_, CpuPace> {
@@ -308,8 +308,7 @@ impl Schedule {
     /// [`cpu::INTERVAL`] while background work is in flight).
     pub(super) fn on_cpu_sample(&self, waited: Duration) {
         let now = self.now();
-        let active = self.foreground_active();
-        self.cpu().on_sample(now, waited, active);
+        self.cpu().on_sample(now, waited);
     }
 
     /// A round-trip sample (a Ping, or a small demand read).
@@ -352,9 +351,8 @@ impl Schedule {
     pub(super) fn stats(&self) -> SchedulerStats {
         let now = self.now();
         let (cpu_wait, background_pace) = {
-            let active = self.foreground_active();
             let cpu = self.cpu();
-            (cpu.wait(), cpu.pace(active).map(|p| p as u64))
+            (cpu.wait(), cpu.pace(now).map(|p| p as u64))
         };
         let c = self.controller();
         let received = |i: usize| self.received[i].load(Ordering::Relaxed);
