@@ -20,7 +20,7 @@
 //! file's last chunk) goes through the ordinary descriptor. Where direct I/O is not possible
 //! (a file system without it, an unaligned offset), the ordinary descriptor does all of it:
 //! the result is the same bytes, only through the page cache. The first refusal is logged at
-//! debug level.
+//! debug level; after a refused open the process does not try direct I/O again.
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -39,6 +39,10 @@ const BLOCK: usize = 1 << 20;
 
 /// A refusal of direct I/O was logged already.
 static LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// A direct open was refused once (a file system without `O_DIRECT`, no `/proc`): the
+/// process does not try again, rather than pay a failed open per chunk.
+static NO_DIRECT: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Over-allocated by [`ALIGN`] so an aligned slice of any length up to its size fits.
@@ -82,12 +86,13 @@ fn with_aligned<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
 /// The write failed (disk full, I/O error): as `write_all_at` would.
 pub fn write_all_at(file: &File, data: &[u8], offset: u64) -> std::io::Result<()> {
     let body = data.len() / ALIGN * ALIGN;
-    if body == 0 || offset % ALIGN as u64 != 0 {
+    if body == 0 || offset % ALIGN as u64 != 0 || NO_DIRECT.load(Ordering::Relaxed) {
         return file.write_all_at(data, offset);
     }
     let direct = match reopen_direct(file, true) {
         Ok(d) => d,
         Err(e) => {
+            NO_DIRECT.store(true, Ordering::Relaxed);
             refused("open", &e);
             return file.write_all_at(data, offset);
         }
@@ -176,19 +181,28 @@ pub fn pread_uncached(file: &File, buf: &mut Vec<u8>, offset: u64) -> std::io::R
 /// # Errors
 /// The file cannot be opened or read.
 pub fn read_all(path: &std::path::Path, mut sink: impl FnMut(&[u8])) -> std::io::Result<()> {
-    let mut file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::InvalidInput => {
-            refused("open for reading", &e);
-            std::fs::File::open(path)?
+    let opened = if NO_DIRECT.load(Ordering::Relaxed) {
+        None
+    } else {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == ErrorKind::InvalidInput => {
+                NO_DIRECT.store(true, Ordering::Relaxed);
+                refused("open for reading", &e);
+                None
+            }
+            Err(e) => return Err(e),
         }
-        Err(e) => return Err(e),
     };
-    let mut direct = true;
+    let mut direct = opened.is_some();
+    let mut file = match opened {
+        Some(f) => f,
+        None => std::fs::File::open(path)?,
+    };
     let mut at = 0u64;
     loop {
         let n = with_aligned(BLOCK, |buf| -> std::io::Result<usize> {
