@@ -16,21 +16,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::{mpsc, oneshot};
 
 /// Why a background job gave no result.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum BackgroundError {
     /// The job panicked (its thread goes on with the next job).
+    #[error("a background job panicked")]
     Panicked,
 }
-
-impl std::fmt::Display for BackgroundError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BackgroundError::Panicked => f.write_str("a background job panicked"),
-        }
-    }
-}
-
-impl std::error::Error for BackgroundError {}
 
 impl From<BackgroundError> for std::io::Error {
     fn from(e: BackgroundError) -> Self {
@@ -66,11 +57,6 @@ impl Pool {
             queue,
             started: OnceLock::new(),
         }
-    }
-
-    /// Its threads' number.
-    pub fn threads(&self) -> usize {
-        self.threads
     }
 
     fn started(&self) -> &Started {

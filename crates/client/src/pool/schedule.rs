@@ -304,6 +304,13 @@ impl Schedule {
         self.cpu.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether the prober should sample the foreground threads' wait now (a reader read
+    /// recently); see `cpu.rs`.
+    pub(super) fn wants_cpu_samples(&self) -> bool {
+        let now = self.now();
+        self.cpu().wants_samples(now)
+    }
+
     /// A sample of the foreground threads' total wait for a CPU (the prober's, every
     /// [`cpu::INTERVAL`] while background work is in flight).
     pub(super) fn on_cpu_sample(&self, waited: Duration) {

@@ -26,7 +26,8 @@
 //!   [`MIN_PACE`] per sample, and is lifted once it passes twice the background rate it
 //!   started from (it no longer holds anything back).
 //!
-//! Samples come every [`INTERVAL`] while background work is in flight (from the prober).
+//! Samples come every [`INTERVAL`] while background work is in flight and a reader read
+//! within [`LINGER`] (from the prober); with no reader, none are taken.
 //! Where the scheduler's statistics cannot be read there is no sample, so no pace: the
 //! delay controller alone governs.
 
@@ -83,6 +84,19 @@ impl CpuPace {
     fn readers_near(&self, now: Duration) -> bool {
         self.last_read
             .is_some_and(|t| now.saturating_sub(t) < LINGER)
+    }
+
+    /// Whether samples are wanted at `now` (a reader read within [`LINGER`]). When not, what
+    /// was measured is dropped: the next span starts afresh, and the mirror alone does not
+    /// pay for reading every thread's statistics.
+    pub(crate) fn wants_samples(&mut self, now: Duration) -> bool {
+        if self.readers_near(now) {
+            return true;
+        }
+        self.samples.clear();
+        self.wait = None;
+        self.pace = None;
+        false
     }
 
     /// A sample of the foreground threads' total wait for a CPU at `now` (a cumulative
@@ -326,6 +340,21 @@ mod tests {
         }
         assert!(c.wait().is_some_and(|w| w > WAIT_TARGET));
         assert_eq!(c.pace(INTERVAL * 20), None);
+    }
+
+    #[test]
+    fn samples_are_wanted_only_near_a_read_and_a_quiet_spell_forgets_them() {
+        let (mut c, _, now) = paced(&[2.0; 8]);
+        assert!(c.wants_samples(now));
+        assert!(c.pace(now).is_some());
+        assert!(!c.wants_samples(now + LINGER));
+        assert_eq!(c.wait(), None);
+        // Reads again: the old pace and span are gone; a new span needs half a SPAN.
+        c.on_read(now + LINGER * 2);
+        assert!(c.wants_samples(now + LINGER * 2));
+        assert_eq!(c.pace(now + LINGER * 2), None);
+        c.on_sample(now + LINGER * 2, Duration::from_secs(500));
+        assert_eq!(c.wait(), None);
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //! trip feeds the delay controller. ferryd answers Pings at demand priority, so a probe
 //! sees the queue a demand read would see. At start, a few Pings on the idle link give the
 //! base round trip before the mirror loads the link. Every `cpu::INTERVAL` while background
-//! work is in flight it also samples how long the process's foreground threads waited for a CPU,
-//! for the CPU pace (`cpu.rs`).
+//! work is in flight and a reader read recently it also samples how long the process's
+//! foreground threads waited for a CPU, for the CPU pace (`cpu.rs`).
 //!
 //! Invariant: the task holds the pool only weakly between probes, so it ends when the
 //! pool is dropped; a probe never takes the place of a request (it is sent only when its
@@ -47,7 +47,9 @@ pub(in crate::pool) async fn run(inner: Weak<Inner>) {
             continue;
         }
         let interval = i.schedule.probe_interval();
-        if cpu_sampled.is_none_or(|t| t.elapsed() >= super::cpu::INTERVAL) {
+        if cpu_sampled.is_none_or(|t| t.elapsed() >= super::cpu::INTERVAL)
+            && i.schedule.wants_cpu_samples()
+        {
             cpu_sampled = Some(tokio::time::Instant::now());
             if let Some(waited) = waits.sample() {
                 i.schedule.on_cpu_sample(waited);
