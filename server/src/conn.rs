@@ -247,12 +247,19 @@ where
             Ok(r) => r,
             Err(e) => break Err(ConnError::Decode(e)),
         };
-        if let Request::Read { class, .. } = &request {
+        if let Request::Read { class, .. } | Request::ReadDirData { class, .. } = &request {
             if *class != Class::Demand && welcome.features & features::PRIORITY == 0 {
                 break Err(ConnError::Protocol(
                     "a read with a class needs the PRIORITY feature",
                 ));
             }
+        }
+        if matches!(request, Request::ReadDirData { .. })
+            && welcome.features & features::DIR_DATA == 0
+        {
+            break Err(ConnError::Protocol(
+                "ReadDirData needs the DIR_DATA feature",
+            ));
         }
         let permit = match inflight.clone().acquire_owned().await {
             Ok(p) => p,
@@ -274,6 +281,14 @@ where
                     st.bytes_wire.fetch_add(r.data.len() as u64, Relaxed);
                     st.bytes_decoded
                         .fetch_add(u64::from(r.decoded_len), Relaxed);
+                }
+                Response::DirData(p) => {
+                    for d in p.entries.iter().filter_map(|e| e.data.as_ref()) {
+                        st.reads.fetch_add(1, Relaxed);
+                        st.bytes_wire.fetch_add(d.data.len() as u64, Relaxed);
+                        st.bytes_decoded
+                            .fetch_add(u64::from(d.decoded_len), Relaxed);
+                    }
                 }
                 Response::Error { .. } => {
                     st.errors.fetch_add(1, Relaxed);

@@ -14,7 +14,10 @@ use std::path::Path;
 
 use bytes::Bytes;
 use ferry_proto::name::{validate_path, NameError};
-use ferry_proto::{Attr, DirEntry, DirPage, FileKind, StatFs, Status, Timestamp, Version};
+use ferry_proto::{
+    Attr, DataEntry, DataPage, DirEntry, DirPage, FileData, FileKind, StatFs, Status, Timestamp,
+    Version,
+};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
@@ -191,6 +194,84 @@ impl Export {
         cookie: u64,
         max_entries: usize,
     ) -> Result<DirPage, OpError> {
+        let mut entries = Vec::new();
+        let eof = self.list(path, cookie, max_entries, |_, entry| {
+            entries.push(entry);
+            Ok(true)
+        })?;
+        Ok(DirPage { entries, eof })
+    }
+
+    /// One page of directory `path` with the whole contents of its regular files of 1 to
+    /// `page.max_file` bytes, the page's encoded size kept within `page.max_bytes`. A file
+    /// that changes while read, is replaced, or cannot be read is listed without its data
+    /// (the client then reads it).
+    ///
+    /// # Errors
+    /// As [`Export::read_dir`].
+    pub fn read_dir_data(
+        &self,
+        path: &[u8],
+        cookie: u64,
+        page: DataPageLimits,
+    ) -> Result<DataPage, OpError> {
+        let DataPageLimits {
+            max_entries,
+            max_file,
+            max_bytes,
+            allow_lz4,
+            uncached,
+        } = page;
+        // 5 bytes of page header, then per entry its listing fields, the data flag and,
+        // with data, 49 bytes of fields before the (at most raw-sized) bytes.
+        let mut used = 5;
+        let mut entries = Vec::new();
+        let eof = self.list(path, cookie, max_entries, |dirfd, entry| {
+            let mut need = 2 + entry.name.len() + 8 + Attr::LEN + 1;
+            let wanted = entry.attr.kind == FileKind::File
+                && entry.attr.size > 0
+                && entry.attr.size <= max_file;
+            if wanted {
+                need += 49 + entry.attr.size as usize;
+            }
+            if used + need > max_bytes && !entries.is_empty() {
+                return Ok(false); // the next page starts with this entry
+            }
+            let data = if wanted && used + need <= max_bytes {
+                small_file(dirfd, &entry, allow_lz4, uncached)
+            } else {
+                None
+            };
+            let entry = match &data {
+                Some((attr, _)) => DirEntry {
+                    attr: *attr,
+                    ..entry
+                },
+                None => entry,
+            };
+            used += 2 + entry.name.len() + 8 + Attr::LEN + 1;
+            if let Some((_, d)) = &data {
+                used += 49 + d.data.len();
+            }
+            entries.push(DataEntry {
+                entry,
+                data: data.map(|(_, d)| d),
+            });
+            Ok(true)
+        })?;
+        Ok(DataPage { entries, eof })
+    }
+
+    /// Lists directory `path` from `cookie`, at most `max_entries` entries, each with its
+    /// attributes (`lstat`), handed to `each` with the directory's fd; `each` returns false
+    /// to end the page before that entry. Returns whether the listing reached its end.
+    fn list(
+        &self,
+        path: &[u8],
+        cookie: u64,
+        max_entries: usize,
+        mut each: impl FnMut(&OwnedFd, DirEntry) -> Result<bool, OpError>,
+    ) -> Result<bool, OpError> {
         let fd = self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
         let dirfd = fd
             .try_clone()
@@ -200,31 +281,34 @@ impl Export {
             dir.seek(cookie as i64)
                 .map_err(|e| op_err(e, "seekdir", path))?;
         }
-        let mut entries = Vec::new();
-        let mut eof = true;
+        let mut taken = 0;
         while let Some(item) = dir.read() {
             let ent = item.map_err(|e| op_err(e, "readdir", path))?;
             let name = ent.file_name().to_bytes();
             if name == b"." || name == b".." {
                 continue;
             }
-            if entries.len() >= max_entries {
-                eof = false;
-                break;
+            if taken >= max_entries {
+                return Ok(false);
             }
             // statat on a single validated name with AT_SYMLINK_NOFOLLOW: no traversal.
-            match rustix::fs::statat(&dirfd, ent.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => entries.push(DirEntry {
+            let entry = match rustix::fs::statat(&dirfd, ent.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+            {
+                Ok(st) => DirEntry {
                     name: Bytes::copy_from_slice(name),
                     cookie: ent.offset() as u64,
                     attr: attr_of(&st),
-                }),
+                },
                 // Removed between readdir and stat: it is simply not listed.
                 Err(Errno::NOENT) => continue,
                 Err(e) => return Err(op_err(e, "stat entry in", path)),
+            };
+            if !each(&dirfd, entry)? {
+                return Ok(false);
             }
+            taken += 1;
         }
-        Ok(DirPage { entries, eof })
+        Ok(true)
     }
 
     /// Opens a regular file for reading. Non-regular files are refused before they are
@@ -249,6 +333,64 @@ impl Export {
         }
         Ok((File::from(fd), attr))
     }
+}
+
+/// The bounds and options of one page of [`Export::read_dir_data`].
+#[derive(Debug, Clone, Copy)]
+pub struct DataPageLimits {
+    /// Most entries in the page.
+    pub max_entries: usize,
+    /// Regular files of 1 to this many bytes come with their contents.
+    pub max_file: u64,
+    /// Most encoded bytes in the page.
+    pub max_bytes: usize,
+    /// Contents may be lz4-compressed.
+    pub allow_lz4: bool,
+    /// Read without keeping the pages in the page cache (background reads).
+    pub uncached: bool,
+}
+
+/// The whole contents of small regular file `entry` of directory `dirfd`, with the
+/// attributes of the file they were read from; `None` when it is no longer the regular file
+/// listed (replaced, or a symlink now), changed while read, or cannot be read (the client
+/// then reads it with Read and sees why).
+fn small_file(
+    dirfd: &OwnedFd,
+    entry: &DirEntry,
+    allow_lz4: bool,
+    uncached: bool,
+) -> Option<(Attr, FileData)> {
+    // O_NOFOLLOW and O_NONBLOCK: a name swapped for a symlink or a FIFO since the listing
+    // is neither followed nor waited on; only the file whose inode was listed is read.
+    let fd = rustix::fs::openat(
+        dirfd,
+        entry.name.as_ref(),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let attr = attr_of(&rustix::fs::fstat(&fd).ok()?);
+    if attr.kind != FileKind::File || attr.version() != entry.attr.version() {
+        return None;
+    }
+    let (data, attr) = read_at(&File::from(fd), attr, 0, attr.size as usize, uncached).ok()?;
+    if data.len() as u64 != attr.size {
+        return None;
+    }
+    let checksum = ferry_proto::payload::checksum(&data);
+    let blake3 = *blake3::hash(&data).as_bytes();
+    let decoded_len = data.len() as u32;
+    let (encoding, data) = ferry_proto::payload::encode(data, allow_lz4);
+    Some((
+        attr,
+        FileData {
+            encoding,
+            decoded_len,
+            checksum,
+            blake3,
+            data,
+        },
+    ))
 }
 
 /// Reads up to `len` bytes at `offset`, short only at end of file. Returns the bytes and
@@ -427,5 +569,79 @@ mod tests {
             }
         }
         assert_eq!(names.len(), 1000);
+    }
+
+    #[test]
+    fn listings_with_contents_are_complete_bounded_and_follow_no_link() {
+        let t = tempfile::tempdir().unwrap();
+        let mut want = std::collections::BTreeMap::new();
+        for i in 0..300u32 {
+            // Incompressible (an LCG's high bytes), so pages fill with as many bytes as files.
+            let mut x = u64::from(i) + 1;
+            let body: Vec<u8> = (0..(i * 37 % 3000))
+                .map(|_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (x >> 56) as u8
+                })
+                .collect();
+            std::fs::write(t.path().join(format!("n{i}")), &body).unwrap();
+            want.insert(format!("n{i}"), body);
+        }
+        std::fs::write(t.path().join("big"), vec![7u8; 50_000]).unwrap();
+        std::fs::create_dir(t.path().join("sub")).unwrap();
+        symlink("n1", t.path().join("link")).unwrap();
+        let e = Export::open(t.path()).unwrap();
+        let (mut cookie, mut seen, mut pages) = (0, 0, 0);
+        loop {
+            // Files up to 4000 bytes come with contents; pages of at most 64 KiB.
+            let page = e
+                .read_dir_data(
+                    b"",
+                    cookie,
+                    DataPageLimits {
+                        max_entries: 1000,
+                        max_file: 4000,
+                        max_bytes: 64 << 10,
+                        allow_lz4: true,
+                        uncached: false,
+                    },
+                )
+                .unwrap();
+            pages += 1;
+            let mut size = 5;
+            for ent in &page.entries {
+                seen += 1;
+                cookie = ent.entry.cookie;
+                let name = String::from_utf8_lossy(&ent.entry.name).into_owned();
+                size += 2 + ent.entry.name.len() + 8 + Attr::LEN + 1;
+                match (want.get(&name), &ent.data) {
+                    (Some(body), Some(d)) => {
+                        let got = ferry_proto::payload::decode(
+                            d.encoding,
+                            d.decoded_len,
+                            d.checksum,
+                            d.data.clone(),
+                        )
+                        .unwrap();
+                        assert_eq!(&got[..], &body[..], "{name}");
+                        assert_eq!(d.blake3, *blake3::hash(body).as_bytes());
+                        assert_eq!(ent.entry.attr.size, body.len() as u64);
+                        size += 49 + d.data.len();
+                    }
+                    // Empty files, the big file, the directory and the symlink: no data.
+                    (Some(body), None) => assert!(body.is_empty(), "{name} came without contents"),
+                    (None, d) => assert!(d.is_none(), "{name} came with contents"),
+                }
+            }
+            assert!(size <= 64 << 10, "page of {size} bytes");
+            if page.eof {
+                break;
+            }
+        }
+        assert_eq!(seen, 303);
+        assert!(
+            pages > 5,
+            "contents of ~450 KB in 64 KiB pages: {pages} pages"
+        );
     }
 }

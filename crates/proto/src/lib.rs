@@ -41,8 +41,8 @@ pub use codec::DecodeError;
 pub use frame::{Frame, FrameCheck, FrameError, FRAME_HEADER_LEN};
 pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
 pub use message::{
-    AuthMethod, AuthOk, AuthProof, DirEntry, DirPage, FileHash, Handshake, Hello, ReadData,
-    Request, Response, StatFs, Welcome,
+    AuthMethod, AuthOk, AuthProof, DataEntry, DataPage, DirEntry, DirPage, FileData, FileHash,
+    Handshake, Hello, ReadData, Request, Response, StatFs, Welcome,
 };
 pub use payload::{Encoding, PayloadError};
 pub use status::Status;
@@ -62,8 +62,11 @@ pub mod features {
     /// Reads carry their [`crate::Class`] (bits 1–2 of the Read flags byte) and the server
     /// writes a connection's responses most urgent first.
     pub const PRIORITY: u64 = 1 << 3;
+    /// The server answers [`crate::Request::ReadDirData`]: listings with the contents of
+    /// their small files.
+    pub const DIR_DATA: u64 = 1 << 4;
     /// All features this build understands.
-    pub const ALL: u64 = LZ4 | HASH | READ_HASH | PRIORITY;
+    pub const ALL: u64 = LZ4 | HASH | READ_HASH | PRIORITY | DIR_DATA;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

@@ -8,8 +8,8 @@
 //! | 0x02 | [`Welcome`] | server → client |
 //! | 0x03 | [`AuthProof`] | client → server |
 //! | 0x04 | [`AuthOk`] | server → client |
-//! | 0x10..=0x16 | [`Request`] | client → server |
-//! | 0x90..=0x96 | [`Response`] (success) | server → client |
+//! | 0x10..=0x17 | [`Request`] | client → server |
+//! | 0x90..=0x97 | [`Response`] (success) | server → client |
 //! | 0xff | [`Response::Error`] (also a failed handshake) | server → client |
 //!
 //! Request kinds stay below 0x7f so that `kind | 0x80` never collides with 0xff. Request
@@ -39,6 +39,7 @@ const K_READ: u8 = 0x13;
 const K_READLINK: u8 = 0x14;
 const K_STATFS: u8 = 0x15;
 const K_HASH: u8 = 0x16;
+const K_READDIR_DATA: u8 = 0x17;
 /// A success response's kind is its request's kind with this bit set.
 const RESPONSE_BIT: u8 = 0x80;
 // Success response kinds, named so that `match` sees them as constants: a duplicate arm is
@@ -51,6 +52,7 @@ const K_READ_DATA: u8 = K_READ | RESPONSE_BIT;
 const K_LINK: u8 = K_READLINK | RESPONSE_BIT;
 const K_STATFS_DATA: u8 = K_STATFS | RESPONSE_BIT;
 const K_HASH_DATA: u8 = K_HASH | RESPONSE_BIT;
+const K_DIR_DATA: u8 = K_READDIR_DATA | RESPONSE_BIT;
 /// In a Read response's encoding byte: the whole file's BLAKE3 follows the checksum.
 const FILE_HASH_FLAG: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
@@ -185,6 +187,24 @@ pub enum Request {
         /// The file.
         path: Bytes,
     },
+    /// One page of a directory listing, with the whole contents of its small regular files
+    /// (requires the DIR_DATA feature): a tree of small files moves at one round trip per
+    /// page instead of one per file. Answer: [`Response::DirData`].
+    ReadDirData {
+        /// The directory.
+        path: Bytes,
+        /// 0 for the first page, else the `cookie` of the last entry received.
+        cookie: u64,
+        /// Most entries wanted in this page (the server may send fewer).
+        max_entries: u32,
+        /// Regular files of 1 to this many bytes come with their contents (at most the
+        /// chunk size); 0 asks for none.
+        max_file: u32,
+        /// Whether contents may be lz4-compressed (requires the LZ4 feature).
+        allow_lz4: bool,
+        /// How urgent the listing is (anything but demand requires PRIORITY).
+        class: Class,
+    },
 }
 
 /// The BLAKE3 of a whole file and the version it was computed over.
@@ -212,6 +232,40 @@ pub struct DirEntry {
 pub struct DirPage {
     /// Entries in this page.
     pub entries: Vec<DirEntry>,
+    /// True when the listing has no entries after these.
+    pub eof: bool,
+}
+
+/// The whole contents of a small file, as they travel in a [`DataPage`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileData {
+    /// How `data` is encoded.
+    pub encoding: Encoding,
+    /// Length after decoding: the file's size in its entry's attributes.
+    pub decoded_len: u32,
+    /// xxh3-64 of the decoded bytes.
+    pub checksum: u64,
+    /// BLAKE3-256 of the decoded bytes (the whole file).
+    pub blake3: [u8; 32],
+    /// Encoded bytes.
+    pub data: Bytes,
+}
+
+/// One entry of a [`DataPage`]: the entry, and the file's contents when they came along.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataEntry {
+    /// Name, cookie and attributes, as in a [`DirPage`]. With `data`, the attributes are
+    /// those of the file the bytes were read from, unchanged while it was read.
+    pub entry: DirEntry,
+    /// The whole file, for regular files of 1 to `max_file` bytes the server chose to send.
+    pub data: Option<FileData>,
+}
+
+/// A page of directory entries with small files' contents. `.` and `..` are never included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataPage {
+    /// Entries in this page.
+    pub entries: Vec<DataEntry>,
     /// True when the listing has no entries after these.
     pub eof: bool,
 }
@@ -273,6 +327,8 @@ pub enum Response {
     StatFs(StatFs),
     /// Answer to [`Request::Hash`].
     Hash(FileHash),
+    /// Answer to [`Request::ReadDirData`].
+    DirData(DataPage),
     /// Any request failed.
     Error {
         /// Why.
@@ -419,6 +475,7 @@ impl Request {
             Request::ReadLink { .. } => K_READLINK,
             Request::StatFs => K_STATFS,
             Request::Hash { .. } => K_HASH,
+            Request::ReadDirData { .. } => K_READDIR_DATA,
         }
     }
 
@@ -451,6 +508,20 @@ impl Request {
                 b.put_u32(*len);
                 b.put_u8(u8::from(*allow_lz4) | class.to_bits() << 1);
             }
+            Request::ReadDirData {
+                path,
+                cookie,
+                max_entries,
+                max_file,
+                allow_lz4,
+                class,
+            } => {
+                put_bytes16(&mut b, path);
+                b.put_u64(*cookie);
+                b.put_u32(*max_entries);
+                b.put_u32(*max_file);
+                b.put_u8(u8::from(*allow_lz4) | class.to_bits() << 1);
+            }
         }
         put_frame(dst, self.kind(), request_id, &b);
     }
@@ -479,20 +550,27 @@ impl Request {
                 let path = get_bytes16(&mut b, "path")?;
                 let offset = get_u64(&mut b, "read")?;
                 let len = get_u32(&mut b, "read")?;
-                let flags = get_u8(&mut b, "read flags")?;
-                // Bit 0: lz4 allowed; bits 1-2: the class; the rest must be zero.
-                let class = Class::from_bits(flags >> 1 & 0b11);
-                let (true, Some(class)) = (flags & !0b111 == 0, class) else {
-                    return Err(DecodeError::InvalidValue {
-                        field: "read flags",
-                        value: flags.into(),
-                    });
-                };
+                let (allow_lz4, class) = get_read_flags(&mut b, "read flags")?;
                 Request::Read {
                     path,
                     offset,
                     len,
-                    allow_lz4: flags & 1 != 0,
+                    allow_lz4,
+                    class,
+                }
+            }
+            K_READDIR_DATA => {
+                let path = get_bytes16(&mut b, "path")?;
+                let cookie = get_u64(&mut b, "readdir data")?;
+                let max_entries = get_u32(&mut b, "readdir data")?;
+                let max_file = get_u32(&mut b, "readdir data")?;
+                let (allow_lz4, class) = get_read_flags(&mut b, "readdir data flags")?;
+                Request::ReadDirData {
+                    path,
+                    cookie,
+                    max_entries,
+                    max_file,
+                    allow_lz4,
                     class,
                 }
             }
@@ -501,6 +579,45 @@ impl Request {
         expect_end(&b)?;
         Ok(req)
     }
+}
+
+/// The flags byte of Read and ReadDirData: bit 0 lz4 allowed, bits 1-2 the class, the rest
+/// zero.
+fn get_read_flags(b: &mut Bytes, field: &'static str) -> Result<(bool, Class), DecodeError> {
+    let flags = get_u8(b, field)?;
+    let class = Class::from_bits(flags >> 1 & 0b11);
+    let (true, Some(class)) = (flags & !0b111 == 0, class) else {
+        return Err(DecodeError::InvalidValue {
+            field,
+            value: flags.into(),
+        });
+    };
+    Ok((flags & 1 != 0, class))
+}
+
+fn get_eof(b: &mut Bytes, field: &'static str) -> Result<bool, DecodeError> {
+    match get_u8(b, field)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(DecodeError::InvalidValue {
+            field,
+            value: v.into(),
+        }),
+    }
+}
+
+fn put_dir_entry(b: &mut BytesMut, e: &DirEntry) {
+    put_bytes16(b, &e.name);
+    b.put_u64(e.cookie);
+    e.attr.encode(b);
+}
+
+fn get_dir_entry(b: &mut Bytes) -> Result<DirEntry, DecodeError> {
+    Ok(DirEntry {
+        name: get_bytes16(b, "entry name")?,
+        cookie: get_u64(b, "entry cookie")?,
+        attr: Attr::decode(b)?,
+    })
 }
 
 /// Smallest possible encoded directory entry (name length 0 + cookie + attr), used to
@@ -518,6 +635,7 @@ impl Response {
             Response::Link(_) => K_LINK,
             Response::StatFs(_) => K_STATFS_DATA,
             Response::Hash(_) => K_HASH_DATA,
+            Response::DirData(_) => K_DIR_DATA,
             Response::Error { .. } => K_ERROR,
         }
     }
@@ -539,9 +657,26 @@ impl Response {
                 b.put_u8(u8::from(p.eof));
                 b.put_u32(p.entries.len() as u32);
                 for e in &p.entries {
-                    put_bytes16(&mut b, &e.name);
-                    b.put_u64(e.cookie);
-                    e.attr.encode(&mut b);
+                    put_dir_entry(&mut b, e);
+                }
+            }
+            Response::DirData(p) => {
+                b.put_u8(u8::from(p.eof));
+                b.put_u32(p.entries.len() as u32);
+                for e in &p.entries {
+                    put_dir_entry(&mut b, &e.entry);
+                    match &e.data {
+                        None => b.put_u8(0),
+                        Some(d) => {
+                            b.put_u8(1);
+                            b.put_u8(d.encoding.to_u8());
+                            b.put_u32(d.decoded_len);
+                            b.put_u64(d.checksum);
+                            b.put_slice(&d.blake3);
+                            b.put_u32(d.data.len() as u32);
+                            b.put_slice(&d.data);
+                        }
+                    }
                 }
             }
             Response::Read(r) => {
@@ -590,26 +725,54 @@ impl Response {
             K_PONG => Response::Pong,
             K_ATTR => Response::Attr(Attr::decode(&mut b)?),
             K_DIR_PAGE => {
-                let eof = match get_u8(&mut b, "dir page eof")? {
-                    0 => false,
-                    1 => true,
-                    v => {
-                        return Err(DecodeError::InvalidValue {
-                            field: "dir page eof",
-                            value: v.into(),
-                        })
-                    }
-                };
+                let eof = get_eof(&mut b, "dir page eof")?;
                 let n = get_u32(&mut b, "dir page")? as usize;
                 let mut entries = Vec::with_capacity(n.min(b.len() / MIN_DIRENT_LEN));
                 for _ in 0..n {
-                    entries.push(DirEntry {
-                        name: get_bytes16(&mut b, "entry name")?,
-                        cookie: get_u64(&mut b, "entry cookie")?,
-                        attr: Attr::decode(&mut b)?,
-                    });
+                    entries.push(get_dir_entry(&mut b)?);
                 }
                 Response::DirPage(DirPage { entries, eof })
+            }
+            K_DIR_DATA => {
+                let eof = get_eof(&mut b, "dir data eof")?;
+                let n = get_u32(&mut b, "dir data")? as usize;
+                let mut entries = Vec::with_capacity(n.min(b.len() / (MIN_DIRENT_LEN + 1)));
+                for _ in 0..n {
+                    let entry = get_dir_entry(&mut b)?;
+                    let data = match get_u8(&mut b, "entry data flag")? {
+                        0 => None,
+                        1 => {
+                            let enc = get_u8(&mut b, "encoding")?;
+                            let encoding =
+                                Encoding::from_u8(enc).ok_or(DecodeError::InvalidValue {
+                                    field: "encoding",
+                                    value: enc.into(),
+                                })?;
+                            let decoded_len = get_u32(&mut b, "entry data")?;
+                            let checksum = get_u64(&mut b, "entry data")?;
+                            let blake3 = get_array(&mut b, "entry blake3")?;
+                            let len = get_u32(&mut b, "entry data")? as usize;
+                            if b.len() < len {
+                                return Err(DecodeError::Truncated("entry data"));
+                            }
+                            Some(FileData {
+                                encoding,
+                                decoded_len,
+                                checksum,
+                                blake3,
+                                data: b.split_to(len),
+                            })
+                        }
+                        v => {
+                            return Err(DecodeError::InvalidValue {
+                                field: "entry data flag",
+                                value: v.into(),
+                            })
+                        }
+                    };
+                    entries.push(DataEntry { entry, data });
+                }
+                Response::DirData(DataPage { entries, eof })
             }
             K_READ_DATA => {
                 let version = Version::decode(&mut b)?;

@@ -92,6 +92,24 @@ fn request() -> impl Strategy<Value = Request> {
                 allow_lz4,
                 class,
             }),
+        (
+            bytes16(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<bool>(),
+            prop::sample::select(Class::ALL.to_vec())
+        )
+            .prop_map(|(path, cookie, max_entries, max_file, allow_lz4, class)| {
+                Request::ReadDirData {
+                    path,
+                    cookie,
+                    max_entries,
+                    max_file,
+                    allow_lz4,
+                    class,
+                }
+            }),
     ]
 }
 
@@ -128,6 +146,40 @@ fn response() -> impl Strategy<Value = Response> {
                     data: Bytes::from(data)
                 })
             ),
+        (
+            proptest::collection::vec(
+                (
+                    bytes16(),
+                    any::<u64>(),
+                    attr(),
+                    proptest::option::of((
+                        any::<bool>(),
+                        any::<u32>(),
+                        any::<u64>(),
+                        any::<[u8; 32]>(),
+                        proptest::collection::vec(any::<u8>(), 0..300)
+                    ))
+                ),
+                0..12
+            ),
+            any::<bool>()
+        )
+            .prop_map(|(es, eof)| Response::DirData(DataPage {
+                entries: es
+                    .into_iter()
+                    .map(|(name, cookie, attr, data)| DataEntry {
+                        entry: DirEntry { name, cookie, attr },
+                        data: data.map(|(lz4, decoded_len, checksum, blake3, d)| FileData {
+                            encoding: if lz4 { Encoding::Lz4 } else { Encoding::Raw },
+                            decoded_len,
+                            checksum,
+                            blake3,
+                            data: Bytes::from(d),
+                        }),
+                    })
+                    .collect(),
+                eof
+            })),
         bytes16().prop_map(Response::Link),
         (attr(), any::<[u8; 32]>()).prop_map(|(a, blake3)| Response::Hash(FileHash {
             version: a.version(),

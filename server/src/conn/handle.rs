@@ -37,6 +37,10 @@ pub(crate) const BACKGROUND_READS: usize = 2;
 pub(crate) static BACKGROUND_POOL: ferry_util::background::Pool =
     ferry_util::background::Pool::new("ferryd-bg", 4, 64);
 
+/// Largest page of a listing with contents (ReadDirData), in encoded bytes, whatever the
+/// frame limit: small pages keep the budget one holds small, and many travel at once.
+const DIR_DATA_PAGE: u32 = 256 << 10;
+
 /// Largest directory page served, whatever the client asks.
 const MAX_DIR_PAGE: usize = 4096;
 
@@ -59,7 +63,7 @@ pub(crate) struct Session {
 /// other request.
 pub(crate) fn request_class(request: &Request) -> Class {
     match request {
-        Request::Read { class, .. } => *class,
+        Request::Read { class, .. } | Request::ReadDirData { class, .. } => *class,
         _ => Class::Demand,
     }
 }
@@ -91,6 +95,43 @@ async fn blocking_as<T: Send + 'static>(
         .run(f)
         .await
         .unwrap_or_else(|e| Err(OpError::new(Status::Io, format!("worker failed: {e}"))))
+}
+
+/// Takes what a read of `len` bytes holds until its response is written: for a background
+/// read one of the connection's background slots, then `read_units(len)` of the
+/// connection's share of the budget and of the server-wide budget. `Err`: the answer to
+/// send instead (never, as these semaphores are never closed).
+async fn take_read_permits(
+    shared: &Arc<Shared>,
+    session: &Session,
+    class: Class,
+    len: u32,
+    permits: &mut Vec<OwnedSemaphorePermit>,
+) -> Result<(), Response> {
+    let busy = || error_response(OpError::new(Status::Busy, "server busy"));
+    if class == Class::Background {
+        permits.push(
+            session
+                .background
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| busy())?,
+        );
+    }
+    let units = read_units(len);
+    // First this connection's share, then the server-wide budget: one client that stops
+    // reading can hold at most its share until the write timeout.
+    for budget in [&session.budget, &shared.read_budget] {
+        permits.push(
+            budget
+                .clone()
+                .acquire_many_owned(units)
+                .await
+                .map_err(|_| busy())?,
+        );
+    }
+    Ok(())
 }
 
 /// Serves `request`; the permits it takes (budget, background slot) are added to `permits`,
@@ -154,6 +195,37 @@ pub(crate) async fn handle(
                 .await
                 .map(Response::DirPage)
         }
+        Request::ReadDirData {
+            path,
+            cookie,
+            max_entries,
+            max_file,
+            allow_lz4,
+            class,
+        } => {
+            // A page holds up to DIR_DATA_PAGE bytes of contents: it takes the budget (and,
+            // in the background, the slot) of a read of that many.
+            let max_bytes = (session.max_frame as usize - 64).min(DIR_DATA_PAGE as usize);
+            if let Err(r) =
+                take_read_permits(shared, session, class, max_bytes as u32, permits).await
+            {
+                return r;
+            }
+            let fit = (session.max_frame as usize - 64) / export::MAX_DIRENT_WIRE_LEN;
+            let n = (max_entries as usize).clamp(1, MAX_DIR_PAGE.min(fit));
+            let max_file = u64::from(max_file.min(chunk_size));
+            let allow = session.features & features::LZ4 != 0 && allow_lz4;
+            let page = export::DataPageLimits {
+                max_entries: n,
+                max_file,
+                max_bytes,
+                allow_lz4: allow,
+                uncached: class == Class::Background,
+            };
+            blocking_as(class, move || sh.export.read_dir_data(&path, cookie, page))
+                .await
+                .map(Response::DirData)
+        }
         Request::Read {
             path,
             offset,
@@ -167,21 +239,8 @@ pub(crate) async fn handle(
                     message: format!("read of {len} bytes exceeds the chunk size {chunk_size}"),
                 };
             }
-            if class == Class::Background {
-                match session.background.clone().acquire_owned().await {
-                    Ok(p) => permits.push(p),
-                    Err(_) => return error_response(OpError::new(Status::Busy, "server busy")),
-                }
-            }
-            let units = read_units(len);
-            // First this connection's share, then the server-wide budget: one client
-            // that stops reading can hold at most its share until the write timeout.
-            for budget in [&session.budget, &shared.read_budget] {
-                match budget.clone().acquire_many_owned(units).await {
-                    Ok(p) => permits.push(p),
-                    // Semaphores here are never closed; answer rather than panic.
-                    Err(_) => return error_response(OpError::new(Status::Busy, "server busy")),
-                }
+            if let Err(r) = take_read_permits(shared, session, class, len, permits).await {
+                return r;
             }
             let allow = session.features & features::LZ4 != 0 && allow_lz4;
             let read_hash = session.features & features::READ_HASH != 0;
