@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use ferry_proto::{Class, Version};
-use tokio::sync::OnceCell;
+use tokio::sync::{oneshot, OnceCell};
 
 use crate::error::ClientError;
 use crate::pool::Client;
@@ -235,11 +235,32 @@ impl ChunkStore {
         index: u64,
         slot: &Slot,
     ) -> Result<Bytes, ClientError> {
+        self.fill_from(client, key, index, slot, None).await
+    }
+
+    /// As [`ChunkStore::fill`], first waiting for the bytes to arrive on `given` (see
+    /// [`ChunkStore::expect`]) when there is one; when they do not, fetched as usual.
+    async fn fill_from(
+        &self,
+        client: &Client,
+        key: &FileKey,
+        index: u64,
+        slot: &Slot,
+        given: Option<oneshot::Receiver<Bytes>>,
+    ) -> Result<Bytes, ClientError> {
         let result = slot
             .cell
             .get_or_init(|| async {
                 if slot.len == 0 {
                     return Ok((Bytes::new(), key.version));
+                }
+                if let Some(rx) = given {
+                    if let Ok(data) = rx.await {
+                        if data.len() == slot.len {
+                            self.store_local(key, index * self.chunk_size, &data, key.version);
+                            return Ok((data, key.version));
+                        }
+                    }
                 }
                 let offset = index * self.chunk_size;
                 if let Some(mut parts) =
@@ -387,6 +408,27 @@ impl ChunkStore {
         }
     }
 
+    /// Makes a place for the whole of small file `key` (one chunk) that another request is
+    /// bringing (its directory listing's contents): readers of the chunk wait for the bytes
+    /// sent on the returned sender, or, if it is dropped unsent, for a fetch as usual.
+    /// `None` when the file does not fit in one chunk, is held or on its way already, or
+    /// the budget has no room.
+    pub fn expect(self: &Arc<Self>, key: &FileKey) -> Option<oneshot::Sender<Bytes>> {
+        if key.version.size == 0 || key.version.size > self.chunk_size {
+            return None;
+        }
+        let (slot, false) = self.slot(key, 0, true)? else {
+            return None;
+        };
+        let (tx, rx) = oneshot::channel();
+        let me = self.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let _ = me.fill_from(&me.predict, &key, 0, &slot, Some(rx)).await;
+        });
+        Some(tx)
+    }
+
     /// Starts fetching chunk `index` in the background now, whatever the budget (a reader
     /// is about to wait for it); a no-op when present or in flight.
     pub fn start(self: &Arc<Self>, key: &FileKey, index: u64) {
@@ -425,6 +467,11 @@ impl ChunkStore {
     /// Drops every chunk of file `id`.
     pub fn invalidate(&self, id: u64) {
         self.lock().invalidate(id);
+    }
+
+    /// The most bytes the store holds.
+    pub fn budget(&self) -> usize {
+        self.budget
     }
 
     /// Bytes currently accounted (present or in flight).

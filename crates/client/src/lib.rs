@@ -22,10 +22,13 @@ pub mod chunks;
 pub mod error;
 pub mod pool;
 pub mod prefetch;
+mod runs;
 pub mod tls;
 
 pub use chunks::{ChunkBacking, ChunkStats, ChunkStore, FileKey};
 pub use error::ClientError;
-pub use pool::{Chunk, Client, ClientConfig, SchedulerStats, SessionInfo};
+pub use pool::{Chunk, Client, ClientConfig, Listed, SchedulerStats, SessionInfo, SmallFile};
 pub use prefetch::{PrefetchConfig, Prefetcher};
+
+pub use runs::{is_small_file, small_file_runs, ListedEntry, Run, RUN_BYTES, SMALL_FILE_MAX};
 pub use tls::{TlsClient, TlsConfigError, TlsError, TlsOptions, Token};

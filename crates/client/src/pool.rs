@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_proto::{features, Class, Request, Response, Version, DEFAULT_CHUNK_SIZE};
+use ferry_proto::{features, Class, DirEntry, Request, Response, Version, DEFAULT_CHUNK_SIZE};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use self::conn::{start_conn, Outgoing};
@@ -123,6 +123,26 @@ pub struct Counters {
     pub stalls: AtomicU64,
     /// Times the server was found to have restarted (a new instance id).
     pub server_restarts: AtomicU64,
+}
+
+/// One entry of a listing with contents ([`Client::read_dir_data`]).
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Name, cookie and attributes. With `data`, the attributes of the version read.
+    pub entry: DirEntry,
+    /// The whole file, decoded and verified, when it came with the listing.
+    pub data: Option<SmallFile>,
+}
+
+/// The verified contents of a small file that came with its listing.
+#[derive(Debug, Clone)]
+pub struct SmallFile {
+    /// All the file's bytes.
+    pub data: Bytes,
+    /// Their BLAKE3-256 (the server's; the bytes passed the transfer checksum).
+    pub blake3: [u8; 32],
+    /// Bytes they took on the wire (encoded).
+    pub wire_len: usize,
 }
 
 /// A read's result.

@@ -14,11 +14,12 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use ferry_proto::{
-    features, payload, Attr, Class, DirEntry, FileHash, Request, Response, StatFs, Version,
+    features, payload, Attr, Class, DirEntry, FileData, FileHash, FileKind, Request, Response,
+    StatFs, Status, Version,
 };
 use tracing::warn;
 
-use super::{Chunk, Client};
+use super::{Chunk, Client, Listed, SmallFile};
 use crate::error::ClientError;
 
 impl Client {
@@ -106,6 +107,99 @@ impl Client {
                 return Err(ClientError::Protocol(
                     "server sent an empty directory page without eof".into(),
                 ));
+            }
+        }
+    }
+
+    /// One page of directory `path` from `cookie` (at most `max_entries` entries) with the
+    /// whole contents of its regular files of 1 to `max_file` bytes, where the server sent
+    /// them (ReadDirData; see [`crate::small_file_runs`] for pages that fetch the contents
+    /// of a listing already known, several at once). Contents are decoded and verified;
+    /// any that fail leave their entry without contents, for the caller to read as usual.
+    /// Counted as reads. Returns the entries and whether the listing ended.
+    ///
+    /// # Errors
+    /// As [`Client::read_dir`]; `Unsupported` without the DIR_DATA feature.
+    pub async fn read_dir_data(
+        &self,
+        path: Bytes,
+        cookie: u64,
+        max_entries: u32,
+        max_file: u32,
+    ) -> Result<(Vec<Listed>, bool), ClientError> {
+        let features = self.session().features;
+        if features & features::DIR_DATA == 0 {
+            return Err(ClientError::Remote {
+                status: Status::Unsupported,
+                message: "the server does not send listings with contents".into(),
+            });
+        }
+        let class = if features & features::PRIORITY != 0 {
+            self.class
+        } else {
+            Class::Demand
+        };
+        let page = match self
+            .call(Request::ReadDirData {
+                path: path.clone(),
+                cookie,
+                max_entries,
+                max_file,
+                allow_lz4: self.inner.compression,
+                class,
+            })
+            .await?
+        {
+            Response::DirData(p) => p,
+            r => return Err(unexpected(&r)),
+        };
+        let mut all = Vec::with_capacity(page.entries.len());
+        for e in page.entries {
+            ferry_proto::name::validate_name(&e.entry.name).map_err(ClientError::BadEntryName)?;
+            let data = e.data.and_then(|d| self.small_file(&path, &e.entry, d));
+            all.push(Listed {
+                entry: e.entry,
+                data,
+            });
+        }
+        Ok((all, page.eof))
+    }
+
+    /// Decodes and verifies the contents of `entry` from a [`Response::DirData`] page:
+    /// `None` when they fail (counted as a checksum failure; the file is then read as usual)
+    /// or are not the whole file its attributes describe.
+    fn small_file(&self, dir: &[u8], entry: &DirEntry, d: FileData) -> Option<SmallFile> {
+        if entry.attr.kind != FileKind::File || u64::from(d.decoded_len) != entry.attr.size {
+            return None;
+        }
+        let wire = d.data.len() as u64;
+        match payload::decode(d.encoding, d.decoded_len, d.checksum, d.data) {
+            Ok(data) => {
+                let c = &self.inner.counters;
+                c.wire_bytes.fetch_add(wire, Ordering::Relaxed);
+                c.decoded_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                c.reads.fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .schedule
+                    .on_delivered(self.class, data.len() as u64);
+                Some(SmallFile {
+                    data,
+                    blake3: d.blake3,
+                    wire_len: wire as usize,
+                })
+            }
+            Err(e) => {
+                self.inner
+                    .counters
+                    .checksum_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    "contents of /{}/{} in a listing: {e}; reading it again",
+                    String::from_utf8_lossy(dir),
+                    String::from_utf8_lossy(&entry.name)
+                );
+                None
             }
         }
     }
