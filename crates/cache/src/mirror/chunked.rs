@@ -19,11 +19,13 @@ use super::small::copy_small_file;
 use super::verify;
 use super::{remote_path, Ctx, UNIT};
 use crate::background;
+use ferry_client::SmallFile;
 
 pub(super) async fn copy_file_once(
     ctx: &Arc<Ctx>,
     rel: &Bytes,
     attr: &Attr,
+    listed: Option<SmallFile>,
 ) -> std::io::Result<FileOutcome> {
     let cs = ctx.client.session().chunk_size;
     let version = attr.version();
@@ -35,7 +37,7 @@ pub(super) async fn copy_file_once(
             .state(rel)
             .is_some_and(|s| s.version == version && s.complete());
         if !complete {
-            return copy_small_file(ctx, rel, attr).await;
+            return copy_small_file(ctx, rel, attr, listed).await;
         }
     }
     let (file, generation, resumed) = {

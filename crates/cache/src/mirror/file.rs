@@ -31,7 +31,12 @@ pub(super) enum FileOutcome {
 }
 
 /// Copies one regular file to completion (or records why not).
-pub(super) async fn copy_file(ctx: &Arc<Ctx>, rel: Bytes, mut attr: Attr) {
+pub(super) async fn copy_file(
+    ctx: &Arc<Ctx>,
+    rel: Bytes,
+    mut attr: Attr,
+    mut listed: Option<ferry_client::SmallFile>,
+) {
     let name = format!("/{}", String::from_utf8_lossy(&rel));
     let mut counted_total = attr.size;
     for attempt in 0..4 {
@@ -45,7 +50,7 @@ pub(super) async fn copy_file(ctx: &Arc<Ctx>, rel: Bytes, mut attr: Attr) {
                 .fetch_sub(counted_total, Ordering::Relaxed);
             counted_total = attr.size;
         }
-        match copy_file_once(ctx, &rel, &attr).await {
+        match copy_file_once(ctx, &rel, &attr, listed.take()).await {
             Ok(FileOutcome::Done) => {
                 ctx.progress.files_done.fetch_add(1, Ordering::Relaxed);
                 return;

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ferry_client::SmallFile;
 use ferry_proto::Attr;
 
 use super::chunked::write_queued;
@@ -21,10 +22,14 @@ use super::{remote_path, Ctx, UNIT};
 /// hash is computed in the same step over the bytes written, still in memory, and compared
 /// with the server's hash of the same version (carried by the read when the server has
 /// READ_HASH, else asked for).
+///
+/// `listed`: the file's contents when they came with its directory's listing (then nothing
+/// is fetched; the listing's BLAKE3 is the server's hash of this version).
 pub(super) async fn copy_small_file(
     ctx: &Arc<Ctx>,
     rel: &Bytes,
     attr: &Attr,
+    listed: Option<SmallFile>,
 ) -> std::io::Result<FileOutcome> {
     let cs = ctx.client.session().chunk_size;
     let version = attr.version();
@@ -36,7 +41,21 @@ pub(super) async fn copy_small_file(
         .acquire_many_owned(units)
         .await
         .map_err(std::io::Error::other)?;
-    let (data, file_hash) = match fetch_chunk(ctx, &remote, 0, attr.size as u32, version).await {
+    let fetched = match listed.filter(|l| l.data.len() as u64 == attr.size) {
+        Some(l) => {
+            // Counted and paced as the read it stands for.
+            if let Some(lim) = &ctx.limiter {
+                lim.take(l.wire_len as u64).await;
+            }
+            ctx.progress.chunks_fetched.fetch_add(1, Ordering::Relaxed);
+            ctx.progress
+                .bytes_fetched
+                .fetch_add(attr.size, Ordering::Relaxed);
+            Ok((l.data, Some(l.blake3)))
+        }
+        None => fetch_chunk(ctx, &remote, 0, attr.size as u32, version).await,
+    };
+    let (data, file_hash) = match fetched {
         Ok(r) => r,
         Err(ChunkError::Changed) => return Ok(FileOutcome::Changed(None)),
         Err(ChunkError::Vanished) => return Ok(FileOutcome::Vanished),

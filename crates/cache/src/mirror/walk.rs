@@ -1,6 +1,9 @@
 //! The walk: lists directories several at a time (`listings_in_flight`), creates each
 //! directory and symlink found, and hands regular files to file jobs (at most
-//! `files_in_flight` at once). Totals grow as the walk goes.
+//! `files_in_flight` at once). Totals grow as the walk goes. The contents of small files come
+//! in runs of ReadDirData behind their listing ([`ferry_client::small_file_runs`], up to
+//! [`RUNS_IN_FLIGHT`] at once), except in directories where an earlier run left files (a
+//! resume fetches only what is missing).
 //!
 //! Invariants: a directory exists locally before anything is created in it (its listing is
 //! asked for only once it is made); the state folder's name at the top level is never
@@ -10,9 +13,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use std::collections::{HashMap, HashSet};
+
 use bytes::Bytes;
+use ferry_client::{is_small_file, small_file_runs, Listed, Run, SMALL_FILE_MAX};
 use ferry_proto::name::join;
-use ferry_proto::{Attr, DirEntry, FileKind};
+use ferry_proto::{features, Attr, DirEntry, FileKind};
 use tokio::sync::Semaphore;
 use tracing::debug;
 
@@ -22,6 +28,11 @@ use super::{remote_path, Ctx};
 use crate::background;
 use crate::STATE_DIR;
 
+/// Runs of small files fetched at once ([`ferry_client::small_file_runs`]): with
+/// [`ferry_client::RUN_BYTES`] each, the most their contents hold in memory before they are
+/// written.
+const RUNS_IN_FLIGHT: usize = 32;
+
 /// Lists the tree, creates directories and symlinks, runs file jobs. Returns every
 /// directory (relative path, attributes), root included, for their metadata.
 pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> {
@@ -30,6 +41,19 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
     let mut listings = tokio::task::JoinSet::new();
     let mut jobs = tokio::task::JoinSet::new();
     let files = Arc::new(Semaphore::new(ctx.cfg.files_in_flight.max(1)));
+    let runs = Arc::new(Semaphore::new(RUNS_IN_FLIGHT));
+    // Directories where an earlier run left files: listed without contents, as most of
+    // those files are likely complete here already (resume fetches only what is missing).
+    let known: Arc<HashSet<Bytes>> = Arc::new(
+        ctx.cache
+            .all()
+            .into_iter()
+            .map(|(rel, _)| match rel.iter().rposition(|&b| b == b'/') {
+                Some(i) => rel.slice(..i),
+                None => Bytes::new(),
+            })
+            .collect(),
+    );
     let root = ctx.cache.local_path(b"");
     let made = background::run(move || make_dir(&root))
         .await
@@ -62,7 +86,13 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
             }
         };
         let made = make_dirs(ctx, &rel, &entries).await;
-        for (e, made) in entries.into_iter().zip(made) {
+        // Small files come in runs of ReadDirData (a few round trips per directory, not
+        // one per file), except where an earlier run left files (most are complete here
+        // already: a resume fetches only what is missing).
+        let with_runs =
+            ctx.client.session().features & features::DIR_DATA != 0 && !known.contains(&rel);
+        let mut in_runs = vec![false; entries.len()];
+        for (i, (e, made)) in entries.iter().zip(made).enumerate() {
             if is_state_dir(&rel, &e.name) {
                 ctx.progress.error(format!(
                     "the export has a top-level entry named {STATE_DIR}, which a cache directory uses for its state: not mirrored"
@@ -87,18 +117,22 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
                     ctx.progress
                         .bytes_total
                         .fetch_add(e.attr.size, Ordering::Relaxed);
+                    if with_runs && is_small_file(e.attr.kind, e.attr.size) {
+                        in_runs[i] = true;
+                        continue;
+                    }
                     let Ok(permit) = files.clone().acquire_owned().await else {
                         break;
                     };
-                    let c = ctx.clone();
+                    let (c, attr) = (ctx.clone(), e.attr);
                     jobs.spawn(async move {
-                        copy_file(&c, child, e.attr).await;
+                        copy_file(&c, child, attr, None).await;
                         drop(permit);
                     });
                 }
                 FileKind::Symlink => {
-                    let c = ctx.clone();
-                    jobs.spawn(async move { copy_symlink(&c, child, e.attr).await });
+                    let (c, attr) = (ctx.clone(), e.attr);
+                    jobs.spawn(async move { copy_symlink(&c, child, attr).await });
                 }
                 _ => debug!(
                     "/{}: not a file, directory or symlink: skipped",
@@ -108,10 +142,72 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
             // Reap finished jobs as we go so the set stays small.
             while jobs.try_join_next().is_some() {}
         }
+        let entries = Arc::new(entries);
+        for run in small_file_runs(&entries, |i| in_runs[i]) {
+            let (c, es, rel) = (ctx.clone(), entries.clone(), rel.clone());
+            let (files, runs) = (files.clone(), runs.clone());
+            jobs.spawn(async move { copy_run(&c, &rel, &es, run, &files, &runs).await });
+        }
     }
     ctx.progress.walk_done.store(true, Ordering::Relaxed);
     while jobs.join_next().await.is_some() {}
     dirs
+}
+
+/// One run of small files of directory `rel` (`entries` is its listing): their contents
+/// in one ReadDirData, then each file copied with them (at most `files` files at once).
+/// A file whose contents did not come, or came for another version, is copied as usual.
+async fn copy_run(
+    ctx: &Arc<Ctx>,
+    rel: &Bytes,
+    entries: &[DirEntry],
+    run: Run,
+    files: &Arc<Semaphore>,
+    runs: &Semaphore,
+) {
+    let mut got: HashMap<Bytes, Listed> = HashMap::new();
+    {
+        let Ok(_slot) = runs.acquire().await else {
+            return;
+        };
+        let remote = remote_path(&ctx.root, rel);
+        match ctx
+            .client
+            .read_dir_data(remote, run.cookie, run.count, SMALL_FILE_MAX)
+            .await
+        {
+            Ok((listed, _)) => {
+                got = listed
+                    .into_iter()
+                    .map(|l| (l.entry.name.clone(), l))
+                    .collect()
+            }
+            Err(e) => debug!(
+                "contents of a run of /{}: {e}; copying its files one by one",
+                String::from_utf8_lossy(rel)
+            ),
+        }
+    }
+    let mut jobs = tokio::task::JoinSet::new();
+    for e in &entries[run.entries] {
+        if !is_small_file(e.attr.kind, e.attr.size) || is_state_dir(rel, &e.name) {
+            continue;
+        }
+        let data = got
+            .remove(&e.name)
+            .filter(|l| l.entry.attr.version() == e.attr.version())
+            .and_then(|l| l.data);
+        let Ok(permit) = files.clone().acquire_owned().await else {
+            break;
+        };
+        let (c, child, attr) = (ctx.clone(), Bytes::from(join(rel, &e.name)), e.attr);
+        jobs.spawn(async move {
+            copy_file(&c, child, attr, data).await;
+            drop(permit);
+        });
+        while jobs.try_join_next().is_some() {}
+    }
+    while jobs.join_next().await.is_some() {}
 }
 
 /// Whether `name` in directory `rel` is the cache's state folder (top level only).
