@@ -161,8 +161,12 @@ impl Fs {
     /// ENOENT and the other statuses of the server; EIO on transport failures.
     pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<(u64, Attr), Error> {
         let path = self.child_path(parent, name)?;
-        let attr = self.client.stat(path.clone()).await?;
-        Ok((self.inodes.remember(path, attr, Instant::now()), attr))
+        let parent_path = self.inodes.path_of(parent)?;
+        let (attr, fetched) = match self.listed_attr(parent, &parent_path, name).await? {
+            Some(found) => found,
+            None => (self.client.stat(path.clone()).await?, Instant::now()),
+        };
+        Ok((self.inodes.remember(path, attr, fetched), attr))
     }
 
     /// The kernel dropped `n` references to `ino`. At none left, the inode is gone (its
@@ -191,12 +195,39 @@ impl Fs {
         Ok(attr)
     }
 
+    /// Fresh attributes of `ino` (at `path`) for an open: from its directory's listing when
+    /// one answers ([`Fs::listed_attr`]: a tool reopening many files of a directory after
+    /// their attributes expired pays one round trip for all), else as [`Fs::getattr`].
+    ///
+    /// # Errors
+    /// As [`Fs::getattr`].
+    async fn revalidate(&self, ino: u64, path: &Bytes) -> Result<Attr, Error> {
+        let (parent_path, name) = match path.iter().rposition(|&b| b == b'/') {
+            Some(i) => (path.slice(..i), path.slice(i + 1..)),
+            None => (Bytes::new(), path.clone()),
+        };
+        if !name.is_empty() {
+            if let Some(parent) = self.inodes.ino_of(&parent_path) {
+                if let Some((attr, fetched)) = self.listed_attr(parent, &parent_path, &name).await?
+                {
+                    self.inodes.refresh(ino, attr, fetched);
+                    return Ok(attr);
+                }
+            }
+        }
+        self.getattr(ino).await
+    }
+
     /// Target of the symlink `ino`.
     ///
     /// # Errors
     /// As [`Fs::getattr`].
     pub async fn readlink(&self, ino: u64) -> Result<Bytes, Error> {
-        Ok(self.client.readlink(self.inodes.path_of(ino)?).await?)
+        let (path, attr) = self.inodes.path_and_fresh_attr(ino, self.cfg.attr_ttl)?;
+        if let Some(target) = attr.and_then(|a| self.link_read_ahead(&path, a.version())) {
+            return Ok(target);
+        }
+        Ok(self.client.readlink(path).await?)
     }
 
     /// Statistics of the export's file system.

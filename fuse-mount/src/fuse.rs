@@ -355,8 +355,9 @@ impl Filesystem for FerryFuse {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Read-only: nothing to write back at close.
-        reply.ok();
+        // Read-only: nothing to write back at close. ENOSYS tells the kernel never to send
+        // FLUSH again (one request less per file closed: a tree copy closes thousands).
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(

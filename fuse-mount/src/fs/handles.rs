@@ -91,7 +91,7 @@ impl Fs {
         let (path, fresh) = self.inodes.path_and_fresh_attr(ino, self.cfg.attr_ttl)?;
         let attr = match fresh {
             Some(a) => a,
-            None => self.getattr(ino).await?,
+            None => self.revalidate(ino, &path).await?,
         };
         if attr.kind == FileKind::Directory {
             return Err(Error::errno(libc::EISDIR, "is a directory"));
@@ -124,6 +124,7 @@ impl Fs {
             _ => None,
         };
         let fh = self.next_fh();
+        let key = handle.key.clone();
         let direct_io = {
             let mut handles = lock(&self.handles.open);
             let (mut cached, mut passthrough) = (false, false);
@@ -145,7 +146,7 @@ impl Fs {
             passthrough && local.is_none()
         };
         if local.is_none() {
-            self.pipeline_next_files(ino);
+            self.pipeline_next_files(ino, &key).await;
         }
         Ok(Opened {
             fh,

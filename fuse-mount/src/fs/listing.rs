@@ -1,45 +1,70 @@
-//! Directory listings: open directory handles, the listings kept for small-file
-//! pipelining, and directory read-ahead.
+//! Directory listings: open directory handles, the listings kept for lookups and small-file
+//! pipelining, and tree-walk prediction (listings and files fetched ahead of a walker).
 //!
 //! - `opendir` fetches the whole listing (paged on the wire) and keeps it with the handle;
 //!   `readdir`/`readdirplus` on that handle are served from memory (see `readdir.rs`).
-//! - Small-file pipelining: tools that copy trees open files one after another in listing
-//!   order, each costing a round trip for its first bytes. The listings of the last
-//!   [`KEPT_LISTINGS`] directories are kept; when a file of one is opened, chunk 0 of the
-//!   next [`PIPELINE_FILES`] regular files is fetched ahead (within the chunk memory budget).
-//! - Directory read-ahead: after a listing, those of its subdirectories (up to
-//!   [`DIRS_AHEAD`] in all, each up to [`DIR_AHEAD_MAX_SIZE`] bytes on the server) are
-//!   fetched in the background, with chunk 0 of their first [`PIPELINE_FILES_AHEAD`] files,
-//!   for their `opendir` to take. Off when the attribute TTL is zero.
-//! - Classes: listings and first chunks fetched ahead are prediction requests (after
-//!   readers' demand requests, before the mirror's); a listing an `opendir` waits for is
-//!   demand.
+//! - Listings ahead: after a listing, its subdirectories are listed in the background, then
+//!   theirs, nearest to the walker first: positions in the walk are depth-first, siblings in
+//!   listing order (`cp -r`, `tar`, `find`, `du`) or in name order (`rsync`, `ls -R`) as the
+//!   walker's moves vote ([`DirsAhead::walked_to`]). At most [`DIRS_AHEAD`] are held
+//!   ([`LISTINGS_AHEAD_IN_FLIGHT`] in flight); the furthest makes way for a nearer one. One is
+//!   used by its `opendir` if younger than the TTL, and listed again while a walk goes on if
+//!   it grew older. Directories larger than [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Off
+//!   when the attribute TTL is zero.
+//! - Files ahead, only while files are being read (one opened within [`READING`]): with each
+//!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
+//!   the others ([`fetch_files_ahead`]), and its symlinks' targets, within the chunk memory;
+//!   what did not fit is taken up as the copy frees room ([`PendingData`]). Opening a file
+//!   also fetches the files after it in its directory's kept listing, and those before it not
+//!   fetched yet ([`PIPELINE_FILES`]); a directory whose listing is no longer kept is listed
+//!   again for that (rsync opens every file long after its file list).
+//! - Lookups and reopens are answered from a listing kept within the TTL, or fetched ahead;
+//!   else, for a small directory, from a new listing of it (one round trip for all its names).
+//! - Classes: file contents fetched ahead are prediction requests (after readers' demand
+//!   requests, before the mirror's); listings, ahead or not, are demand: they are small, and
+//!   one queued behind file contents would hold up the whole walk.
 //!
-//! Invariants: a listing fetched ahead is used at most once, and only within one TTL of when
-//! it was started (its entries then count as fetched at that time); one that failed is
-//! fetched again by the `opendir` that wanted it. `pipelined_until` only grows, so no file's
-//! first chunk is asked for twice from one listing.
+//! Invariants: a listing fetched ahead is used by one `opendir` at most, and only within one
+//! TTL of when it was started (its entries then count as fetched at that time); one that
+//! failed is fetched again by the `opendir` that wanted it. File contents fetched ahead are
+//! held for the version their listing showed, so a file changed since is fetched afresh,
+//! never served from them. `pipelined_until` only grows, so no file's first chunk is asked
+//! for twice from one listing.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferry_client::{ChunkStore, ClientError, FileKey};
+use ferry_client::{
+    is_small_file, small_file_runs, ChunkStore, Client, ClientError, FileKey, ListedEntry,
+    SMALL_FILE_MAX,
+};
 use ferry_proto::name::join;
-use ferry_proto::{Attr, Class, DirEntry, FileKind};
+use ferry_proto::{features, Attr, Class, DirEntry, FileKind, Version};
+use tokio::sync::oneshot;
 
 use super::{file_id, lock, Fs};
 use crate::error::Error;
 
-/// How many files after the one being opened get their first chunk fetched ahead.
+/// How many files after the one being opened are fetched ahead.
 const PIPELINE_FILES: usize = 128;
-/// Directory listings kept for small-file pipelining.
-const KEPT_LISTINGS: usize = 16;
-/// Files of a subdirectory listed ahead whose first chunk is fetched with its listing.
-const PIPELINE_FILES_AHEAD: usize = PIPELINE_FILES;
-/// Subdirectory listings fetched ahead at most (in flight or waiting for their opendir).
-const DIRS_AHEAD: usize = 64;
+/// Directory listings kept for small-file pipelining and lookups.
+const KEPT_LISTINGS: usize = 256;
+/// A directory kept listed this recently is not listed again for its `opendir` (a lookup
+/// listed it just before).
+const RELIST_AFTER: Duration = Duration::from_secs(1);
+/// Directory listings fetched ahead at most (in flight or waiting for their opendir): the
+/// walker's `opendir` of one lets the next start, so listings stay this many directories
+/// ahead of it. Not more: a listing not opened within the TTL is dropped, and a copy walks
+/// a few dozen directories a second.
+const DIRS_AHEAD: usize = 256;
+/// Listings ahead in flight at most.
+const LISTINGS_AHEAD_IN_FLIGHT: usize = 64;
+/// Directories found and waiting to be listed ahead, at most.
+const TODO_MAX: usize = 1 << 16;
+/// A file opened this recently means the walk reads files (a copy, not `find` or `ls -lR`).
+const READING: Duration = Duration::from_secs(3);
 /// Larger directories (by their size on the server) are not listed ahead.
 const DIR_AHEAD_MAX_SIZE: u64 = 256 << 10;
 
@@ -50,6 +75,8 @@ pub(super) struct DirItem {
     pub(super) name: Bytes,
     /// Attributes.
     pub(super) attr: Attr,
+    /// The server's position after it in the listing.
+    pub(super) cookie: u64,
     /// When the server reported these attributes (the listing's time).
     pub(super) listed: Instant,
 }
@@ -61,6 +88,8 @@ struct Listing {
     index: HashMap<Bytes, usize>,
     /// Entries before this index have been handed to the prefetcher already.
     pipelined_until: usize,
+    /// When the server listed it.
+    listed: Instant,
 }
 
 /// The last [`KEPT_LISTINGS`] listings, by directory inode, oldest first in `order`.
@@ -72,11 +101,118 @@ struct Listings {
 
 type ListingCell = Arc<tokio::sync::OnceCell<Result<Vec<DirEntry>, ClientError>>>;
 
+/// A directory's position in a walk: its index in its parent's listing, after its parent's
+/// position. Ordered as a depth-first walk in listing order meets them.
+type Pos = Vec<u32>;
+
 /// Subdirectory listings fetched ahead, by path, oldest first in `order`.
 #[derive(Default)]
 struct DirsAhead {
     by_path: HashMap<Bytes, (Instant, ListingCell)>,
     order: VecDeque<Bytes>,
+    /// Directories found but not listed yet, by their position in the walk: listings ahead
+    /// go in depth-first listing order, the order `cp -r`, `tar`, `find` and `du` walk in
+    /// (each found at the time given).
+    todo: BTreeMap<Pos, (Bytes, Instant)>,
+    /// The position in the walk of each directory found in it, siblings in the order the
+    /// walker seems to take: listing order (`cp -r`, `tar`, `find`, `du`) or, when
+    /// `by_name`, name order (`rsync`, `ls -R`).
+    pos: HashMap<Bytes, Pos>,
+    /// The positions in the other order.
+    other: HashMap<Bytes, Pos>,
+    by_name: bool,
+    /// Moves of the walker from one directory to the next that went forward in listing
+    /// order only, and in name order only.
+    votes: (u32, u32),
+    /// The directory a walker opened last.
+    walker_path: Option<Bytes>,
+    /// Listings ahead in flight.
+    in_flight: usize,
+    /// When a walker last opened a directory.
+    last_walk: Option<Instant>,
+    /// The position of the directory a walker opened last.
+    walker: Option<Pos>,
+    /// Directories listed for an `opendir` recently (within the TTL), oldest first: one
+    /// found before that listing is not listed ahead again.
+    walked: HashMap<Bytes, Instant>,
+    walked_order: VecDeque<Bytes>,
+}
+
+impl DirsAhead {
+    /// A walker opened directory `path`: its position becomes the walker's, and the move
+    /// from the last one votes for the order siblings are walked in. When name order wins,
+    /// positions switch to it (and back).
+    fn walked_to(&mut self, path: &Bytes) {
+        let prev = self.walker_path.replace(path.clone());
+        let (Some(now), Some(now_other)) = (self.pos.get(path), self.other.get(path)) else {
+            return;
+        };
+        if let Some(prev) = prev {
+            if let (Some(p), Some(o)) = (self.pos.get(&prev), self.other.get(&prev)) {
+                let (forward, forward_other) = (now > p, now_other > o);
+                let (listing, name) = if self.by_name {
+                    (forward_other, forward)
+                } else {
+                    (forward, forward_other)
+                };
+                match (listing, name) {
+                    (true, false) => self.votes.0 += 1,
+                    (false, true) => self.votes.1 += 1,
+                    _ => {}
+                }
+            }
+        }
+        let want_by_name = self.votes.1 > self.votes.0;
+        if want_by_name != self.by_name {
+            self.by_name = want_by_name;
+            std::mem::swap(&mut self.pos, &mut self.other);
+            let todo = std::mem::take(&mut self.todo);
+            for (_, (p, found)) in todo {
+                if let Some(k) = self.pos.get(&p) {
+                    self.todo.insert(k.clone(), (p, found));
+                }
+            }
+        }
+        self.walker = self.pos.get(path).cloned();
+    }
+
+    /// How far `pos` is from the walker, for ordering: ahead of it, nearest first, then
+    /// behind it.
+    fn rank<'a>(&self, pos: &'a Pos) -> (bool, &'a Pos) {
+        (self.walker.as_ref().is_some_and(|w| pos < w), pos)
+    }
+
+    /// Drops listings nobody opened within `ttl` (while a walk goes on, they are listed
+    /// again: a walk that spends long in one part of the tree still finds the next part
+    /// listed ahead), and forgets walks older than it.
+    fn expire(&mut self, ttl: Duration) {
+        let walking = self.last_walk.is_some_and(|t| t.elapsed() < ttl);
+        while let Some(front) = self.order.front() {
+            match self.by_path.get(front) {
+                Some((t, _)) if t.elapsed() < ttl => break,
+                _ => {
+                    if let Some(p) = self.order.pop_front() {
+                        self.by_path.remove(&p);
+                        let ahead = |k: &Pos| self.walker.as_ref().is_none_or(|w| k >= w);
+                        if let Some(pos) = self.pos.get(&p).filter(|k| walking && ahead(k)) {
+                            let pos = pos.clone();
+                            self.todo.insert(pos, (p, Instant::now()));
+                        }
+                    }
+                }
+            }
+        }
+        while let Some(front) = self.walked_order.front() {
+            match self.walked.get(front) {
+                Some(t) if t.elapsed() < ttl => break,
+                _ => {
+                    if let Some(p) = self.walked_order.pop_front() {
+                        self.walked.remove(&p);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The directory state of a mount (three mutexes, never held together).
@@ -85,22 +221,389 @@ pub(super) struct Dirs {
     /// Open directory handles and the listing each serves.
     open: Mutex<HashMap<u64, Arc<Vec<DirItem>>>>,
     listings: Mutex<Listings>,
-    ahead: Mutex<DirsAhead>,
+    ahead: Arc<Mutex<DirsAhead>>,
+    /// When a file was last opened (see [`Lister::reading`]).
+    last_open: Arc<Mutex<Option<Instant>>>,
+    pending: Arc<Mutex<PendingData>>,
+    links: Arc<Mutex<Links>>,
 }
 
-/// Starts fetching chunk 0 of entry `name` of directory `dir` if it is a non-empty regular
-/// file. False when the chunk budget is spent.
-fn prefetch_first_chunk(store: &Arc<ChunkStore>, dir: &Bytes, name: &Bytes, attr: &Attr) -> bool {
-    if attr.kind != FileKind::File || attr.size == 0 {
-        return true;
-    }
+/// What fetching listings ahead needs, for the tasks that do it (they go on listing the
+/// subdirectories of what they fetched, so they cannot borrow the [`Fs`]).
+#[derive(Clone)]
+struct Lister {
+    client: Client,
+    store: Arc<ChunkStore>,
+    ahead: Arc<Mutex<DirsAhead>>,
+    ttl: Duration,
+    last_open: Arc<Mutex<Option<Instant>>>,
+    pending: Arc<Mutex<PendingData>>,
+    links: Arc<Mutex<Links>>,
+}
+
+/// The chunk store's key of entry `name` of directory `dir`.
+fn key_of(dir: &Bytes, name: &Bytes, attr: &Attr) -> FileKey {
     let path = Bytes::from(join(dir, name));
-    let key = FileKey {
+    FileKey {
         id: file_id(&path),
         version: attr.version(),
         path,
-    };
-    store.prefetch(&key, 0)
+    }
+}
+
+/// The entries of directory `path` (a plain listing: the walker goes on at once), and,
+/// when files are being read (`reading`), the contents of its small files fetched behind it
+/// ([`fetch_files_ahead`]).
+async fn fetch_listing(
+    l: &Lister,
+    path: Bytes,
+    reading: bool,
+) -> Result<Vec<DirEntry>, ClientError> {
+    let (client, store) = (&l.client, &l.store);
+    let entries = client.read_dir(path.clone()).await?;
+    if reading {
+        l.read_links_ahead(&path, &entries);
+        let stopped = fetch_files_ahead(client, store, &path, &entries, 0..entries.len());
+        if stopped < entries.len() {
+            let mut p = lock(&l.pending);
+            p.push_back((path, Instant::now(), Arc::new(entries.clone()), stopped));
+            if p.len() > DIRS_AHEAD {
+                p.pop_back();
+            }
+        }
+    }
+    Ok(entries)
+}
+
+/// Listings whose small files did not all fit in the chunk memory when they arrived, in
+/// the order they arrived (the walk's), with when, and the entries left: taken up again as
+/// a copy frees room ([`Lister::top_up`]).
+/// Symlink targets read ahead, by path: the version of the link they were read for, and
+/// when it was listed.
+type Links = HashMap<Bytes, (Version, Instant, Bytes)>;
+
+/// Symlink targets held at most.
+const LINKS_MAX: usize = 1 << 16;
+
+type PendingData = VecDeque<(Bytes, Instant, Arc<Vec<DirEntry>>, usize)>;
+
+/// Fetches the files among `entries[range]` of directory `dir` ahead of a copy, while the
+/// chunk memory has room: the contents of the small ones in runs of ReadDirData, all at
+/// once ([`ferry_client::small_file_runs`]), each into a place the chunk store keeps for
+/// it ([`ChunkStore::expect`]), and the first chunk of the others. A copy opening them
+/// then finds them here or on their way: one round trip per run instead of one per file.
+/// Files held already are skipped; a file whose contents do not come (changed, or left
+/// out by the server) is fetched as usual. Without the server's DIR_DATA feature, every
+/// file's first chunk is fetched. Returns where it stopped for want of room (`range.end`
+/// when it did not).
+fn fetch_files_ahead<E: ListedEntry + Named>(
+    client: &Client,
+    store: &Arc<ChunkStore>,
+    dir: &Bytes,
+    entries: &[E],
+    range: std::ops::Range<usize>,
+) -> usize {
+    let runs = client.session().features & features::DIR_DATA != 0;
+    let mut stopped = range.end;
+    let mut places: HashMap<usize, (FileKey, oneshot::Sender<Bytes>)> = HashMap::new();
+    for (i, e) in entries.iter().enumerate().take(range.end).skip(range.start) {
+        let a = e.attr();
+        if a.kind != FileKind::File || a.size == 0 {
+            continue;
+        }
+        let key = key_of(dir, e.name(), a);
+        if !runs || !is_small_file(a.kind, a.size) {
+            // Larger files (or no ReadDirData): their first chunk, one Read each.
+            if !store.prefetch(&key, 0) {
+                stopped = i;
+                break;
+            }
+            continue;
+        }
+        match store.expect(&key) {
+            Some(tx) => {
+                places.insert(i, (key, tx));
+            }
+            // Held already, or on its way: not asked for again. Out of room: the rest wait
+            // for the copy to get nearer (small-file pipelining).
+            None if store.held(&key, 0) => {}
+            None => {
+                stopped = i;
+                break;
+            }
+        }
+    }
+    if places.is_empty() {
+        return stopped;
+    }
+    for run in small_file_runs(entries, |i| places.contains_key(&i)) {
+        let mut want: HashMap<Bytes, (FileKey, oneshot::Sender<Bytes>)> = HashMap::new();
+        for i in run.entries.clone() {
+            if let Some(p) = places.remove(&i) {
+                want.insert(entries[i].name().clone(), p);
+            }
+        }
+        let client = client.with_class(Class::Prediction);
+        let dir = dir.clone();
+        tokio::spawn(async move {
+            let Ok((got, _)) = client
+                .read_dir_data(dir, run.cookie, run.count, SMALL_FILE_MAX)
+                .await
+            else {
+                return; // every place left unsent: fetched as usual
+            };
+            for l in got {
+                let (Some(d), Some((key, tx))) = (l.data, want.remove(&l.entry.name)) else {
+                    continue;
+                };
+                // Only the version the listing showed: a file changed since is fetched.
+                if l.entry.attr.version() == key.version {
+                    let _ = tx.send(d.data);
+                }
+            }
+        });
+    }
+    stopped
+}
+
+/// An entry with a name, for [`fetch_files_ahead`].
+trait Named {
+    fn name(&self) -> &Bytes;
+}
+
+impl Named for DirEntry {
+    fn name(&self) -> &Bytes {
+        &self.name
+    }
+}
+
+impl Named for DirItem {
+    fn name(&self) -> &Bytes {
+        &self.name
+    }
+}
+
+impl ListedEntry for DirItem {
+    fn cookie(&self) -> u64 {
+        self.cookie
+    }
+    fn attr(&self) -> &Attr {
+        &self.attr
+    }
+}
+
+impl Lister {
+    /// Whether files are being read: one was opened within [`READING`]. Only then do
+    /// listings bring the contents of small files, and listings fetched ahead the first
+    /// bytes of their files; a walk that only lists (`find`, `ls -lR`, `du`) moves no
+    /// file data.
+    fn reading(&self) -> bool {
+        lock(&self.last_open).is_some_and(|t| t.elapsed() < READING)
+    }
+
+    /// Reads the targets of the symlinks among `entries` of directory `dir` ahead, for the
+    /// copy's `readlink` (one round trip each otherwise, in turn).
+    fn read_links_ahead(&self, dir: &Bytes, entries: &[DirEntry]) {
+        let listed = Instant::now();
+        for e in entries.iter().filter(|e| e.attr.kind == FileKind::Symlink) {
+            let path = Bytes::from(join(dir, &e.name));
+            let (client, links) = (
+                self.client.with_class(Class::Prediction),
+                self.links.clone(),
+            );
+            let (version, ttl) = (e.attr.version(), self.ttl);
+            tokio::spawn(async move {
+                if let Ok(target) = client.readlink(path.clone()).await {
+                    let mut l = lock(&links);
+                    if l.len() >= LINKS_MAX {
+                        l.retain(|_, (_, t, _)| t.elapsed() < ttl);
+                        if l.len() >= LINKS_MAX {
+                            l.clear();
+                        }
+                    }
+                    l.insert(path, (version, listed, target));
+                }
+            });
+        }
+    }
+
+    /// Fetches the small files of listings that found no room when they arrived
+    /// ([`PendingData`]), oldest first, while the chunk memory has room; those listed
+    /// longer than the TTL ago are dropped (their attributes are no longer the ones a
+    /// copy would open).
+    fn top_up(&self) {
+        let mut p = lock(&self.pending);
+        while let Some((dir, listed, entries, from)) = p.pop_front() {
+            if listed.elapsed() >= self.ttl {
+                continue;
+            }
+            let n = entries.len();
+            let stopped = fetch_files_ahead(&self.client, &self.store, &dir, &entries, from..n);
+            if stopped < n {
+                p.push_front((dir, listed, entries, stopped));
+                break;
+            }
+        }
+    }
+
+    /// Directory read-ahead (see the module docs): the listings of the subdirectories of
+    /// `path` among `entries` are fetched now, in the background, for their `opendir`; as
+    /// each arrives, the first bytes of its first files are fetched and its own
+    /// subdirectories listed, up to [`DIRS_AHEAD`] listings held.
+    fn list_subdirs_ahead(&self, path: &Bytes, entries: &[DirEntry]) {
+        if self.ttl.is_zero() {
+            return; // every opendir lists afresh
+        }
+        let mut a = lock(&self.ahead);
+        a.expire(self.ttl);
+        let (base, base_other) = match (a.pos.get(path), a.other.get(path)) {
+            (Some(p), Some(o)) => (p.clone(), o.clone()),
+            _ => {
+                // A directory outside the walk so far: a new walk starts here.
+                a.todo.clear();
+                a.pos.clear();
+                a.other.clear();
+                a.walker = None;
+                a.walker_path = None;
+                a.votes = (0, 0);
+                a.pos.insert(path.clone(), Pos::new());
+                a.other.insert(path.clone(), Pos::new());
+                (Pos::new(), Pos::new())
+            }
+        };
+        let now = Instant::now();
+        let dirs: Vec<(usize, &DirEntry)> = entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| {
+                e.attr.kind == FileKind::Directory && e.attr.size <= DIR_AHEAD_MAX_SIZE
+            })
+            .collect();
+        let mut by_name: Vec<usize> = (0..dirs.len()).collect();
+        by_name.sort_by(|&x, &y| dirs[x].1.name.cmp(&dirs[y].1.name));
+        let mut name_rank = vec![0u32; dirs.len()];
+        for (r, &d) in by_name.iter().enumerate() {
+            name_rank[d] = r as u32;
+        }
+        for (d, &(i, e)) in dirs.iter().enumerate() {
+            let child = Bytes::from(join(path, &e.name));
+            let (listing, name) = (i as u32, name_rank[d]);
+            let (mine, theirs) = if a.by_name {
+                (name, listing)
+            } else {
+                (listing, name)
+            };
+            let (mut p, mut o) = (base.clone(), base_other.clone());
+            p.push(mine);
+            o.push(theirs);
+            a.pos.insert(child.clone(), p.clone());
+            a.other.insert(child.clone(), o);
+            a.todo.insert(p, (child, now));
+        }
+        while a.todo.len() > TODO_MAX {
+            a.todo.pop_last(); // the furthest from the walker
+        }
+        if a.pos.len() > 16 * TODO_MAX {
+            // A walk this large forgets where it was (the next directory starts a new one).
+            a.pos.clear();
+            a.other.clear();
+        }
+        self.launch(&mut a);
+    }
+
+    /// Starts listings from `todo`, nearest to the walker first (depth-first listing order
+    /// from the directory it opened last), while fewer than [`LISTINGS_AHEAD_IN_FLIGHT`]
+    /// are in flight; of the [`DIRS_AHEAD`] held, the furthest makes way for a nearer one.
+    fn launch(&self, a: &mut DirsAhead) {
+        while a.in_flight < LISTINGS_AHEAD_IN_FLIGHT {
+            // The next directory: the first after the walker's position, else the first.
+            let next = a
+                .walker
+                .as_ref()
+                .and_then(|w| a.todo.range(w.clone()..).next())
+                .or_else(|| a.todo.iter().next())
+                .map(|(k, _)| k.clone());
+            let Some(next) = next else { break };
+            if a.by_path.len() >= DIRS_AHEAD {
+                // Full: the held listing furthest from the walker makes way if the next is
+                // nearer (and goes back to be listed when it is near again).
+                let Some((far, far_rank)) = a
+                    .by_path
+                    .keys()
+                    .filter_map(|p| a.pos.get(p).map(|k| (p.clone(), a.rank(k))))
+                    .max_by(|x, y| x.1.cmp(&y.1))
+                else {
+                    break;
+                };
+                if far_rank <= a.rank(&next) {
+                    break;
+                }
+                a.by_path.remove(&far);
+                a.order.retain(|p| p != &far);
+                if let Some(k) = a.pos.get(&far).cloned() {
+                    a.todo.insert(k, (far, Instant::now()));
+                }
+            }
+            let Some((child, found)) = a.todo.remove(&next) else {
+                break;
+            };
+            let walked_since = a.walked.get(&child).is_some_and(|&t| t >= found);
+            if walked_since || a.by_path.contains_key(&child) {
+                continue;
+            }
+            let cell = Arc::new(tokio::sync::OnceCell::new());
+            a.by_path
+                .insert(child.clone(), (Instant::now(), cell.clone()));
+            a.order.push_back(child.clone());
+            a.in_flight += 1;
+            let me = self.clone();
+            tokio::spawn(async move {
+                // Listings ahead are sent as demand: they are small, and a listing queued
+                // behind the files' contents (prediction) would hold up the whole walk.
+                let reading = me.reading();
+                let got = cell
+                    .get_or_init(|| fetch_listing(&me, child.clone(), reading))
+                    .await;
+                lock(&me.ahead).in_flight -= 1;
+                match got {
+                    Ok(entries) => {
+                        // (Its files are on their way if files are being read: fetch_listing.)
+                        me.list_subdirs_ahead(&child, entries);
+                    }
+                    Err(_) => me.launch(&mut lock(&me.ahead)),
+                }
+            });
+        }
+    }
+
+    /// The listing fetched ahead for `path` and when it was started, if it has arrived
+    /// (left for its `opendir`).
+    fn peek(&self, path: &Bytes) -> Option<(Instant, Vec<DirEntry>)> {
+        let a = lock(&self.ahead);
+        let (started, cell) = a.by_path.get(path)?;
+        match cell.get() {
+            Some(Ok(entries)) => Some((*started, entries.clone())),
+            _ => None,
+        }
+    }
+
+    /// Records that `path` is being listed for an `opendir` (not listed ahead again), and
+    /// takes the listing fetched ahead for it, if any.
+    fn take(&self, path: &Bytes) -> Option<(Instant, ListingCell)> {
+        let mut a = lock(&self.ahead);
+        a.last_walk = Some(Instant::now());
+        a.walked_to(path);
+        if !self.ttl.is_zero() && a.walked.insert(path.clone(), Instant::now()).is_none() {
+            a.walked_order.push_back(path.clone());
+        }
+        let hit = a.by_path.remove(path);
+        if hit.is_some() {
+            a.order.retain(|p| p != path);
+            // A place to hold one more.
+            self.launch(&mut a);
+        }
+        hit
+    }
 }
 
 impl Fs {
@@ -111,43 +614,132 @@ impl Fs {
     /// As [`Fs::getattr`].
     pub async fn opendir(&self, ino: u64) -> Result<u64, Error> {
         let path = self.inodes.path_of(ino)?;
-        let (entries, listed) = self.listing(&path).await?;
-        self.list_subdirs_ahead(&path, &entries);
+        let items = self.list_and_keep(ino, &path, true).await?;
+        let fh = self.next_fh();
+        lock(&self.dirs.open).insert(fh, items);
+        // The first files of the directory are on their way before the first is opened.
+        self.pipeline_files(ino, &path, 0);
+        Ok(fh)
+    }
+
+    /// Lists directory `ino` (at `path`): the listing fetched ahead for it if there is one,
+    /// else from the server; it is kept for small-file pipelining and lookups, and with
+    /// `ahead` (a walk: `opendir`) its subdirectories are listed ahead.
+    async fn list_and_keep(
+        &self,
+        ino: u64,
+        path: &Bytes,
+        ahead: bool,
+    ) -> Result<Arc<Vec<DirItem>>, Error> {
+        // Listed a moment ago (for a lookup): not again.
+        let recent = {
+            let ls = lock(&self.dirs.listings);
+            ls.by_dir
+                .get(&ino)
+                .filter(|l| l.listed.elapsed() < RELIST_AFTER.min(self.cfg.attr_ttl))
+                .map(|l| l.items.clone())
+        };
+        if let Some(items) = recent {
+            return Ok(items);
+        }
+        let (entries, listed) = self.listing(path).await?;
+        if ahead {
+            self.lister().list_subdirs_ahead(path, &entries);
+        }
         let items: Arc<Vec<DirItem>> = Arc::new(
             entries
                 .into_iter()
                 .map(|e| DirItem {
                     name: e.name,
                     attr: e.attr,
+                    cookie: e.cookie,
                     listed,
                 })
                 .collect(),
         );
-        let fh = self.next_fh();
-        lock(&self.dirs.open).insert(fh, items.clone());
         let listing = Listing {
             index: items
                 .iter()
                 .enumerate()
                 .map(|(i, it)| (it.name.clone(), i))
                 .collect(),
-            items,
+            items: items.clone(),
             pipelined_until: 0,
+            listed,
         };
-        {
-            let mut ls = lock(&self.dirs.listings);
-            if ls.by_dir.insert(ino, listing).is_none() {
-                ls.order.push_back(ino);
-                while ls.order.len() > KEPT_LISTINGS {
-                    if let Some(old) = ls.order.pop_front() {
-                        ls.by_dir.remove(&old);
-                    }
+        let mut ls = lock(&self.dirs.listings);
+        if ls.by_dir.insert(ino, listing).is_none() {
+            ls.order.push_back(ino);
+            while ls.order.len() > KEPT_LISTINGS {
+                if let Some(old) = ls.order.pop_front() {
+                    ls.by_dir.remove(&old);
                 }
             }
         }
-        // The first files of the directory are on their way before the first is opened.
-        self.pipeline_files(ino, &path, 0);
-        Ok(fh)
+        Ok(items)
+    }
+
+    /// The attributes of entry `name` of directory `parent` (at `parent_path`) from a
+    /// listing, when a listing answers: one kept from within the TTL that holds the name,
+    /// else, for a directory small enough to list ahead, its listing now (taken from the
+    /// listings fetched ahead, or fetched: one round trip for all its entries rather than
+    /// one per name; absent from it means absent now). `Ok(None)`: ask the server about
+    /// the name alone.
+    ///
+    /// Tools that walk a tree look up (or reopen) every name of a directory after its
+    /// attributes have expired: rsync builds its whole file list first, then opens each
+    /// file, long after. Revalidating a directory at once keeps that to one round trip per
+    /// directory.
+    ///
+    /// # Errors
+    /// ENOENT for a name absent from a listing fetched now; listing errors.
+    pub(super) async fn listed_attr(
+        &self,
+        parent: u64,
+        parent_path: &Bytes,
+        name: &[u8],
+    ) -> Result<Option<(Attr, Instant)>, Error> {
+        if self.cfg.attr_ttl.is_zero() {
+            return Ok(None);
+        }
+        {
+            let ls = lock(&self.dirs.listings);
+            if let Some(l) = ls.by_dir.get(&parent) {
+                if l.listed.elapsed() < self.cfg.attr_ttl {
+                    return Ok(l.index.get(name).map(|&i| (l.items[i].attr, l.listed)));
+                }
+            }
+        }
+        // A listing fetched ahead for the directory answers too, and stays for its opendir.
+        if let Some((started, entries)) = self.lister().peek(parent_path) {
+            if started.elapsed() < self.cfg.attr_ttl {
+                return Ok(entries
+                    .iter()
+                    .find(|e| e.name.as_ref() == name)
+                    .map(|e| (e.attr, started)));
+            }
+        }
+        let small = match self.inodes.path_and_fresh_attr(parent, Duration::MAX) {
+            Ok((_, Some(a))) => a.kind == FileKind::Directory && a.size <= DIR_AHEAD_MAX_SIZE,
+            _ => false,
+        };
+        if !small {
+            return Ok(None);
+        }
+        // While files are being read (rsync reopening each file of its list), the
+        // directories below are listed again ahead too, with their files.
+        let walking = self.lister().reading();
+        let items = self.list_and_keep(parent, parent_path, walking).await?;
+        match items.iter().find(|it| it.name.as_ref() == name) {
+            Some(it) => Ok(Some((it.attr, it.listed))),
+            None if items
+                .first()
+                .is_some_and(|it| it.listed.elapsed() < self.cfg.attr_ttl) =>
+            {
+                Err(Error::errno(libc::ENOENT, "no such entry"))
+            }
+            None => Ok(None),
+        }
     }
 
     /// The listing held by directory handle `fh`.
@@ -163,18 +755,25 @@ impl Fs {
     /// The entries of directory `path` and when they were listed: the listing fetched
     /// ahead for it if there is a recent one (used once), else fetched now.
     async fn listing(&self, path: &Bytes) -> Result<(Vec<DirEntry>, Instant), Error> {
-        let ahead = {
-            let mut a = lock(&self.dirs.ahead);
-            let hit = a.by_path.remove(path);
-            a.order.retain(|p| p != path);
-            hit
-        };
+        let lister = self.lister();
+        let ahead = lister.take(path);
+        tracing::trace!(
+            "listing /{}: {}",
+            String::from_utf8_lossy(path),
+            match &ahead {
+                None => "not fetched ahead".to_string(),
+                Some((t, c)) => format!(
+                    "fetched ahead {:?} ago, ready {}",
+                    t.elapsed(),
+                    c.initialized()
+                ),
+            }
+        );
         if let Some((started, cell)) = ahead {
             if started.elapsed() < self.cfg.attr_ttl {
-                let client = self.client.clone();
-                let p = path.clone();
+                let reading = lister.reading();
                 let got = cell
-                    .get_or_init(|| async move { client.read_dir(p).await })
+                    .get_or_init(|| fetch_listing(&lister, path.clone(), reading))
                     .await;
                 if let Ok(entries) = got {
                     return Ok((entries.clone(), started));
@@ -184,65 +783,34 @@ impl Fs {
             }
         }
         let listed = Instant::now();
-        Ok((self.client.read_dir(path.clone()).await?, listed))
+        let reading = lister.reading();
+        Ok((fetch_listing(&lister, path.clone(), reading).await?, listed))
     }
 
-    /// Directory read-ahead (see the module docs): the listings of the subdirectories of
-    /// `path` among `entries` are fetched now, in the background, for their `opendir`.
-    fn list_subdirs_ahead(&self, path: &Bytes, entries: &[DirEntry]) {
-        if self.cfg.attr_ttl.is_zero() {
-            return; // every opendir lists afresh
-        }
-        let mut a = lock(&self.dirs.ahead);
-        for e in entries {
-            if a.by_path.len() >= DIRS_AHEAD {
-                break;
-            }
-            if e.attr.kind != FileKind::Directory || e.attr.size > DIR_AHEAD_MAX_SIZE {
-                continue;
-            }
-            let child = Bytes::from(join(path, &e.name));
-            if a.by_path.contains_key(&child) {
-                continue;
-            }
-            let cell = Arc::new(tokio::sync::OnceCell::new());
-            a.by_path
-                .insert(child.clone(), (Instant::now(), cell.clone()));
-            a.order.push_back(child.clone());
-            // Nobody waits for these yet: prediction, after readers' own requests.
-            let client = self.client.with_class(Class::Prediction);
-            let store = self.store.clone();
-            tokio::spawn(async move {
-                let path = child.clone();
-                let got = cell
-                    .get_or_init(|| async move { client.read_dir(child).await })
-                    .await;
-                // And the first bytes of its first files, for when the copy gets there.
-                if let Ok(entries) = got {
-                    for e in entries.iter().take(PIPELINE_FILES_AHEAD) {
-                        if !prefetch_first_chunk(&store, &path, &e.name, &e.attr) {
-                            break;
-                        }
-                    }
-                }
-            });
-        }
-        // Listings nobody opened within the TTL are dropped.
-        while let Some(front) = a.order.front() {
-            match a.by_path.get(front) {
-                Some((t, _)) if t.elapsed() < self.cfg.attr_ttl => break,
-                _ => {
-                    if let Some(p) = a.order.pop_front() {
-                        a.by_path.remove(&p);
-                    }
-                }
-            }
+    /// The target of symlink `path` at `version` when it was read ahead within the TTL
+    /// (taken: read once).
+    pub(super) fn link_read_ahead(&self, path: &Bytes, version: Version) -> Option<Bytes> {
+        let (v, listed, target) = lock(&self.dirs.links).remove(path)?;
+        (v == version && listed.elapsed() < self.cfg.attr_ttl).then_some(target)
+    }
+
+    fn lister(&self) -> Lister {
+        Lister {
+            client: self.client.clone(),
+            store: self.store.clone(),
+            ahead: self.dirs.ahead.clone(),
+            ttl: self.cfg.attr_ttl,
+            last_open: self.dirs.last_open.clone(),
+            pending: self.dirs.pending.clone(),
+            links: self.dirs.links.clone(),
         }
     }
 
     /// Small-file pipelining (see the module docs) for the opening of file `ino`: chunk 0 of
     /// the files after it in its directory's kept listing, if there is one.
-    pub(super) fn pipeline_next_files(&self, ino: u64) {
+    pub(super) async fn pipeline_next_files(&self, ino: u64, key: &FileKey) {
+        *lock(&self.dirs.last_open) = Some(Instant::now());
+        self.lister().top_up();
         let Ok(path) = self.inodes.path_of(ino) else {
             return;
         };
@@ -253,39 +821,61 @@ impl Fs {
         let Some(parent) = self.inodes.ino_of(&parent_path) else {
             return;
         };
-        let at = {
-            let ls = lock(&self.dirs.listings);
-            let Some(&at) = ls.by_dir.get(&parent).and_then(|l| l.index.get(&name)) else {
-                return;
-            };
-            at
+        let kept = |fs: &Fs| {
+            let ls = lock(&fs.dirs.listings);
+            ls.by_dir
+                .get(&parent)
+                .and_then(|l| l.index.get(&name).copied())
+        };
+        let at = match kept(self) {
+            Some(at) => at,
+            None => {
+                // No listing kept for the directory (a walker that listed the whole tree
+                // first, as rsync does, opens its files long after): the directory is
+                // listed now, one round trip for all its files, while this file's first
+                // chunk is on its way already.
+                let small = match self.inodes.path_and_fresh_attr(parent, Duration::MAX) {
+                    Ok((_, Some(a))) => a.size <= DIR_AHEAD_MAX_SIZE,
+                    _ => false,
+                };
+                if !small || self.cfg.attr_ttl.is_zero() {
+                    return;
+                }
+                self.store.start(key, 0);
+                if self
+                    .list_and_keep(parent, &parent_path, true)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let Some(at) = kept(self) else { return };
+                at
+            }
         };
         self.pipeline_files(parent, &parent_path, at + 1);
     }
 
-    /// Fetches chunk 0 of the regular files of `parent`'s listing from position `from` up
-    /// to `from + PIPELINE_FILES`, skipping those already handed out, stopping when the
-    /// chunk budget is spent (a later call resumes there).
+    /// Fetches chunk 0 of the regular files of `parent`'s listing up to position
+    /// `from + PIPELINE_FILES`, from the first not handed out yet (so a walker that does
+    /// not open files in listing order — rsync sorts by name — finds the ones it skipped
+    /// on their way too), stopping when the chunk budget is spent (a later call resumes
+    /// there).
     fn pipeline_files(&self, parent: u64, parent_path: &Bytes, from: usize) {
-        let (start, items) = {
+        let (start, end, all) = {
             let ls = lock(&self.dirs.listings);
             let Some(l) = ls.by_dir.get(&parent) else {
                 return;
             };
-            let start = from.max(l.pipelined_until);
+            let start = l.pipelined_until;
             let end = (from + PIPELINE_FILES).min(l.items.len());
             if start >= end {
                 return;
             }
-            (start, l.items[start..end].to_vec())
+            (start, end, l.items.clone())
         };
-        let mut done = start;
-        for item in &items {
-            if !prefetch_first_chunk(&self.store, parent_path, &item.name, &item.attr) {
-                break;
-            }
-            done += 1;
-        }
+        // Those already on their way are skipped.
+        let done = fetch_files_ahead(&self.client, &self.store, parent_path, &all, start..end);
         if let Some(l) = lock(&self.dirs.listings).by_dir.get_mut(&parent) {
             l.pipelined_until = l.pipelined_until.max(done);
         }
