@@ -11,7 +11,7 @@ ifeq ($(shell command -v $(CARGO) 2>/dev/null),)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help demo prereqs test build install uninstall lint clean-mounts bench bench-quick bench-loopback bench-readers fuzz-build fuzz-smoke
+.PHONY: help demo prereqs test build install uninstall lint clean-mounts bench bench-quick bench-loopback bench-readers bench-trees fuzz-build fuzz-smoke
 
 help:
 	@echo "make demo          build, export generated data with ferryd, mount it, copy and verify (FERRY_DEMO_MIB=512)"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-quick   a ~2-minute subset of it (bench/out/quick.md)"
 	@echo "make bench-loopback  cp from a loopback mount: MB/s and peak memory"
 	@echo "make bench-readers   reads through the mount alone vs during its background mirror (issue 13) -> bench/out/readers.md"
+	@echo "make bench-trees     cp -r, rsync, tar, mirror, find, ls -lR of trees of real shapes (issue 14) -> bench/out/trees.md"
 	@echo "make fuzz-build    build the cargo-fuzz targets (nightly; installs cargo-fuzz if missing)"
 	@echo "make fuzz-smoke    run each fuzz target for FUZZ_SECONDS (60) and report executions"
 
@@ -93,6 +94,12 @@ bench-loopback:
 # preads, fio, cp and pg_restore on the 1gbit, wan and loopback links; bench/out/readers.md.
 bench-readers:
 	bash bench/readers.sh --links 1gbit,wan,loopback
+
+# Trees of real shapes (bench/trees.sh, issue 14): a source tree, a PostgreSQL data
+# directory, a git working tree and 100,000 files in one directory, out of the mount and with
+# ferry mirror, beside tar | lz4 | nc, on the 1gbit and wan links; bench/out/trees.md.
+bench-trees:
+	bash bench/trees.sh --links 1gbit,wan
 
 # Fuzzing (fuzz/, cargo-fuzz on the nightly toolchain): the frame and message decoders, and
 # ferryd's whole connection handling on arbitrary client bytes.

@@ -19,25 +19,11 @@ done
 [ "$(id -u)" -eq 0 ] || { echo "cp-real.sh: run as root (drops the page cache, mounts FUSE)" >&2; exit 1; }
 [ -x target/release/ferryd ] && [ -x target/release/ferry ] || cargo build --release --bins
 data=$(realpath -m "$data")
-mkdir -p "$data"
-if [ ! -d "$data/src" ]; then
-    # Debian's Python standard library (falls back to the running python3's).
-    py=$(find /usr/lib -maxdepth 1 -name 'python3.[0-9]*' -type d | sort | tail -1)
-    [ -n "$py" ] || py=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
-    mkdir -p "$data/src.tmp" && cp -a /usr/include "$data/src.tmp/include" && cp -a "$py" "$data/src.tmp/python"
-    mv "$data/src.tmp" "$data/src"
-fi
-if [ ! -d "$data/pgdata" ]; then
-    pgbin=${PGBIN:-$(ls -d /usr/lib/postgresql/*/bin | tail -1)}
-    [ -x "$pgbin/initdb" ] || { echo "cp-real.sh: PostgreSQL not found (apt-get install postgresql, or set PGBIN)" >&2; exit 1; }
-    sock=$(mktemp -d /tmp/ferry-real-pg.XXXXXX); chown postgres: "$sock"
-    mkdir -p "$data/pgdata.tmp" && chown postgres: "$data/pgdata.tmp"
-    runuser -u postgres -- "$pgbin/initdb" -D "$data/pgdata.tmp" -U postgres -A trust --no-sync >/dev/null
-    runuser -u postgres -- "$pgbin/pg_ctl" -D "$data/pgdata.tmp" -o "-k $sock -p 5497 -c listen_addresses=''" -w start >/dev/null
-    "$pgbin/pgbench" -h "$sock" -p 5497 -U postgres -i -q -s "$scale" postgres >/dev/null 2>&1 || true
-    runuser -u postgres -- "$pgbin/pg_ctl" -D "$data/pgdata.tmp" -w stop >/dev/null
-    rm -rf "$sock"; mv "$data/pgdata.tmp" "$data/pgdata"
-fi
+die() { echo "cp-real.sh: $*" >&2; exit 1; }
+ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+PG_SCALE=$scale real_trees "$data" src,pgdata
 
 w=$(mktemp -d /tmp/ferry-real.XXXXXX); mkdir -p "$w/mnt" "$w/dst"
 fd=""

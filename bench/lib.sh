@@ -207,3 +207,41 @@ ferry_unmount() {  # ferry_unmount MOUNT: the mount's process records what its m
     for pid in $(pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $mnt "); do kill -9 "$pid" 2>/dev/null; done
     return 1
 }
+
+# ---------------------------------------------------------------- trees of real shapes
+# real_trees DIR LIST: makes the trees named in LIST (comma-separated) that DIR lacks, each
+# built in DIR/NAME.tmp and renamed when complete:
+#   src     /usr/include and the Python standard library (Debian's, else the running python3's)
+#   pgdata  a PostgreSQL data directory: initdb + pgbench -i -s ${PG_SCALE:-10}, cleanly stopped
+#   git     a git working tree with its .git: a clone of this repository
+#   flat    one directory of 100,000 small files (scripts/gen-flat.py)
+real_trees() {
+    local data=$1 t
+    mkdir -p "$data"
+    for t in ${2//,/ }; do
+        [ -d "$data/$t" ] && continue
+        rm -rf "${data:?}/$t.tmp"
+        case "$t" in
+            src)
+                local py
+                py=$(find /usr/lib -maxdepth 1 -name 'python3.[0-9]*' -type d | sort | tail -1)
+                [ -n "$py" ] || py=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+                mkdir -p "$data/src.tmp" && cp -a /usr/include "$data/src.tmp/include" && cp -a "$py" "$data/src.tmp/python" ;;
+            pgdata)
+                local pgbin sock
+                pgbin=${PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | tail -1)}
+                [ -x "$pgbin/initdb" ] || die "PostgreSQL not found (apt-get install postgresql, or set PGBIN)"
+                sock=$(mktemp -d /tmp/ferry-real-pg.XXXXXX); chown postgres: "$sock"
+                mkdir -p "$data/pgdata.tmp" && chown postgres: "$data/pgdata.tmp"
+                runuser -u postgres -- "$pgbin/initdb" -D "$data/pgdata.tmp" -U postgres -A trust --no-sync >/dev/null
+                runuser -u postgres -- "$pgbin/pg_ctl" -D "$data/pgdata.tmp" -o "-k $sock -p 5497 -c listen_addresses=''" -w start >/dev/null
+                "$pgbin/pgbench" -h "$sock" -p 5497 -U postgres -i -q -s "${PG_SCALE:-10}" postgres >/dev/null 2>&1 || true
+                runuser -u postgres -- "$pgbin/pg_ctl" -D "$data/pgdata.tmp" -w stop >/dev/null
+                rm -rf "$sock" ;;
+            git) git clone -q --no-local "${ROOT:-.}" "$data/git.tmp" ;;
+            flat) python3 "${ROOT:-.}/scripts/gen-flat.py" "$data/flat.tmp" 100000 ;;
+            *) die "unknown tree '$t' (src, pgdata, git, flat)" ;;
+        esac
+        mv "$data/$t.tmp" "$data/$t"
+    done
+}

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Trees of real shapes out of the mount and with `ferry mirror` (issue 14), beside
+# `tar | lz4 | nc` of the same tree, on emulated links (the namespace and toxiproxy set-up of
+# bench/run.sh, from bench/lib.sh).
+#
+#   bench/trees.sh [--links 1gbit,wan] [--trees src,pgdata,git,flat] [--methods LIST]
+#                  [--repeat N] [--copy-timeout SECS] [--out FILE]
+#
+# Trees (made once in bench/out/trees-data):
+#   src     a real source tree: /usr/include and the Python standard library (~9,000 files)
+#   pgdata  a real PostgreSQL data directory: initdb + pgbench -i -s 10 (~1,000 files, 160 MB)
+#   git     a git working tree with its .git: a clone of this repository
+#   flat    one directory of 100,000 small files (0-16 KiB, text-like; scripts/gen-flat.py)
+# Methods: nc-lz4 (tar -c | lz4 -1 | nc, untarred at the other end), cp (cp -r out of the
+#   mount), rsync (rsync -a out of the mount), tar (tar -cf - out of the mount, piped into
+#   tar -x), mirror (ferry mirror), find and lsR (find / ls -lR over the mount, output
+#   discarded). Each mount method gets a fresh mount; the page cache is dropped before each
+#   run; every copy is checked with diff -r. The mount's peak resident memory (VmHWM) is
+#   reported per run.
+#
+# Output: a markdown report (default bench/out/trees.md) with the date, commit and a table per
+# link: seconds (median of --repeat runs), MB/s and the ratio to nc-lz4 (for find and lsR,
+# only seconds). No namespace, mount or process is left behind, even on Ctrl-C.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+links=1gbit,wan
+trees=src,pgdata,git,flat
+methods=nc-lz4,cp,rsync,tar,mirror,find,lsR
+repeat=1
+copy_timeout=300
+out=bench/out/trees.md
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --links) links=$2; shift 2 ;;
+        --trees) trees=$2; shift 2 ;;
+        --methods) methods=$2; shift 2 ;;
+        --repeat) repeat=$2; shift 2 ;;
+        --copy-timeout) copy_timeout=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        *) echo "trees.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
+    esac
+done
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain 2>/dev/null)" ] || commit="$commit (+ uncommitted changes)"
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "trees.sh: $*"; exit 1; }
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+
+[ "$(id -u)" -eq 0 ] || die "run as root: it creates a network namespace, mounts FUSE and drops caches"
+bash scripts/prereqs.sh
+ns_install nc:netcat-openbsd ip:iproute2 tc:iproute2 nsenter:util-linux curl:curl git:git
+nc -h 2>&1 | grep -q -- '-N' || die "nc must be netcat-openbsd (needs -N): apt-get install netcat-openbsd"
+ns_toxiproxy "$links"
+log "building ferry (release)"
+cargo build --release --bins -q
+DATA=$ROOT/bench/out/trees-data
+real_trees "$DATA" "$trees"
+
+ns_start
+mkdir -p "$WORK/dst"
+ns_ferryd "$DATA"
+ROWS=$WORK/rows   # link|tree|method|seconds|MB/s|peak RSS MiB
+: > "$ROWS"
+
+# run_once TREE METHOD MOUNT: one timed run; prints "SECONDS|RSS" or "failed (why)".
+run_once() {
+    local t=$1 m=$2 mnt=$3 status=0 t0 t1 rss=""
+    rm -rf "${WORK:?}/dst/$t"
+    drop_caches
+    case "$m" in cp|rsync|tar|find|lsR) ferry_mount_at "$mnt" || { echo "failed (mount)"; return 0; } ;; esac
+    t0=$(date +%s.%N)
+    (
+        case "$m" in
+            nc-lz4)
+                mkdir -p "$WORK/dst/$t"
+                in_ns sh -c "nc -l 127.0.0.1 9000 | lz4 -d | tar -x -C '$WORK/dst/$t'" &
+                r=$!; sleep 0.2
+                tar -c -C "$DATA/$t" . | lz4 -1 | in_ns nc -N 127.0.0.1 "$P_NC"
+                wait $r ;;
+            cp) cp -r "$mnt/$t" "$WORK/dst/$t" ;;
+            rsync) rsync -a "$mnt/$t/" "$WORK/dst/$t/" ;;
+            tar) mkdir -p "$WORK/dst/$t"; tar -cf - -C "$mnt/$t" . | tar -xf - -C "$WORK/dst/$t" ;;
+            mirror) in_ns "$ROOT/target/release/ferry" mirror "127.0.0.1:$P_FERRY:/$t" "$WORK/dst/$t" --quiet ;;
+            find) find "$mnt/$t" > /dev/null ;;
+            lsR) ls -lR "$mnt/$t" > /dev/null ;;
+        esac
+    ) > "$WORK/logs/run.log" 2>&1 &
+    local job=$!
+    ( sleep "$copy_timeout"; kill_tree "$job" ) &
+    local watchdog=$!
+    wait "$job" || status=$?
+    kill_tree "$watchdog"; wait "$watchdog" 2>/dev/null || true
+    t1=$(date +%s.%N)
+    # The nc pipeline's 0.2 s for the listener to start is not counted.
+    [ "$m" = nc-lz4 ] && t1=$(echo "$t1 - 0.2" | bc)
+    case "$m" in cp|rsync|tar|find|lsR)
+        local pid; pid=$(pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $mnt" | head -1)
+        [ -n "$pid" ] && rss=$(awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status" 2>/dev/null)
+        ferry_unmount "$mnt" || true ;;
+    esac
+    if [ $status -ne 0 ]; then
+        if awk -v a="$t0" -v z="$t1" -v l="$copy_timeout" 'BEGIN { exit !(z - a >= l - 1) }'; then
+            echo "timed out (> $copy_timeout s)"
+        else
+            echo "failed ($status: $(grep -v '^$' "$WORK/logs/run.log" | head -1 | cut -c1-80 | tr '|' '/'))"
+        fi
+        return 0
+    fi
+    case "$m" in find|lsR) ;; *)
+        diff -r --no-dereference -x .ferry "$DATA/$t" "$WORK/dst/$t" >/dev/null \
+            || die "$m: the copy of $t differs from the source" ;;
+    esac
+    echo "$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.2f", z - a }')|$rss"
+}
+
+for link in ${links//,/ }; do
+    log "link $link"
+    set_link "$link"
+    for t in ${trees//,/ }; do
+        bytes=$(du -sb "$DATA/$t" | cut -f1)
+        for m in ${methods//,/ }; do
+            runs=()
+            for ((i = 1; i <= repeat; i++)); do
+                r=$(run_once "$t" "$m" "$WORK/mnt/m")
+                case "$r" in failed*|timed*) runs=("$r"); break ;; esac
+                runs+=("$r")
+            done
+            case "${runs[0]}" in
+                failed*|timed*) row="${runs[0]}||" ;;
+                *) med=$(printf '%s\n' "${runs[@]}" | sort -t'|' -k1,1g | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }')
+                   row=$(awk -v b="$bytes" -v m="$med" 'BEGIN { split(m, x, "|"); printf "%.2f|%.1f|%s", x[1], b / x[1] / 1e6, x[2] }') ;;
+            esac
+            echo "$link|$t|$m|$row" >> "$ROWS"
+            log "  $(printf '%-7s %-7s' "$t" "$m") ${row//|/  }  (s, MB/s, peak RSS MiB; runs: $(printf '%s ' "${runs[@]%%|*}"))"
+        done
+    done
+done
+
+mkdir -p "$(dirname "$out")"
+{
+    echo "# Trees of real shapes (bench/trees.sh)"
+    echo
+    echo "ferry $commit, $(date -u '+%Y-%m-%d %H:%M') UTC; $(nproc) cores; median of $repeat run(s); page cache dropped before each."
+    for t in ${trees//,/ }; do
+        echo "- $t: $(find "$DATA/$t" -type f | wc -l) files, $(find "$DATA/$t" -type d | wc -l) directories, $(du -sm "$DATA/$t" | cut -f1) MiB"
+    done
+    for link in ${links//,/ }; do
+        echo
+        echo "## $link"
+        echo
+        echo "| tree | method | seconds | MB/s | × nc-lz4 | mount peak RSS (MiB) |"
+        echo "| --- | --- | ---: | ---: | ---: | ---: |"
+        awk -F'|' -v l="$link" '
+            $1 == l && $3 == "nc-lz4" { base[$2] = $4 }
+            $1 == l { rows[++n] = $0 }
+            END {
+                for (i = 1; i <= n; i++) {
+                    split(rows[i], x, "|")
+                    r = (x[4] + 0 > 0 && base[x[2]] + 0 > 0 && x[3] != "find" && x[3] != "lsR") ? sprintf("%.2f", base[x[2]] / x[4]) : ""
+                    mbs = (x[3] == "find" || x[3] == "lsR") ? "" : x[5]
+                    printf "| %s | %s | %s | %s | %s | %s |\n", x[2], x[3], x[4], mbs, r, x[6]
+                }
+            }' "$ROWS"
+    done
+} > "$out"
+log "report: $out"
+cat "$out"
