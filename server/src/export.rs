@@ -580,7 +580,9 @@ mod tests {
             let mut x = u64::from(i) + 1;
             let body: Vec<u8> = (0..(i * 37 % 3000))
                 .map(|_| {
-                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     (x >> 56) as u8
                 })
                 .collect();

@@ -261,23 +261,24 @@ async fn fetch_listing(
 ) -> Result<Vec<DirEntry>, ClientError> {
     let (client, store) = (&l.client, &l.store);
     let entries = client.read_dir(path.clone()).await?;
-    if reading {
+    // Not reading yet (a walk that only lists, or a copy before its first open): the
+    // files wait in the pending queue, taken up once files are opened.
+    let stopped = if reading {
         l.read_links_ahead(&path, &entries);
-        let stopped = fetch_files_ahead(client, store, &path, &entries, 0..entries.len());
-        if stopped < entries.len() {
-            let mut p = lock(&l.pending);
-            p.push_back((path, Instant::now(), Arc::new(entries.clone()), stopped));
-            if p.len() > DIRS_AHEAD {
-                p.pop_back();
-            }
+        fetch_files_ahead(client, store, &path, &entries, 0..entries.len())
+    } else {
+        0
+    };
+    if stopped < entries.len() && entries.iter().any(|e| e.attr.kind == FileKind::File) {
+        let mut p = lock(&l.pending);
+        p.push_back((path, Instant::now(), Arc::new(entries.clone()), stopped));
+        if p.len() > DIRS_AHEAD {
+            p.pop_front();
         }
     }
     Ok(entries)
 }
 
-/// Listings whose small files did not all fit in the chunk memory when they arrived, in
-/// the order they arrived (the walk's), with when, and the entries left: taken up again as
-/// a copy frees room ([`Lister::top_up`]).
 /// Symlink targets read ahead, by path: the version of the link they were read for, and
 /// when it was listed.
 type Links = HashMap<Bytes, (Version, Instant, Bytes)>;
@@ -285,6 +286,10 @@ type Links = HashMap<Bytes, (Version, Instant, Bytes)>;
 /// Symlink targets held at most.
 const LINKS_MAX: usize = 1 << 16;
 
+/// Listings whose files were not fetched when they arrived (no room in the chunk memory, or
+/// no file being read yet), in the order they arrived (the walk's), with when, the listing,
+/// and where fetching stopped: taken up as files are opened ([`Lister::top_up`]); the
+/// [`DIRS_AHEAD`] latest are kept.
 type PendingData = VecDeque<(Bytes, Instant, Arc<Vec<DirEntry>>, usize)>;
 
 /// Fetches the files among `entries[range]` of directory `dir` ahead of a copy, while the
