@@ -202,10 +202,7 @@ impl Fs {
     /// # Errors
     /// As [`Fs::getattr`].
     async fn revalidate(&self, ino: u64, path: &Bytes) -> Result<Attr, Error> {
-        let (parent_path, name) = match path.iter().rposition(|&b| b == b'/') {
-            Some(i) => (path.slice(..i), path.slice(i + 1..)),
-            None => (Bytes::new(), path.clone()),
-        };
+        let (parent_path, name) = ferry_proto::name::split(path);
         if !name.is_empty() {
             if let Some(parent) = self.inodes.ino_of(&parent_path) {
                 if let Some((attr, fetched)) = self.listed_attr(parent, &parent_path, &name).await?

@@ -68,13 +68,20 @@ fn small(e: &impl ListedEntry) -> bool {
     is_small_file(e.attr().kind, e.attr().size)
 }
 
-/// The runs that fetch the small files of `entries` (in listing order, each entry with
-/// the cookie the server gave it) for which `wanted` is true. A small file not wanted
-/// (already held) ends a run, as the server would send it again.
-pub fn small_file_runs<E: ListedEntry>(entries: &[E], wanted: impl Fn(usize) -> bool) -> Vec<Run> {
+/// The runs that fetch the small files of `entries[range]` (`entries` in listing order,
+/// each entry with the cookie the server gave it) for which `wanted` is true. A small file
+/// not wanted (already held) ends a run, as the server would send it again. The work is in
+/// proportion to the range, not the listing (a copy of a directory of 100,000 files asks
+/// for a window at each open).
+pub fn small_file_runs<E: ListedEntry>(
+    entries: &[E],
+    range: Range<usize>,
+    wanted: impl Fn(usize) -> bool,
+) -> Vec<Run> {
     let mut runs = Vec::new();
-    let mut i = 0;
-    while i < entries.len() {
+    let end_of = range.end.min(entries.len());
+    let mut i = range.start;
+    while i < end_of {
         if !(small(&entries[i]) && wanted(i)) {
             i += 1;
             continue;
@@ -83,7 +90,7 @@ pub fn small_file_runs<E: ListedEntry>(entries: &[E], wanted: impl Fn(usize) -> 
         let mut bytes = 0;
         // One past the last wanted small file taken.
         let mut end = start;
-        while i < entries.len() && i - start < RUN_ENTRIES {
+        while i < end_of && i - start < RUN_ENTRIES {
             let e = &entries[i];
             let cost = ENTRY_OVERHEAD + if small(e) { e.attr().size } else { 0 };
             if small(e) && !wanted(i) {
@@ -151,7 +158,7 @@ mod tests {
             entry(5, FileKind::File, 10),
             entry(6, FileKind::File, 0),
         ];
-        let runs = small_file_runs(&es, |i| i != 3);
+        let runs = small_file_runs(&es, 0..es.len(), |i| i != 3);
         assert_eq!(
             runs,
             vec![
@@ -186,7 +193,7 @@ mod tests {
                 })
                 .collect();
             let wanted = |i: usize| sizes[i].2;
-            let runs = small_file_runs(&es, wanted);
+            let runs = small_file_runs(&es, 0..es.len(), wanted);
             let mut seen = vec![0; es.len()];
             for r in &runs {
                 prop_assert_eq!(r.count as usize, r.entries.len());

@@ -66,9 +66,27 @@ pub fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Splits a path into its parent path and its last name (the parent of a top-level name
+/// is the empty path, the export root): the inverse of [`join`].
+pub fn split(path: &bytes::Bytes) -> (bytes::Bytes, bytes::Bytes) {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (path.slice(..i), path.slice(i + 1..)),
+        None => (bytes::Bytes::new(), path.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_undoes_join() {
+        for (parent, name) in [("", "a"), ("a", "b"), ("a/b", "c d")] {
+            let joined = bytes::Bytes::from(join(parent.as_bytes(), name.as_bytes()));
+            let (p, n) = split(&joined);
+            assert_eq!((&p[..], &n[..]), (parent.as_bytes(), name.as_bytes()));
+        }
+    }
 
     #[test]
     fn names() {

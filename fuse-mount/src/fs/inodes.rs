@@ -195,10 +195,7 @@ impl InodeTable {
         if ino == ROOT_INO {
             return ROOT_INO;
         }
-        let parent = match node.path.iter().rposition(|&b| b == b'/') {
-            Some(i) => node.path.slice(..i),
-            None => Bytes::new(),
-        };
+        let (parent, _) = ferry_proto::name::split(&node.path);
         if parent.len() < self.root.len() {
             return ROOT_INO;
         }

@@ -90,6 +90,8 @@ struct Listing {
     pipelined_until: usize,
     /// When the server listed it.
     listed: Instant,
+    /// A new listing of it is on its way ([`Lister::refresh`]).
+    refreshing: bool,
 }
 
 /// The last [`KEPT_LISTINGS`] listings, by directory inode, oldest first in `order`.
@@ -220,7 +222,7 @@ impl DirsAhead {
 pub(super) struct Dirs {
     /// Open directory handles and the listing each serves.
     open: Mutex<HashMap<u64, Arc<Vec<DirItem>>>>,
-    listings: Mutex<Listings>,
+    listings: Arc<Mutex<Listings>>,
     ahead: Arc<Mutex<DirsAhead>>,
     /// When a file was last opened (see [`Lister::reading`]).
     last_open: Arc<Mutex<Option<Instant>>>,
@@ -235,6 +237,7 @@ struct Lister {
     client: Client,
     store: Arc<ChunkStore>,
     ahead: Arc<Mutex<DirsAhead>>,
+    listings: Arc<Mutex<Listings>>,
     ttl: Duration,
     last_open: Arc<Mutex<Option<Instant>>>,
     pending: Arc<Mutex<PendingData>>,
@@ -341,7 +344,7 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
     if places.is_empty() {
         return stopped;
     }
-    for run in small_file_runs(entries, |i| places.contains_key(&i)) {
+    for run in small_file_runs(entries, range, |i| places.contains_key(&i)) {
         let mut want: HashMap<Bytes, (FileKey, oneshot::Sender<Bytes>)> = HashMap::new();
         for i in run.entries.clone() {
             if let Some(p) = places.remove(&i) {
@@ -581,6 +584,39 @@ impl Lister {
         }
     }
 
+    /// Lists directory `parent` (at `path`) again and replaces its kept listing with the
+    /// new one (where pipelining got to stays), in the background.
+    fn refresh(&self, parent: u64, path: Bytes) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let got = me.client.read_dir(path).await;
+            let mut ls = lock(&me.listings);
+            let Some(l) = ls.by_dir.get_mut(&parent) else {
+                return;
+            };
+            l.refreshing = false;
+            if let Ok(entries) = got {
+                let items: Vec<DirItem> = entries
+                    .into_iter()
+                    .map(|e| DirItem {
+                        name: e.name,
+                        attr: e.attr,
+                        cookie: e.cookie,
+                        listed: started,
+                    })
+                    .collect();
+                l.index = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, it)| (it.name.clone(), i))
+                    .collect();
+                l.items = Arc::new(items);
+                l.listed = started;
+            }
+        });
+    }
+
     /// The listing fetched ahead for `path` and when it was started, if it has arrived
     /// (left for its `opendir`).
     fn peek(&self, path: &Bytes) -> Option<(Instant, Vec<DirEntry>)> {
@@ -671,6 +707,7 @@ impl Fs {
             items: items.clone(),
             pipelined_until: 0,
             listed,
+            refreshing: false,
         };
         let mut ls = lock(&self.dirs.listings);
         if ls.by_dir.insert(ino, listing).is_none() {
@@ -708,9 +745,17 @@ impl Fs {
             return Ok(None);
         }
         {
-            let ls = lock(&self.dirs.listings);
-            if let Some(l) = ls.by_dir.get(&parent) {
-                if l.listed.elapsed() < self.cfg.attr_ttl {
+            let mut ls = lock(&self.dirs.listings);
+            if let Some(l) = ls.by_dir.get_mut(&parent) {
+                let age = l.listed.elapsed();
+                if age >= self.cfg.attr_ttl / 2 && !l.refreshing {
+                    // In use past half its life: listed again in the background, so a copy
+                    // of a large directory (longer than the TTL) keeps finding its names
+                    // here instead of asking for each (one round trip per name).
+                    l.refreshing = true;
+                    self.lister().refresh(parent, parent_path.clone());
+                }
+                if age < self.cfg.attr_ttl {
                     return Ok(l.index.get(name).map(|&i| (l.items[i].attr, l.listed)));
                 }
             }
@@ -804,6 +849,7 @@ impl Fs {
             client: self.client.clone(),
             store: self.store.clone(),
             ahead: self.dirs.ahead.clone(),
+            listings: self.dirs.listings.clone(),
             ttl: self.cfg.attr_ttl,
             last_open: self.dirs.last_open.clone(),
             pending: self.dirs.pending.clone(),
@@ -819,10 +865,7 @@ impl Fs {
         let Ok(path) = self.inodes.path_of(ino) else {
             return;
         };
-        let (parent_path, name) = match path.iter().rposition(|&b| b == b'/') {
-            Some(i) => (path.slice(..i), path.slice(i + 1..)),
-            None => (Bytes::new(), path.clone()),
-        };
+        let (parent_path, name) = ferry_proto::name::split(&path);
         let Some(parent) = self.inodes.ino_of(&parent_path) else {
             return;
         };

@@ -48,10 +48,7 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
         ctx.cache
             .all()
             .into_iter()
-            .map(|(rel, _)| match rel.iter().rposition(|&b| b == b'/') {
-                Some(i) => rel.slice(..i),
-                None => Bytes::new(),
-            })
+            .map(|(rel, _)| ferry_proto::name::split(&rel).0)
             .collect(),
     );
     let root = ctx.cache.local_path(b"");
@@ -143,7 +140,7 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
             while jobs.try_join_next().is_some() {}
         }
         let entries = Arc::new(entries);
-        for run in small_file_runs(&entries, |i| in_runs[i]) {
+        for run in small_file_runs(&entries, 0..entries.len(), |i| in_runs[i]) {
             let (c, es, rel) = (ctx.clone(), entries.clone(), rel.clone());
             let (files, runs) = (files.clone(), runs.clone());
             jobs.spawn(async move { copy_run(&c, &rel, &es, run, &files, &runs).await });
