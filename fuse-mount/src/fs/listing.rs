@@ -20,6 +20,8 @@
 //!   again for that (rsync opens every file long after its file list).
 //! - Lookups and reopens are answered from a listing kept within the TTL, or fetched ahead;
 //!   else, for a small directory, from a new listing of it (one round trip for all its names).
+//!   A kept listing still in use past half the TTL is listed again in the background, so a
+//!   copy of a large directory that takes longer than the TTL keeps answering from it.
 //! - Classes: file contents fetched ahead are prediction requests (after readers' demand
 //!   requests, before the mirror's); listings, ahead or not, are demand: they are small, and
 //!   one queued behind file contents would hold up the whole walk.
