@@ -506,7 +506,7 @@ impl Request {
                 put_bytes16(&mut b, path);
                 b.put_u64(*offset);
                 b.put_u32(*len);
-                b.put_u8(u8::from(*allow_lz4) | class.to_bits() << 1);
+                put_read_flags(&mut b, *allow_lz4, *class);
             }
             Request::ReadDirData {
                 path,
@@ -520,7 +520,7 @@ impl Request {
                 b.put_u64(*cookie);
                 b.put_u32(*max_entries);
                 b.put_u32(*max_file);
-                b.put_u8(u8::from(*allow_lz4) | class.to_bits() << 1);
+                put_read_flags(&mut b, *allow_lz4, *class);
             }
         }
         put_frame(dst, self.kind(), request_id, &b);
@@ -579,6 +579,11 @@ impl Request {
         expect_end(&b)?;
         Ok(req)
     }
+}
+
+/// Writes the flags byte of Read and ReadDirData (see [`get_read_flags`]).
+fn put_read_flags(b: &mut BytesMut, allow_lz4: bool, class: Class) {
+    b.put_u8(u8::from(allow_lz4) | class.to_bits() << 1);
 }
 
 /// The flags byte of Read and ReadDirData: bit 0 lz4 allowed, bits 1-2 the class, the rest

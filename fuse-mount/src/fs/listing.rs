@@ -96,6 +96,32 @@ struct Listing {
     refreshing: bool,
 }
 
+impl Listing {
+    /// A listing of `entries`, which the server gave at `listed`.
+    fn new(entries: Vec<DirEntry>, listed: Instant) -> Listing {
+        let items: Vec<DirItem> = entries
+            .into_iter()
+            .map(|e| DirItem {
+                name: e.name,
+                attr: e.attr,
+                cookie: e.cookie,
+                listed,
+            })
+            .collect();
+        Listing {
+            index: items
+                .iter()
+                .enumerate()
+                .map(|(i, it)| (it.name.clone(), i))
+                .collect(),
+            items: Arc::new(items),
+            pipelined_until: 0,
+            listed,
+            refreshing: false,
+        }
+    }
+}
+
 /// The last [`KEPT_LISTINGS`] listings, by directory inode, oldest first in `order`.
 #[derive(Default)]
 struct Listings {
@@ -599,22 +625,12 @@ impl Lister {
             };
             l.refreshing = false;
             if let Ok(entries) = got {
-                let items: Vec<DirItem> = entries
-                    .into_iter()
-                    .map(|e| DirItem {
-                        name: e.name,
-                        attr: e.attr,
-                        cookie: e.cookie,
-                        listed: started,
-                    })
-                    .collect();
-                l.index = items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, it)| (it.name.clone(), i))
-                    .collect();
-                l.items = Arc::new(items);
-                l.listed = started;
+                // Where pipelining got to stays.
+                let pipelined_until = l.pipelined_until;
+                *l = Listing {
+                    pipelined_until,
+                    ..Listing::new(entries, started)
+                };
             }
         });
     }
@@ -689,28 +705,8 @@ impl Fs {
         if ahead {
             self.lister().list_subdirs_ahead(path, &entries);
         }
-        let items: Arc<Vec<DirItem>> = Arc::new(
-            entries
-                .into_iter()
-                .map(|e| DirItem {
-                    name: e.name,
-                    attr: e.attr,
-                    cookie: e.cookie,
-                    listed,
-                })
-                .collect(),
-        );
-        let listing = Listing {
-            index: items
-                .iter()
-                .enumerate()
-                .map(|(i, it)| (it.name.clone(), i))
-                .collect(),
-            items: items.clone(),
-            pipelined_until: 0,
-            listed,
-            refreshing: false,
-        };
+        let listing = Listing::new(entries, listed);
+        let items = listing.items.clone();
         let mut ls = lock(&self.dirs.listings);
         if ls.by_dir.insert(ino, listing).is_none() {
             ls.order.push_back(ino);
