@@ -17,10 +17,15 @@ fn hello() -> Vec<u8> {
     hello_with(ferry_proto::features::LZ4)
 }
 
-/// Hello: version 1, `features`, chunk 1 MiB, client name "t".
+/// Hello: this protocol version, `features`, chunk 1 MiB, client name "t".
 fn hello_with(features: u64) -> Vec<u8> {
+    hello_version(ferry_proto::PROTOCOL_VERSION, features)
+}
+
+/// Hello: protocol `version`, `features`, chunk 1 MiB, client name "t".
+fn hello_version(version: u16, features: u64) -> Vec<u8> {
     let mut body = vec![];
-    body.extend_from_slice(&1u16.to_be_bytes());
+    body.extend_from_slice(&version.to_be_bytes());
     body.extend_from_slice(&features.to_be_bytes());
     body.extend_from_slice(&(1u32 << 20).to_be_bytes());
     body.extend_from_slice(&1u16.to_be_bytes());
@@ -209,6 +214,25 @@ fn handshaken_with(addr: &str, features: u64) -> (TcpStream, bytes::BytesMut, u6
         panic!("no Welcome");
     };
     (s, buf, welcome.features)
+}
+
+#[test]
+fn a_client_of_protocol_version_1_is_told_to_upgrade() {
+    use ferry_proto::{Frame, Handshake};
+    let src = tempfile::tempdir().unwrap();
+    let server = TestServer::start(src.path());
+    let mut bytes = preamble().to_vec();
+    bytes.extend_from_slice(&hello_version(1, ferry_proto::features::LZ4));
+    let got = expect_closed(&server.addr, &bytes);
+    let mut buf = bytes::BytesMut::from(&got[8..]);
+    let frame = Frame::parse(&mut buf, 1 << 20)
+        .unwrap()
+        .expect("a Failed frame");
+    let Handshake::Failed { status, message } = Handshake::decode(frame).unwrap() else {
+        panic!("no Failed message");
+    };
+    assert_eq!(status, ferry_proto::Status::Unsupported);
+    assert!(message.contains("upgrade ferry"), "{message}");
 }
 
 #[test]

@@ -81,6 +81,9 @@ impl ToErrno for ClientError {
             | ClientError::Decode(_)
             | ClientError::BadEntryName(_)
             | ClientError::Payload(_) => libc::EIO,
+            // The file changed while a handle read it: the read path decides (ESTALE for
+            // another inode, the bytes when they may be served); anything left is EIO.
+            ClientError::Changed(_) => libc::EIO,
         }
     }
 }

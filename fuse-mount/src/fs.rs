@@ -49,6 +49,9 @@ use listing::Dirs;
 /// The root inode number.
 pub const ROOT_INO: u64 = 1;
 
+/// Default of [`FsConfig::open_ttl`].
+pub const OPEN_TTL: Duration = Duration::from_secs(1);
+
 /// File system settings.
 #[derive(Debug, Clone)]
 pub struct FsConfig {
@@ -62,6 +65,12 @@ pub struct FsConfig {
     pub prefetch: PrefetchConfig,
     /// Open complete, verified files of the local copy with FUSE passthrough.
     pub passthrough: bool,
+    /// Close-to-open: an open takes the file's version from what the server said less
+    /// than this long ago (a listing fetched ahead of a tree walk, a lookup, a stat), else
+    /// asks the server first (one round trip).
+    pub open_ttl: Duration,
+    /// A handle reads one version only: any change on the server fails its reads (EIO).
+    pub strict: bool,
 }
 
 impl Default for FsConfig {
@@ -72,6 +81,8 @@ impl Default for FsConfig {
             chunk_memory: 64 << 20,
             prefetch: PrefetchConfig::default(),
             passthrough: false,
+            open_ttl: OPEN_TTL,
+            strict: false,
         }
     }
 }
@@ -162,7 +173,10 @@ impl Fs {
     pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<(u64, Attr), Error> {
         let path = self.child_path(parent, name)?;
         let parent_path = self.inodes.path_of(parent)?;
-        let (attr, fetched) = match self.listed_attr(parent, &parent_path, name).await? {
+        let listed = self
+            .listed_attr(parent, &parent_path, name, self.cfg.attr_ttl)
+            .await?;
+        let (attr, fetched) = match listed {
             Some(found) => found,
             None => (self.client.stat(path.clone()).await?, Instant::now()),
         };
@@ -184,35 +198,82 @@ impl Fs {
         self.inodes.lookups(ino)
     }
 
-    /// Fresh attributes of `ino` from the server.
+    /// Fresh attributes of `ino` from the server; while it is unreachable (no stream
+    /// connected), the last ones it gave.
     ///
     /// # Errors
-    /// ESTALE for an unknown inode; otherwise as [`Fs::lookup`].
+    /// ESTALE for an unknown inode, or one whose object was replaced on the server (the
+    /// kernel then looks the name up again); otherwise as [`Fs::lookup`].
     pub async fn getattr(&self, ino: u64) -> Result<Attr, Error> {
-        let path = self.inodes.path_of(ino)?;
-        let attr = self.client.stat(path).await?;
-        self.inodes.refresh(ino, attr, Instant::now());
+        let (path, known, fetched) = self.inodes.path_and_attr(ino)?;
+        if self.client.live_streams() == 0 {
+            // The server is unreachable: what it last said, rather than a stat (or the
+            // kernel's permission check before `ferry status` reads the root's status)
+            // that waits for it.
+            tracing::debug!(
+                "/{}: server unreachable, attributes as of {:?} ago",
+                String::from_utf8_lossy(&path),
+                fetched.elapsed()
+            );
+            return Ok(known);
+        }
+        let attr = self.client.stat(path.clone()).await?;
+        self.refreshed(ino, &path, attr, Instant::now())?;
         Ok(attr)
     }
 
-    /// Fresh attributes of `ino` (at `path`) for an open: from its directory's listing when
-    /// one answers ([`Fs::listed_attr`]: a tool reopening many files of a directory after
-    /// their attributes expired pays one round trip for all), else as [`Fs::getattr`].
+    /// Records `attr`, reported at `fetched`, as `ino`'s (at `path`); returns the version
+    /// the mount held before.
+    ///
+    /// # Errors
+    /// ESTALE when `attr` is another object's: the listings of its directory are
+    /// forgotten too, so the kernel's next lookup finds the new object.
+    fn refreshed(
+        &self,
+        ino: u64,
+        path: &Bytes,
+        attr: Attr,
+        fetched: Instant,
+    ) -> Result<ferry_proto::Version, Error> {
+        self.inodes.refresh(ino, attr, fetched).inspect_err(|e| {
+            if e.errno == libc::ESTALE {
+                tracing::debug!(
+                    "/{} was replaced on the server: its inode {ino} is stale",
+                    String::from_utf8_lossy(path)
+                );
+                self.drop_listing(&ferry_proto::name::split(path).0);
+            }
+        })
+    }
+
+    /// Attributes of `ino` (at `path`) the server reported less than `max_age` ago: from
+    /// its directory's listing when one answers ([`Fs::listed_attr`]: a tool reopening many
+    /// files of a directory after their attributes expired pays one round trip for all),
+    /// else as [`Fs::getattr`]. Returns them and the version the mount held before.
     ///
     /// # Errors
     /// As [`Fs::getattr`].
-    async fn revalidate(&self, ino: u64, path: &Bytes) -> Result<Attr, Error> {
+    async fn revalidate(
+        &self,
+        ino: u64,
+        path: &Bytes,
+        max_age: Duration,
+    ) -> Result<(Attr, ferry_proto::Version), Error> {
         let (parent_path, name) = ferry_proto::name::split(path);
         if !name.is_empty() {
             if let Some(parent) = self.inodes.ino_of(&parent_path) {
-                if let Some((attr, fetched)) = self.listed_attr(parent, &parent_path, &name).await?
-                {
-                    self.inodes.refresh(ino, attr, fetched);
-                    return Ok(attr);
+                let listed = self
+                    .listed_attr(parent, &parent_path, &name, max_age)
+                    .await?;
+                if let Some((attr, fetched)) = listed {
+                    let before = self.refreshed(ino, path, attr, fetched)?;
+                    return Ok((attr, before));
                 }
             }
         }
-        self.getattr(ino).await
+        let attr = self.client.stat(path.clone()).await?;
+        let before = self.refreshed(ino, path, attr, Instant::now())?;
+        Ok((attr, before))
     }
 
     /// Target of the symlink `ino`.

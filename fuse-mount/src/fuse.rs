@@ -40,6 +40,8 @@ pub struct FerryFuse {
     backing: Arc<std::sync::Mutex<Backing>>,
     /// Produces the mount's status (JSON) for `ferry status MOUNTPOINT`.
     status: Option<StatusFn>,
+    /// Tells the kernel to drop what it caches (set once the session runs).
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 /// Produces a mount's status as JSON.
@@ -80,7 +82,14 @@ impl FerryFuse {
             passthrough: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             backing: Arc::new(std::sync::Mutex::new(Backing::default())),
             status: None,
+            notifier: Arc::new(std::sync::OnceLock::new()),
         }
+    }
+
+    /// Where the session's notifier goes once the mount runs (close-to-open invalidates
+    /// the kernel's attributes through it).
+    pub fn notifier_cell(&self) -> Arc<std::sync::OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
     }
 
     /// Answers `ferry status MOUNTPOINT` (the root's [`STATUS_XATTR`]) with `f`'s JSON.
@@ -271,9 +280,21 @@ impl Filesystem for FerryFuse {
         let fs = self.fs.clone();
         let passthrough = self.passthrough.load(std::sync::atomic::Ordering::Relaxed);
         let backing = self.backing.clone();
+        let notifier = self.notifier.clone();
         self.rt.spawn(async move {
             match fs.open(ino.0, write).await {
                 Ok(o) => {
+                    if o.attr_changed {
+                        // Close-to-open: the size and times the kernel holds are of the old
+                        // version; dropped before the open is answered (attributes only: a
+                        // negative offset; the pages go with the open's flags), so the
+                        // reader's fstat and reads see the new size.
+                        if let Some(n) = notifier.get() {
+                            if let Err(e) = n.inval_inode(ino, -1, 0) {
+                                debug!("invalidating the attributes of inode {}: {e}", ino.0);
+                            }
+                        }
+                    }
                     if let (Some(file), true) = (o.local.as_ref(), passthrough) {
                         let id = {
                             let mut b = lock_backing(&backing);

@@ -207,11 +207,13 @@ impl MountSession {
             .with_status(Arc::new(move || {
                 serde_json::to_vec_pretty(&status()).unwrap_or_default()
             }));
+        let notifier = adapter.notifier_cell();
         let fuse = fuser::spawn_mount(adapter, &cfg.mountpoint, &fuse_config(&cfg, chunk_size))
             .map_err(|source| MountError::Mount {
                 path: cfg.mountpoint.clone(),
                 source,
             })?;
+        let _ = notifier.set(fuse.notifier());
         mountpoint::set_read_ahead(&cfg.mountpoint, cfg.read_ahead_kb);
         info!("mounted {label} on {}", cfg.mountpoint.display());
 

@@ -431,6 +431,9 @@ async fn a_file_changed_between_opens_is_read_afresh() {
     let (ino2, _) = fs.lookup(ROOT_INO, b"f").await.unwrap();
     assert_ne!(ino2, ino);
     assert_eq!(fs.lookup_count(ino), Some(1));
+    // The old inode is stale: the kernel looks the name up again on ESTALE.
+    assert_eq!(errno(fs.open(ino, false).await), libc::ESTALE);
+    assert_eq!(errno(fs.getattr(ino).await), libc::ESTALE);
     let o = fs.open(ino2, false).await.unwrap();
     assert!(!o.keep_cache);
     assert!(read_at(&fs, o.fh, 0, 1 << 20).await == newer);

@@ -67,6 +67,8 @@ fn op_err(e: Errno, what: &str, path: &[u8]) -> OpError {
 #[derive(Debug)]
 pub struct Export {
     root: OwnedFd,
+    /// The root was found removed (logged once).
+    vanished: std::sync::atomic::AtomicBool,
 }
 
 /// Converts a `stat` result to protocol attributes.
@@ -119,7 +121,28 @@ impl Export {
             Mode::empty(),
         )
         .map_err(|e| std::io::Error::other(format!("cannot open export {}: {e}", dir.display())))?;
-        Ok(Export { root })
+        Ok(Export {
+            root,
+            vanished: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Fails when the exported directory was removed on the server: the directory opened
+    /// at start-up is then empty for good (a directory made at the same path since is
+    /// another one), which must not pass for an empty export. Logged once.
+    fn check_root(&self) -> Result<(), OpError> {
+        let gone = rustix::fs::fstat(&self.root).is_ok_and(|st| st.st_nlink == 0);
+        if !gone {
+            return Ok(());
+        }
+        let why = "the export directory was removed on the server; ferryd serves the directory it opened at start-up: restart ferryd to export the one at that path now";
+        if !self
+            .vanished
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!("{why}");
+        }
+        Err(OpError::new(Status::Io, why))
     }
 
     /// Resolves `path` beneath the root. A final symlink is opened as the link itself
@@ -132,6 +155,9 @@ impl Export {
             };
             OpError::new(status, format!("{:?}: {e}", String::from_utf8_lossy(path)))
         })?;
+        if path.is_empty() {
+            self.check_root()?;
+        }
         let p: &[u8] = if path.is_empty() { b"." } else { path };
         rustix::fs::openat2(
             &self.root,
@@ -140,7 +166,14 @@ impl Export {
             Mode::empty(),
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
         )
-        .map_err(|e| op_err(e, "open", path))
+        .map_err(|e| {
+            if e == Errno::NOENT {
+                if let Err(gone) = self.check_root() {
+                    return gone;
+                }
+            }
+            op_err(e, "open", path)
+        })
     }
 
     /// `lstat` of `path`.
@@ -503,6 +536,23 @@ mod tests {
         symlink("f", root.join("d/rel")).unwrap();
         let e = Export::open(&root).unwrap();
         (outer, e)
+    }
+
+    #[test]
+    fn a_removed_export_is_an_error_not_an_empty_directory() {
+        let outer = tempfile::tempdir().unwrap();
+        let root = outer.path().join("export");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("f"), b"x").unwrap();
+        let e = Export::open(&root).unwrap();
+        assert!(e.stat(b"").is_ok());
+        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::create_dir(&root).unwrap(); // recreated: another directory
+        for p in [&b""[..], b"f"] {
+            let err = e.stat(p).unwrap_err();
+            assert_eq!(err.status, Status::Io);
+            assert!(err.message.contains("restart ferryd"), "{}", err.message);
+        }
     }
 
     #[test]

@@ -3,13 +3,23 @@
 //! ```text
 //! file    = magic "FERRYJ01" record*
 //! record  = len u32 BE | xxh3-64 of body u64 BE | body (len bytes)
-//! body    = 1 path16 version chunk_size u32          file is at this version; no chunks yet
+//! body    = 5 path16 version chunk_size u32          file is at this version; no chunks yet
 //!         | 2 path16 first u64 count u32             chunks [first, first+count) are durable
 //!         | 3 path16 blake3[32]                      whole file verified
 //!         | 4 path16                                 file no longer tracked
+//!         | 6 path16 stamp                           the local file as it was once verified
+//!         | 1 path16 version1 chunk_size u32         (written by ferry before 0.2; read only)
 //! path16  = len u16 BE | bytes
-//! version = ino u64 | size u64 | mtime sec i64 | mtime nsec u32   (all BE)
+//! time    = sec i64 | nsec u32
+//! version = ino u64 | size u64 | mtime time | ctime time   (the server's file; all BE)
+//! version1= ino u64 | size u64 | mtime time                (ctime read as 0)
+//! stamp   = ino u64 | size u64 | mtime time | ctime time   (the local file's)
 //! ```
+//!
+//! A record of kind 1 (before the ctime was part of a version) replays as a version whose
+//! ctime is 0, which no server file has: the mirror then compares hashes before it trusts
+//! that copy again ([`ferry_proto::Version::differs_in_ctime_only`]), and fetches nothing
+//! when they match.
 //!
 //! Replay stops at the first record that is incomplete or fails its checksum (a write
 //! torn by a crash); the file is cut there so appends continue from a clean end. A record
@@ -59,6 +69,15 @@ pub enum Record {
         /// Export-relative path.
         path: Bytes,
     },
+    /// The local file, verified and its metadata set, had these identity and times: while
+    /// they still match, it is the verified copy; once any differs (edited, touched,
+    /// replaced locally), it must be verified again before it is trusted.
+    Stamp {
+        /// Export-relative path.
+        path: Bytes,
+        /// The local file's inode, size, mtime and ctime.
+        stamp: Version,
+    },
 }
 
 impl Record {
@@ -68,7 +87,8 @@ impl Record {
             Record::Version { path, .. }
             | Record::Chunks { path, .. }
             | Record::Verified { path, .. }
-            | Record::Forget { path } => path,
+            | Record::Forget { path }
+            | Record::Stamp { path, .. } => path,
         }
     }
 
@@ -85,13 +105,15 @@ impl Record {
                 version,
                 chunk_size,
             } => {
-                b.put_u8(1);
+                b.put_u8(5);
                 put_path(&mut b, path);
-                b.put_u64(version.ino);
-                b.put_u64(version.size);
-                b.put_i64(version.mtime.sec);
-                b.put_u32(version.mtime.nsec);
+                version.encode(&mut b);
                 b.put_u32(*chunk_size);
+            }
+            Record::Stamp { path, stamp } => {
+                b.put_u8(6);
+                put_path(&mut b, path);
+                stamp.encode(&mut b);
             }
             Record::Chunks { path, first, count } => {
                 b.put_u8(2);
@@ -140,8 +162,31 @@ impl Record {
                             sec: b.get_i64(),
                             nsec: b.get_u32(),
                         },
+                        ctime: Timestamp::default(),
                     },
                     chunk_size: b.get_u32(),
+                }
+            }
+            5 => {
+                let p = path(&mut b)?;
+                if b.remaining() != Version::LEN + 4 {
+                    return None;
+                }
+                let version = Version::decode(&mut b).ok()?;
+                Record::Version {
+                    path: p,
+                    version,
+                    chunk_size: b.get_u32(),
+                }
+            }
+            6 => {
+                let p = path(&mut b)?;
+                if b.remaining() != Version::LEN {
+                    return None;
+                }
+                Record::Stamp {
+                    path: p,
+                    stamp: Version::decode(&mut b).ok()?,
                 }
             }
             2 => {
@@ -343,6 +388,7 @@ mod tests {
                     ino: 7,
                     size: 3 << 20,
                     mtime: Timestamp { sec: -5, nsec: 9 },
+                    ctime: Timestamp { sec: 6, nsec: 10 },
                 },
                 chunk_size: 1 << 20,
             },
@@ -354,6 +400,15 @@ mod tests {
             Record::Verified {
                 path: Bytes::from_static(b"a/b"),
                 blake3: [3; 32],
+            },
+            Record::Stamp {
+                path: Bytes::from_static(b"a/b"),
+                stamp: Version {
+                    ino: 9,
+                    size: 3 << 20,
+                    mtime: Timestamp { sec: 1, nsec: 2 },
+                    ctime: Timestamp { sec: 3, nsec: 4 },
+                },
             },
             Record::Forget {
                 path: Bytes::from_static(b""),
@@ -388,9 +443,10 @@ mod tests {
         drop(j);
         let full = std::fs::metadata(&p).unwrap().len();
         // Every cut inside the last record loses exactly that record.
+        let n = sample().len() - 1;
         let last = {
             let mut b = BytesMut::new();
-            sample()[3].encode(&mut b);
+            sample()[n].encode(&mut b);
             b.len() as u64
         };
         for cut in 1..last {
@@ -398,8 +454,8 @@ mod tests {
             f.set_len(full - cut).unwrap();
             drop(f);
             let (mut j, r) = Journal::open(&p).unwrap();
-            assert_eq!(r, sample()[..3]);
-            j.push(&sample()[3]);
+            assert_eq!(r, sample()[..n]);
+            j.push(&sample()[n]);
             j.commit().unwrap();
         }
         let (_, r) = Journal::open(&p).unwrap();
@@ -422,6 +478,38 @@ mod tests {
         let (r, valid) = parse(&bad).unwrap();
         assert_eq!(r, sample()[..1]);
         assert_eq!(valid, MAGIC.len() + first_len.len());
+    }
+
+    #[test]
+    fn a_version_record_of_an_older_ferry_replays_with_ctime_zero() {
+        let mut body = BytesMut::new();
+        body.put_u8(1);
+        body.put_u16(1);
+        body.put_slice(b"f");
+        body.put_u64(7);
+        body.put_u64(5);
+        body.put_i64(100);
+        body.put_u32(9);
+        body.put_u32(1 << 20);
+        let mut image = BytesMut::new();
+        image.put_slice(MAGIC);
+        image.put_u32(body.len() as u32);
+        image.put_u64(xxhash_rust::xxh3::xxh3_64(&body));
+        image.put_slice(&body);
+        let (r, _) = parse(&image).unwrap();
+        assert_eq!(
+            r,
+            vec![Record::Version {
+                path: Bytes::from_static(b"f"),
+                version: Version {
+                    ino: 7,
+                    size: 5,
+                    mtime: Timestamp { sec: 100, nsec: 9 },
+                    ctime: Timestamp::default(),
+                },
+                chunk_size: 1 << 20,
+            }]
+        );
     }
 
     #[test]

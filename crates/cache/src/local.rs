@@ -107,10 +107,16 @@ impl LocalCopy {
             let gate = crate::background::DemandGate::client(&client);
             let mine = tokio::spawn(async move {
                 gate.wait().await;
-                crate::background::run_long(move || crate::hash_file(&local)).await
+                // The stamp before the hash: an edit after it shows in a later check.
+                crate::background::run_long(move || {
+                    let m = std::fs::symlink_metadata(&local)?;
+                    let stamp = crate::mirror::metadata::stamp_of(&m);
+                    crate::hash_file(&local).map(|h| (h, stamp))
+                })
+                .await
             });
             let theirs = client.hash(remote).await;
-            let mine = match mine.await {
+            let (mine, stamp) = match mine.await {
                 Ok(Ok(Ok(h))) => h,
                 Ok(Ok(Err(e))) => {
                     tracing::warn!(
@@ -124,7 +130,8 @@ impl LocalCopy {
             match theirs {
                 Ok(h) if h.version == version && h.blake3 == mine => {
                     tracing::debug!("verified /{}", String::from_utf8_lossy(&rel));
-                    self.syncer.verified(rel, generation, mine);
+                    self.syncer.verified(rel.clone(), generation, mine);
+                    self.syncer.stamped(rel, generation, stamp);
                     self.verified.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(h) if h.version == version => {
@@ -283,7 +290,14 @@ impl ChunkBacking for LocalCopy {
             return None;
         }
         let (f, now) = self.cache.open_current(&rel, false).ok()??;
-        (now.generation == st.generation && now.verified.is_some()).then_some(f)
+        // The local file as it was verified: a file edited by hand since is read through
+        // ferry (and verified again by the next pass).
+        let stamp = f
+            .metadata()
+            .ok()
+            .map(|m| crate::mirror::metadata::stamp_of(&m));
+        (now.generation == st.generation && now.verified.is_some() && now.stamp == stamp)
+            .then_some(f)
     }
 
     fn store(&self, key: &FileKey, index: u64, data: &Bytes) {

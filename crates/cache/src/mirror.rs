@@ -42,7 +42,7 @@
 mod chunked;
 mod fetch;
 mod file;
-mod metadata;
+pub(crate) mod metadata;
 mod small;
 mod verify;
 mod walk;
@@ -82,6 +82,10 @@ pub struct MirrorConfig {
     pub listings_in_flight: usize,
     /// Compare each complete file's BLAKE3 with the server's.
     pub verify: bool,
+    /// Verify every local file already complete again against the server's BLAKE3 now
+    /// (`--checksum`), instead of trusting those whose local file still shows the stamp
+    /// recorded when they were verified.
+    pub checksum: bool,
     /// Cap on fetched bytes per second (wire bytes), if any.
     pub bwlimit: Option<u64>,
     /// Longest time written chunks wait to be made durable and recorded.
@@ -96,6 +100,7 @@ impl Default for MirrorConfig {
             write_queue: WRITE_QUEUE,
             listings_in_flight: 32,
             verify: true,
+            checksum: false,
             bwlimit: None,
             sync_interval: Duration::from_secs(1),
         }

@@ -303,6 +303,77 @@ impl CacheDir {
         g.since_compaction += 1;
     }
 
+    /// The verified local file of `rel` (of `generation`), its metadata set, shows `stamp`
+    /// (its inode, size, mtime and ctime): see [`FileState::stamp`]. Recorded only while
+    /// the local file still shows it (a stamp taken before someone else set the file's
+    /// metadata is stale: theirs follows). Blocks (one `lstat`).
+    pub fn mark_stamped(&self, rel: &Bytes, generation: u64, stamp: Version) {
+        let now = std::fs::symlink_metadata(self.local_path(rel))
+            .ok()
+            .map(|m| crate::mirror::metadata::stamp_of(&m));
+        if now != Some(stamp) {
+            return;
+        }
+        let mut g = self.lock();
+        let Some(st) = g.files.get_mut(rel) else {
+            return;
+        };
+        if st.generation != generation || st.verified.is_none() {
+            return;
+        }
+        let rec = Record::Stamp {
+            path: rel.clone(),
+            stamp,
+        };
+        st.apply(&rec);
+        g.pending.push(rec);
+        g.since_compaction += 1;
+    }
+
+    /// `rel`'s verified local copy holds version `to` too: the server's file changed in
+    /// its ctime only (`chmod`, `chown`, a new link, an older journal without ctimes) and
+    /// its hash is still the one the copy matched. The local file and its chunks stay;
+    /// the stamp goes (the caller sets the metadata and stamps it again).
+    pub fn rebase(&self, rel: &Bytes, generation: u64, to: Version) -> bool {
+        let mut g = self.lock();
+        let Some(st) = g.files.get_mut(rel) else {
+            return false;
+        };
+        if st.generation != generation || !st.complete() || !st.version.differs_in_ctime_only(&to) {
+            return false;
+        }
+        let Some(h) = st.verified else { return false };
+        let (chunk_size, chunks) = (st.chunk_size, st.chunks());
+        let mut new = FileState::new(to, chunk_size);
+        new.generation = generation;
+        let mut recs = vec![Record::Version {
+            path: rel.clone(),
+            version: to,
+            chunk_size,
+        }];
+        let mut first = 0;
+        while first < chunks {
+            let count = (chunks - first).min(u64::from(u32::MAX)) as u32;
+            recs.push(Record::Chunks {
+                path: rel.clone(),
+                first,
+                count,
+            });
+            first += u64::from(count);
+        }
+        recs.push(Record::Verified {
+            path: rel.clone(),
+            blake3: h,
+        });
+        for r in &recs {
+            new.apply(r);
+        }
+        *st = new;
+        g.since_compaction += recs.len() as u64;
+        g.pending.extend(recs);
+        true
+    }
+
     /// `rel` is no longer tracked.
     pub fn forget(&self, rel: &Bytes) {
         let mut g = self.lock();
@@ -361,6 +432,12 @@ impl CacheDir {
                         blake3: h,
                     });
                 }
+                if let Some(stamp) = st.stamp {
+                    records.push(Record::Stamp {
+                        path: path.clone(),
+                        stamp,
+                    });
+                }
             }
             let taken = std::mem::take(&mut g.pending);
             (records, taken, g.since_compaction)
@@ -394,6 +471,7 @@ mod tests {
             ino: 1,
             size,
             mtime: Timestamp { sec: 1, nsec: 2 },
+            ctime: Timestamp { sec: 1, nsec: 2 },
         }
     }
 

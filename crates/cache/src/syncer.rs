@@ -45,6 +45,13 @@ pub(crate) enum SyncEvent {
         generation: u64,
         blake3: [u8; 32],
     },
+    /// The verified local file of `rel`, its metadata set, shows `stamp` (recorded after
+    /// its verification).
+    Stamped {
+        rel: Bytes,
+        generation: u64,
+        stamp: Version,
+    },
     /// Reply once everything sent before is recorded and durable.
     Flush(oneshot::Sender<()>),
 }
@@ -122,6 +129,16 @@ impl Syncer {
             rel,
             generation,
             blake3,
+        });
+    }
+
+    /// The verified local file of `rel` of `generation`, its metadata set, shows `stamp`
+    /// (see [`crate::state::FileState::stamp`]).
+    pub fn stamped(&self, rel: Bytes, generation: u64, stamp: Version) {
+        let _ = self.tx.send(SyncEvent::Stamped {
+            rel,
+            generation,
+            stamp,
         });
     }
 
@@ -256,6 +273,11 @@ async fn commit_batch(
                     generation,
                     blake3,
                 } => c.mark_verified(&rel, generation, blake3),
+                SyncEvent::Stamped {
+                    rel,
+                    generation,
+                    stamp,
+                } => c.mark_stamped(&rel, generation, stamp),
                 SyncEvent::Flush(w) => waiters.push(w),
             }
         }

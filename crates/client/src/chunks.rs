@@ -37,7 +37,7 @@ use bytes::{Bytes, BytesMut};
 use ferry_proto::{Class, Version};
 use tokio::sync::{oneshot, OnceCell};
 
-use crate::error::ClientError;
+use crate::error::{ChangedRead, ClientError};
 use crate::pool::Client;
 use table::Table;
 use writeback::WriteBack;
@@ -280,7 +280,8 @@ impl ChunkStore {
             .clone();
         // Failures are not cached (the next reader retries), and neither are bytes of
         // another version than the key's: the file changed on the server. Those bytes are
-        // still one consistent version, and are what a local reader would see now.
+        // one consistent version, what a local reader would see now: they go back to the
+        // caller as [`ClientError::Changed`], who decides whether its reader may have them.
         let keep = matches!(&result, Ok((_, v)) if *v == key.version);
         let mine = |_: &Version, s: &Arc<Slot>| std::ptr::eq(Arc::as_ptr(s), slot);
         let mut t = self.lock();
@@ -290,7 +291,14 @@ impl ChunkStore {
             t.remove_if((key.id, index), mine);
         }
         drop(t);
-        result.map(|(data, _)| data)
+        match result {
+            Ok((data, v)) if v == key.version => Ok(data),
+            Ok((data, version)) => Err(ClientError::Changed(Box::new(ChangedRead {
+                version,
+                data,
+            }))),
+            Err(e) => Err(e),
+        }
     }
 
     /// The bytes `offset..end` of `key`, in chunk-sized pieces, when the local copy holds
@@ -336,12 +344,11 @@ impl ChunkStore {
     /// Exactly the bytes `offset..end` of `key`, outside the store (a random read): from
     /// the local copy when it holds every chunk touched, else from the network in
     /// chunk-sized requests sent together; whole chunks of `key`'s version fetched on the
-    /// way go to the local copy. Short only at the end of the file. Bytes of another
-    /// version than `key`'s (the file changed on the server) are still one consistent
-    /// version: what a local reader would see now.
+    /// way go to the local copy. Short only at the end of the file.
     ///
     /// # Errors
-    /// A fetch failed.
+    /// A fetch failed; [`ClientError::Changed`] when a piece came from another version
+    /// than `key`'s (with all the bytes fetched, up to the first short piece).
     pub async fn read_range(
         &self,
         key: &FileKey,
@@ -363,18 +370,28 @@ impl ChunkStore {
             pos += len;
         }
         let mut parts = Vec::with_capacity(tasks.len());
+        let mut other = None;
         for (at, len, t) in tasks {
             let (data, version) = t
                 .await
                 .map_err(|e| ClientError::Protocol(format!("read task failed: {e}")))??;
             self.store_local(key, at, &data, version);
+            if version != key.version {
+                other = Some(version);
+            }
             let short = (data.len() as u64) < len;
             parts.push(data);
             if short {
                 break;
             }
         }
-        Ok(concat(parts))
+        match other {
+            None => Ok(concat(parts)),
+            Some(version) => Err(ClientError::Changed(Box::new(ChangedRead {
+                version,
+                data: concat(parts),
+            }))),
+        }
     }
 
     /// Chunk `index` of `key`, fetched if needed (single-flight).

@@ -8,9 +8,10 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use ferry_proto::name::NameError;
 use ferry_proto::preamble::PreambleError;
-use ferry_proto::{DecodeError, HandshakeError, PayloadError, Status, Welcome};
+use ferry_proto::{DecodeError, HandshakeError, PayloadError, Status, Version, Welcome};
 
 use crate::tls::TlsError;
 
@@ -125,6 +126,10 @@ pub enum ClientError {
     /// A name or path cannot be sent (e.g. `..` or containing NUL).
     #[error("invalid name: {0}")]
     InvalidName(#[from] NameError),
+    /// The file changed on the server: a read for one version was answered from another
+    /// ([`crate::ChunkStore`]), with what the server sent.
+    #[error("the file changed on the server while read (now inode {}, {} bytes)", .0.version.ino, .0.version.size)]
+    Changed(Box<ChangedRead>),
 }
 
 impl ClientError {
@@ -159,6 +164,18 @@ impl ClientError {
             // Already waited the whole request timeout for a connection.
             ClientError::Unreachable { .. } => false,
             ClientError::InvalidName(_) => false,
+            ClientError::Changed(_) => false,
         }
     }
+}
+
+/// A read of one version of a file answered from another ([`ClientError::Changed`]).
+#[derive(Debug, Clone)]
+pub struct ChangedRead {
+    /// The version the server read from.
+    pub version: Version,
+    /// The bytes it sent: all of that version, what the file holds now at that offset
+    /// (shorter than asked when it shrank). The caller decides whether a reader may have
+    /// them.
+    pub data: Bytes,
 }

@@ -26,7 +26,7 @@ mod runs;
 pub mod tls;
 
 pub use chunks::{ChunkBacking, ChunkStats, ChunkStore, FileKey};
-pub use error::ClientError;
+pub use error::{ChangedRead, ClientError};
 pub use pool::{Chunk, Client, ClientConfig, Listed, SchedulerStats, SessionInfo, SmallFile};
 pub use prefetch::{PrefetchConfig, Prefetcher};
 

@@ -80,11 +80,17 @@ async fn prefetch_stops_at_the_budget_and_changed_files_are_not_cached() {
     );
     assert!(store.used() <= 3 << 20);
 
-    // The file is replaced on the server: reads under the old key still return one
-    // consistent version (the new one), but it is not cached under the old version.
+    // The file is rewritten on the server: a read under the old key says so, with the
+    // bytes of the new version (one consistent version, for the caller to judge), and
+    // nothing is cached under the old version.
     std::fs::write(dir.path().join("f"), vec![9u8; 8 << 20]).unwrap();
-    let got = store.get(&key, 5).await.unwrap();
-    assert!(got.iter().all(|&b| b == 9));
+    match store.get(&key, 5).await {
+        Err(ferry_client::ClientError::Changed(c)) => {
+            assert_ne!(c.version, key.version);
+            assert!(c.data.len() == 1 << 20 && c.data.iter().all(|&b| b == 9));
+        }
+        other => panic!("expected Changed, got {other:?}"),
+    }
     assert!(!store.contains(&key, 5));
 }
 

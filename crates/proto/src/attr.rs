@@ -83,7 +83,9 @@ impl Timestamp {
 }
 
 /// Identifies one version of a file's contents: if any field differs, cached bytes of
-/// the old version must not be served for the new one.
+/// the old version must not be served for the new one. The ctime catches what the others
+/// miss: a rewrite in place that keeps the size and puts the mtime back (any write, and
+/// every `utimensat`, sets the ctime to now, which no unprivileged program can set back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Version {
     /// Server-side inode number (a replaced file gets a new one).
@@ -92,17 +94,30 @@ pub struct Version {
     pub size: u64,
     /// Modification time to the nanosecond.
     pub mtime: Timestamp,
+    /// Status change time to the nanosecond.
+    pub ctime: Timestamp,
 }
 
 impl Version {
     /// Encoded length in bytes.
-    pub const LEN: usize = 8 + 8 + 12;
+    pub const LEN: usize = 8 + 8 + 12 + 12;
+
+    /// Whether `other` differs from this version in its ctime only: the same inode, size and
+    /// mtime (a `chmod`, `chown`, a new hard link — or a rewrite in place that put the
+    /// mtime back). Bytes of one are not the other's without a check (a hash).
+    pub fn differs_in_ctime_only(&self, other: &Version) -> bool {
+        self.ino == other.ino
+            && self.size == other.size
+            && self.mtime == other.mtime
+            && self.ctime != other.ctime
+    }
 
     /// Appends the encoding to `dst`.
     pub fn encode(&self, dst: &mut impl BufMut) {
         dst.put_u64(self.ino);
         dst.put_u64(self.size);
         self.mtime.encode(dst);
+        self.ctime.encode(dst);
     }
 
     /// Decodes from the front of `buf`.
@@ -111,6 +126,7 @@ impl Version {
             ino: get_u64(buf, "version")?,
             size: get_u64(buf, "version")?,
             mtime: Timestamp::decode(buf)?,
+            ctime: Timestamp::decode(buf)?,
         })
     }
 }
@@ -154,6 +170,7 @@ impl Attr {
             ino: self.ino,
             size: self.size,
             mtime: self.mtime,
+            ctime: self.ctime,
         }
     }
 

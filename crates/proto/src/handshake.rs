@@ -44,7 +44,9 @@ use crate::codec::DecodeError;
 use crate::frame::{Frame, FrameError};
 use crate::message::{Handshake, Welcome};
 use crate::status::Status;
-use crate::{HANDSHAKE_MAX_FRAME, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, PROTOCOL_VERSION};
+use crate::{
+    HANDSHAKE_MAX_FRAME, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
 
 /// Why a handshake failed. Each message is one line for the user (client side) or the log
 /// (server side).
@@ -104,6 +106,14 @@ pub enum HandshakeError {
         /// The Hello's chunk size.
         chunk_size: u32,
     },
+    /// The client speaks only a protocol version older than [`MIN_PROTOCOL_VERSION`]
+    /// (server side; the client was told with a Failed message carrying this text).
+    #[error("the client speaks protocol version {0}, this ferryd needs {MIN_PROTOCOL_VERSION} or later (file versions include the ctime): upgrade ferry on the client")]
+    ClientTooOld(u16),
+    /// The server speaks only a protocol version older than [`MIN_PROTOCOL_VERSION`]
+    /// (client side).
+    #[error("the server speaks protocol version {0}, this ferry needs {MIN_PROTOCOL_VERSION} or later (file versions include the ctime): upgrade ferryd")]
+    ServerTooOld(u16),
     /// The server closed the connection before the handshake completed (client side).
     #[error("the server closed the connection during the handshake (wrong token, or a client certificate required?)")]
     ServerClosed,

@@ -48,7 +48,12 @@ pub use payload::{Encoding, PayloadError};
 pub use status::Status;
 
 /// Protocol version spoken by this crate. Bumped on incompatible changes.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// The oldest protocol version this crate speaks: version 1's file versions lack the ctime,
+/// so a peer speaking it could not tell an in-place rewrite that restored the mtime (both
+/// sides refuse it with a message saying which to upgrade).
+pub const MIN_PROTOCOL_VERSION: u16 = 2;
 
 /// Feature bits exchanged in [`Hello`] and [`Welcome`]; the session uses the intersection.
 pub mod features {

@@ -212,7 +212,7 @@ proptest! {
         let mut input = BytesMut::new();
         if valid_welcome {
             Handshake::Welcome(Welcome {
-                version: 1,
+                version: PROTOCOL_VERSION,
                 features: 0,
                 chunk_size: DEFAULT_CHUNK_SIZE,
                 max_frame: DEFAULT_CHUNK_SIZE + FRAME_OVERHEAD,
@@ -254,7 +254,7 @@ proptest! {
         let mut input = BytesMut::new();
         if valid_hello {
             Handshake::Hello(Hello {
-                version: 1,
+                version: PROTOCOL_VERSION,
                 features: features::ALL,
                 chunk_size: DEFAULT_CHUNK_SIZE,
                 client_name: "fuzz".into(),
@@ -291,7 +291,7 @@ fn a_wrong_server_proof_is_refused() {
     });
     let mut welcome = BytesMut::new();
     Handshake::Welcome(Welcome {
-        version: 1,
+        version: PROTOCOL_VERSION,
         features: 0,
         chunk_size: DEFAULT_CHUNK_SIZE,
         max_frame: DEFAULT_CHUNK_SIZE + FRAME_OVERHEAD,

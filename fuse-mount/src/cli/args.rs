@@ -81,6 +81,11 @@ pub struct MirrorArgs {
     /// Do not compare each file's BLAKE3 with the server's.
     #[arg(long)]
     pub no_verify: bool,
+    /// Verify every file already complete in DIR again, against the server's BLAKE3 now
+    /// (otherwise a file verified by an earlier run is trusted while its local inode,
+    /// size, mtime and ctime are still the ones recorded then).
+    #[arg(long, conflicts_with = "no_verify")]
+    pub checksum: bool,
     /// No progress output (a bar on a terminal; otherwise a plain line every 5 s).
     #[arg(short, long)]
     pub quiet: bool,
@@ -122,6 +127,15 @@ pub struct MountArgs {
     /// Seconds the kernel caches attributes and names.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub attr_timeout: f64,
+    /// Close-to-open: an open takes a file's version from what the server said less than
+    /// SECS ago (e.g. a listing fetched ahead of a tree copy), else asks the server first;
+    /// changed attributes and pages are then dropped from the kernel. 0: every open asks.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub open_timeout: f64,
+    /// A handle reads one version of its file only: any change on the server while it is
+    /// open fails its reads with EIO (for copies where any change must be noticed).
+    #[arg(long)]
+    pub strict: bool,
     /// Allow other users (e.g. postgres, oracle) to use the mount. Non-root users need
     /// `user_allow_other` in /etc/fuse.conf.
     #[arg(long)]

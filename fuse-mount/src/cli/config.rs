@@ -27,6 +27,7 @@ pub fn mirror_options(a: MirrorArgs) -> anyhow::Result<MirrorOptions> {
             files_in_flight: a.files,
             chunk_memory: a.chunk_memory.max(1) << 20,
             verify: !a.no_verify,
+            checksum: a.checksum,
             bwlimit: a.bwlimit,
             ..ferry_cache::MirrorConfig::default()
         },
@@ -112,6 +113,10 @@ pub fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
         a.attr_timeout.is_finite() && a.attr_timeout >= 0.0,
         "--attr-timeout must be a number of seconds ≥ 0"
     );
+    anyhow::ensure!(
+        a.open_timeout.is_finite() && a.open_timeout >= 0.0,
+        "--open-timeout must be a number of seconds ≥ 0"
+    );
     let max_window = a.max_window.max(1) << 20;
     Ok(MountConfig {
         target,
@@ -119,6 +124,8 @@ pub fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
         client,
         fs: FsConfig {
             attr_ttl: Duration::from_secs_f64(a.attr_timeout),
+            open_ttl: Duration::from_secs_f64(a.open_timeout),
+            strict: a.strict,
             chunk_memory: a.chunk_memory.max(1) << 20,
             prefetch: PrefetchConfig {
                 max_window,

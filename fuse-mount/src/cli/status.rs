@@ -162,6 +162,18 @@ fn print_status(path: &Path, s: &Status) {
             human_bytes(m.wire_bytes),
             m.chunks_served_locally
         );
+        let f = &s.faults;
+        println!(
+            "  network {} streams connected{}; {} reconnects, {} server restarts",
+            f.live_streams,
+            if f.live_streams == 0 {
+                " (server unreachable: stat answers from what it last said, reads from the local copy only)"
+            } else {
+                ""
+            },
+            f.reconnects,
+            f.server_restarts
+        );
         if let Some(k) = &s.scheduler {
             let ms = |us: u64| us as f64 / 1000.0;
             println!(

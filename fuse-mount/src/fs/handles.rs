@@ -24,6 +24,12 @@ use tracing::debug;
 use super::{file_id, lock, Fs};
 use crate::error::Error;
 
+/// Whether `e` says the server could not be reached (rather than answered).
+fn unreachable(e: &ferry_client::ClientError) -> bool {
+    use ferry_client::ClientError as E;
+    matches!(e, E::Timeout(_) | E::ConnectionLost | E::Unreachable { .. })
+}
+
 /// One open file.
 pub(super) struct Handle {
     pub(super) key: FileKey,
@@ -32,6 +38,8 @@ pub(super) struct Handle {
     opened: Instant,
     /// Reads of this handle go to the local copy in the kernel (FUSE passthrough).
     passthrough: AtomicBool,
+    /// A read found the file changed on the server (logged once per handle).
+    pub(super) changed: AtomicBool,
 }
 
 /// What one open file handle did, logged (debug) when it is released: enough to tell a
@@ -77,26 +85,60 @@ pub struct Opened {
     pub direct_io: bool,
     /// The version opened.
     pub version: Version,
+    /// The file changed since the mount last told the kernel its attributes: they must be
+    /// invalidated before the open is answered (close-to-open), so the size the kernel
+    /// reads up to is the new one.
+    pub attr_changed: bool,
 }
 
 impl Fs {
     /// Opens file `ino` for reading.
     ///
+    /// Close-to-open: the file's version is taken from what the server said less than
+    /// `open_ttl` ago (and less than `attr_ttl`), else asked for (see [`Fs::revalidate`]).
+    ///
     /// # Errors
-    /// EROFS for any write access; EISDIR; ESTALE for an unknown inode; server errors.
+    /// EROFS for any write access; EISDIR; ESTALE for an unknown inode or one whose
+    /// object was replaced on the server (the kernel then looks the name up again);
+    /// server errors.
     pub async fn open(&self, ino: u64, write: bool) -> Result<Opened, Error> {
         if write {
             return Err(Error::errno(libc::EROFS, "read-only mount"));
         }
-        let (path, fresh) = self.inodes.path_and_fresh_attr(ino, self.cfg.attr_ttl)?;
-        let attr = match fresh {
-            Some(a) => a,
-            None => self.revalidate(ino, &path).await?,
+        // Close-to-open: the version is what the server said within the open TTL.
+        let (path, known, fetched) = self.inodes.path_and_attr(ino)?;
+        let ttl = self.cfg.open_ttl.min(self.cfg.attr_ttl);
+        let (attr, before) = if fetched.elapsed() < ttl {
+            (known, known.version())
+        } else if self.client.live_streams() == 0 {
+            // The server is unreachable: the last version the server reported (whose
+            // chunks the local copy may hold) rather than an open that waits for it.
+            debug!(
+                "/{}: server unreachable, opened at the version seen {:?} ago",
+                String::from_utf8_lossy(&path),
+                fetched.elapsed()
+            );
+            (known, known.version())
+        } else {
+            match self.revalidate(ino, &path, ttl).await {
+                Ok(r) => r,
+                Err(e) if e.source.as_ref().is_some_and(unreachable) => {
+                    debug!(
+                        "/{}: {e}; opened at the version seen {:?} ago",
+                        String::from_utf8_lossy(&path),
+                        fetched.elapsed()
+                    );
+                    (known, known.version())
+                }
+                Err(e) => return Err(e),
+            }
         };
         if attr.kind == FileKind::Directory {
             return Err(Error::errno(libc::EISDIR, "is a directory"));
         }
         let version = attr.version();
+        // The kernel holds attributes of the version the mount held: stale now.
+        let attr_changed = before != version;
         let (keep_cache, changed) = self.inodes.opened(ino, version);
         if changed {
             self.store.invalidate(file_id(&path));
@@ -111,6 +153,7 @@ impl Fs {
             stats: Mutex::new(HandleStats::default()),
             opened: Instant::now(),
             passthrough: AtomicBool::new(false),
+            changed: AtomicBool::new(false),
         };
         // Passthrough when the local copy holds this version complete and verified.
         let mut local = match self.store.backing() {
@@ -154,6 +197,7 @@ impl Fs {
             local,
             direct_io,
             version,
+            attr_changed,
         })
     }
 

@@ -146,12 +146,38 @@ impl InodeTable {
         lock(&self.table).nodes.get(&ino).map(|n| n.lookups)
     }
 
-    /// Fresh attributes of `ino` from the server, reported at `fetched`.
-    pub(super) fn refresh(&self, ino: u64, attr: Attr, fetched: Instant) {
-        if let Some(n) = lock(&self.table).nodes.get_mut(&ino) {
+    /// Fresh attributes of `ino` from the server, reported at `fetched`, and the version
+    /// the node held before.
+    ///
+    /// # Errors
+    /// ESTALE for an inode the table does not hold, or when `attr` is of another object
+    /// than the node's (the path's object was replaced on the server: it gets a new inode
+    /// at its next lookup; this one keeps its attributes).
+    pub(super) fn refresh(&self, ino: u64, attr: Attr, fetched: Instant) -> Result<Version, Error> {
+        let mut t = lock(&self.table);
+        let n = t.nodes.get_mut(&ino).ok_or_else(stale)?;
+        if n.attr.ino != attr.ino || n.attr.kind != attr.kind {
+            return Err(Error::errno(
+                libc::ESTALE,
+                "replaced on the server (look it up again)",
+            ));
+        }
+        let before = n.attr.version();
+        if fetched >= n.fetched {
             n.attr = attr;
             n.fetched = fetched;
         }
+        Ok(before)
+    }
+
+    /// The path of `ino`, its attributes and when the server reported them.
+    ///
+    /// # Errors
+    /// ESTALE for an inode the table does not hold.
+    pub(super) fn path_and_attr(&self, ino: u64) -> Result<(Bytes, Attr, Instant), Error> {
+        let t = lock(&self.table);
+        let node = t.nodes.get(&ino).ok_or_else(stale)?;
+        Ok((node.path.clone(), node.attr, node.fetched))
     }
 
     /// The path of `ino` and its attributes if they were fetched less than `ttl` ago.

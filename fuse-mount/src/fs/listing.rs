@@ -267,6 +267,8 @@ struct Lister {
     ahead: Arc<Mutex<DirsAhead>>,
     listings: Arc<Mutex<Listings>>,
     ttl: Duration,
+    /// How old a version an open may take (close-to-open).
+    open_ttl: Duration,
     last_open: Arc<Mutex<Option<Instant>>>,
     pending: Arc<Mutex<PendingData>>,
     links: Arc<Mutex<Links>>,
@@ -491,7 +493,15 @@ impl Lister {
             return; // every opendir lists afresh
         }
         let mut a = lock(&self.ahead);
-        a.expire(self.ttl);
+        // While files are read, a listing ahead serves their opens, which take versions
+        // younger than the open TTL: older ones are listed again before the walker
+        // arrives (their contents fetched ahead stay, held for their version).
+        let ttl = if self.reading() && !self.open_ttl.is_zero() {
+            self.ttl.min(self.open_ttl)
+        } else {
+            self.ttl
+        };
+        a.expire(ttl);
         let (base, base_other) = match (a.pos.get(path), a.other.get(path)) {
             (Some(p), Some(o)) => (p.clone(), o.clone()),
             _ => {
@@ -695,7 +705,9 @@ impl Fs {
             let ls = lock(&self.dirs.listings);
             ls.by_dir
                 .get(&ino)
-                .filter(|l| l.listed.elapsed() < RELIST_AFTER.min(self.cfg.attr_ttl))
+                .filter(|l| {
+                    l.listed.elapsed() < RELIST_AFTER.min(self.cfg.attr_ttl).min(self.cfg.open_ttl)
+                })
                 .map(|l| l.items.clone())
         };
         if let Some(items) = recent {
@@ -729,7 +741,8 @@ impl Fs {
     /// Tools that walk a tree look up (or reopen) every name of a directory after its
     /// attributes have expired: rsync builds its whole file list first, then opens each
     /// file, long after. Revalidating a directory at once keeps that to one round trip per
-    /// directory.
+    /// directory. `max_age`: the oldest listing that may answer (the attribute TTL for a
+    /// lookup, the open TTL for an open's revalidation).
     ///
     /// # Errors
     /// ENOENT for a name absent from a listing fetched now; listing errors.
@@ -738,29 +751,30 @@ impl Fs {
         parent: u64,
         parent_path: &Bytes,
         name: &[u8],
+        max_age: Duration,
     ) -> Result<Option<(Attr, Instant)>, Error> {
-        if self.cfg.attr_ttl.is_zero() {
+        if max_age.is_zero() {
             return Ok(None);
         }
         {
             let mut ls = lock(&self.dirs.listings);
             if let Some(l) = ls.by_dir.get_mut(&parent) {
                 let age = l.listed.elapsed();
-                if age >= self.cfg.attr_ttl / 2 && !l.refreshing {
+                if age >= max_age / 2 && !l.refreshing {
                     // In use past half its life: listed again in the background, so a copy
                     // of a large directory (longer than the TTL) keeps finding its names
                     // here instead of asking for each (one round trip per name).
                     l.refreshing = true;
                     self.lister().refresh(parent, parent_path.clone());
                 }
-                if age < self.cfg.attr_ttl {
+                if age < max_age {
                     return Ok(l.index.get(name).map(|&i| (l.items[i].attr, l.listed)));
                 }
             }
         }
         // A listing fetched ahead for the directory answers too, and stays for its opendir.
         if let Some((started, entries)) = self.lister().peek(parent_path) {
-            if started.elapsed() < self.cfg.attr_ttl {
+            if started.elapsed() < max_age {
                 return Ok(entries
                     .iter()
                     .find(|e| e.name.as_ref() == name)
@@ -787,6 +801,21 @@ impl Fs {
                 Err(Error::errno(libc::ENOENT, "no such entry"))
             }
             None => Ok(None),
+        }
+    }
+
+    /// Forgets what listings say of directory `parent_path` (kept, or fetched ahead): an
+    /// object in it was found replaced, so a lookup must ask again.
+    pub(super) fn drop_listing(&self, parent_path: &Bytes) {
+        if let Some(parent) = self.inodes.ino_of(parent_path) {
+            let mut ls = lock(&self.dirs.listings);
+            if ls.by_dir.remove(&parent).is_some() {
+                ls.order.retain(|&d| d != parent);
+            }
+        }
+        let mut a = lock(&self.dirs.ahead);
+        if a.by_path.remove(parent_path).is_some() {
+            a.order.retain(|p| p != parent_path);
         }
     }
 
@@ -849,6 +878,7 @@ impl Fs {
             ahead: self.dirs.ahead.clone(),
             listings: self.dirs.listings.clone(),
             ttl: self.cfg.attr_ttl,
+            open_ttl: self.cfg.open_ttl,
             last_open: self.dirs.last_open.clone(),
             pending: self.dirs.pending.clone(),
             links: self.dirs.links.clone(),

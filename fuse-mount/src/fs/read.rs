@@ -12,12 +12,21 @@
 //! Invariants: a read is short only at the end of the file as of the version seen at open;
 //! a chunk is marked consumed (its memory may go first) only once the page cache holds all
 //! its bytes: read to its end by a sequential reader, or read whole by anyone.
+//!
+//! A file that changed on the server since the handle opened it
+//! ([`ClientError::Changed`]): bytes of another inode (replaced by a rename) fail the read
+//! with ESTALE; with `strict`, any change fails it with EIO; otherwise the bytes the file
+//! holds now at that offset are returned when the server sent all the read asked for (an
+//! append, a rewrite in place), and a read that reaches past where the file now ends fails
+//! with EIO (a short read there would let the kernel serve zeros up to the size it holds).
 
 use std::time::Instant;
 
 use bytes::Bytes;
-use ferry_client::FileKey;
+use ferry_client::{ClientError, FileKey};
+use tracing::warn;
 
+use super::handles::Handle;
 use super::{lock, Fs};
 use crate::error::Error;
 
@@ -51,7 +60,12 @@ impl Fs {
             st.unaligned += u64::from(offset % cs != 0);
         }
         if !plan.sequential && !cached {
-            return self.read_direct(&h.key, offset, end).await;
+            return match self.read_direct(&h.key, offset, end).await {
+                Err(ClientError::Changed(c)) => {
+                    self.changed(&h, c.version, c.data, (end - offset) as usize)
+                }
+                r => Ok(r?),
+            };
         }
         // Own chunks first, then the window ahead, all in flight before waiting.
         for i in first..=last {
@@ -70,14 +84,20 @@ impl Fs {
         for i in first..=last {
             let waiting = !self.store.contains(&h.key, i);
             let t0 = Instant::now();
-            let chunk = self.store.get(&h.key, i).await?;
+            let start = i * cs;
+            let lo = (offset.max(start) - start) as usize;
+            let chunk = match self.store.get(&h.key, i).await {
+                Err(ClientError::Changed(c)) => {
+                    let want = (end.min(start + cs) - start) as usize;
+                    self.changed(&h, c.version, c.data, want)?
+                }
+                r => r?,
+            };
             if waiting {
                 let mut st = lock(&h.stats);
                 st.waited += 1;
                 st.wait += t0.elapsed();
             }
-            let start = i * cs;
-            let lo = (offset.max(start) - start) as usize;
             let hi = ((end.min(start + cs) - start) as usize).min(chunk.len());
             if lo >= hi {
                 break;
@@ -95,7 +115,48 @@ impl Fs {
 
     /// A random read: exactly the bytes asked for (see
     /// [`ferry_client::ChunkStore::read_range`]).
-    async fn read_direct(&self, key: &FileKey, offset: u64, end: u64) -> Result<Bytes, Error> {
-        Ok(self.store.read_range(key, offset, end).await?)
+    async fn read_direct(
+        &self,
+        key: &FileKey,
+        offset: u64,
+        end: u64,
+    ) -> Result<Bytes, ClientError> {
+        self.store.read_range(key, offset, end).await
+    }
+
+    /// What a read of handle `h` gets when the server answered from `version`, another
+    /// version than the handle's, with `data` where the read needs `want` bytes (see the
+    /// module docs): the bytes, or the error.
+    fn changed(
+        &self,
+        h: &Handle,
+        version: ferry_proto::Version,
+        data: Bytes,
+        want: usize,
+    ) -> Result<Bytes, Error> {
+        let opened = h.key.version;
+        let path = String::from_utf8_lossy(&h.key.path);
+        let (errno, why) = if version.ino != opened.ino {
+            (libc::ESTALE, "was replaced (renamed over or recreated)")
+        } else if self.cfg.strict {
+            (
+                libc::EIO,
+                "changed (strict: a handle reads one version only)",
+            )
+        } else if data.len() < want {
+            (libc::EIO, "shrank below where it is being read")
+        } else {
+            if !h.changed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                warn!("/{path} changed on the server while open: reads go on with its new bytes");
+            }
+            return Ok(data);
+        };
+        if !h.changed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            warn!(
+                "/{path} {why} on the server while open: its reads fail (was {} bytes, now {})",
+                opened.size, version.size
+            );
+        }
+        Err(Error::errno(errno, why))
     }
 }

@@ -14,7 +14,7 @@ use ferry_proto::Attr;
 
 use super::fetch::{fetch_chunk, ChunkError};
 use super::file::{open_local, FileOutcome};
-use super::metadata::set_metadata;
+use super::metadata::{local_stamp, set_metadata, stamp_of};
 use super::small::copy_small_file;
 use super::verify;
 use super::{remote_path, Ctx, UNIT};
@@ -40,6 +40,7 @@ pub(super) async fn copy_file_once(
             return copy_small_file(ctx, rel, attr, listed).await;
         }
     }
+    rebase_if_ctime_only(ctx, rel, attr).await?;
     let (file, generation, resumed) = {
         let cache = ctx.cache.clone();
         let (r, a) = (rel.clone(), *attr);
@@ -47,21 +48,18 @@ pub(super) async fn copy_file_once(
     };
     let file = Arc::new(file);
     let st = ctx.cache.state(rel).filter(|s| s.generation == generation);
+    if resumed {
+        if let Some(s) = st.as_ref().filter(|s| s.complete() && s.verified.is_some()) {
+            // Complete and verified by an earlier run: kept as it is while the local file
+            // still shows its stamp, else (or with --checksum) verified again first.
+            return recheck_verified(ctx, rel, attr, s, &file).await;
+        }
+    }
     let already = st.as_ref().map_or(0, |s| s.present_bytes());
     ctx.progress
         .bytes_done
         .fetch_add(already, Ordering::Relaxed);
     let mut done_here = already;
-    if resumed
-        && st
-            .as_ref()
-            .is_some_and(|s| s.complete() && s.verified.is_some())
-    {
-        // Complete and verified by an earlier run: only the metadata may need setting.
-        let (local, a) = (ctx.cache.local_path(rel), *attr);
-        background::run(move || set_metadata(&local, &a, true)).await??;
-        return Ok(FileOutcome::Done);
-    }
     let missing: Vec<u64> = match &st {
         Some(s) => s.missing().collect(),
         None => Vec::new(),
@@ -175,9 +173,120 @@ pub(super) async fn copy_file_once(
             return o;
         }
     }
-    let (local, a) = (ctx.cache.local_path(rel), *attr);
-    background::run(move || set_metadata(&local, &a, true)).await??;
+    set_and_stamp(ctx, rel, generation, attr).await?;
     Ok(FileOutcome::Done)
+}
+
+/// Sets the local file's mode and times as the source's, then, when it was verified,
+/// records its stamp (after its verification, through the syncer): a later run trusts it
+/// without reading it only while it still shows that stamp.
+pub(super) async fn set_and_stamp(
+    ctx: &Ctx,
+    rel: &Bytes,
+    generation: u64,
+    attr: &Attr,
+) -> std::io::Result<()> {
+    let (local, a) = (ctx.cache.local_path(rel), *attr);
+    let stamp = background::run(move || {
+        set_metadata(&local, &a, true)?;
+        local_stamp(&local)
+    })
+    .await??;
+    if ctx.cfg.verify {
+        ctx.sync.stamped(rel.clone(), generation, stamp);
+    }
+    Ok(())
+}
+
+/// A file complete and verified by an earlier run (`st`, the open `file`): kept as it is,
+/// metadata untouched, when the local file still shows the stamp recorded then; else, or
+/// with `--checksum`, its BLAKE3 is computed again and compared with the one verified (with
+/// `--checksum`: with the server's now). A match sets the metadata and stamps it again; a
+/// difference (the copy was edited locally) fetches it again.
+async fn recheck_verified(
+    ctx: &Arc<Ctx>,
+    rel: &Bytes,
+    attr: &Attr,
+    st: &crate::state::FileState,
+    file: &Arc<std::fs::File>,
+) -> std::io::Result<FileOutcome> {
+    let f = file.clone();
+    let m = background::run(move || f.metadata()).await??;
+    if !ctx.cfg.checksum && st.stamp == Some(stamp_of(&m)) {
+        // The verified bytes, untouched. Mode and times as the source's (a file completed
+        // by a mount's readers has not had them set yet).
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let same = m.permissions().mode() & 0o7777 == u32::from(attr.perm)
+            && (m.mtime(), m.mtime_nsec()) == (attr.mtime.sec, i64::from(attr.mtime.nsec));
+        if !same {
+            set_and_stamp(ctx, rel, st.generation, attr).await?;
+        }
+        ctx.progress
+            .bytes_done
+            .fetch_add(attr.size, Ordering::Relaxed);
+        return Ok(FileOutcome::Done);
+    }
+    let expected = if ctx.cfg.checksum && attr.size > 0 {
+        match ctx.client.hash(remote_path(&ctx.root, rel)).await {
+            Ok(h) if h.version == attr.version() => h.blake3,
+            Ok(_) => return Ok(FileOutcome::Changed(None)),
+            Err(e) => {
+                return Err(std::io::Error::other(format!(
+                    "asking the server for its hash: {e}"
+                )))
+            }
+        }
+    } else {
+        st.verified.unwrap_or_default()
+    };
+    let local = ctx.cache.local_path(rel);
+    let gate = ctx.gate.clone();
+    gate.wait().await;
+    let mine = background::run_long(move || crate::hash_file(&local)).await??;
+    if mine != expected {
+        tracing::warn!(
+            "/{}: the local copy is not the one verified (changed locally?): fetching it again",
+            String::from_utf8_lossy(rel)
+        );
+        return Ok(FileOutcome::Mismatch);
+    }
+    ctx.progress.files_verified.fetch_add(1, Ordering::Relaxed);
+    ctx.progress
+        .bytes_done
+        .fetch_add(attr.size, Ordering::Relaxed);
+    set_and_stamp(ctx, rel, st.generation, attr).await?;
+    Ok(FileOutcome::Done)
+}
+
+/// When the server's file differs from the verified local copy's version in its ctime only
+/// (`chmod`, `chown`, a new hard link, or a journal written before versions had ctimes),
+/// and the server's hash of it now is the one the copy matched, the copy is recorded as
+/// holding the new version (nothing fetched); [`recheck_verified`] then checks the local
+/// file itself. Otherwise nothing changes here (the copy is then fetched again).
+async fn rebase_if_ctime_only(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Result<()> {
+    let version = attr.version();
+    let Some(st) = ctx.cache.state(rel) else {
+        return Ok(());
+    };
+    let Some(verified) = st.verified else {
+        return Ok(());
+    };
+    if !st.complete() || !st.version.differs_in_ctime_only(&version) {
+        return Ok(());
+    }
+    let theirs = if attr.size == 0 {
+        *blake3::hash(b"").as_bytes()
+    } else {
+        match ctx.client.hash(remote_path(&ctx.root, rel)).await {
+            Ok(h) if h.version == version => h.blake3,
+            _ => return Ok(()),
+        }
+    };
+    if theirs == verified {
+        ctx.sync.flush().await;
+        ctx.cache.rebase(rel, st.generation, version);
+    }
+    Ok(())
 }
 
 /// Runs `write` (of `len` bytes of a fetched chunk) on the background threads once the

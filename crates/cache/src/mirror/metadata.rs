@@ -6,7 +6,7 @@ use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use ferry_proto::{Attr, FileKind};
+use ferry_proto::{Attr, FileKind, Timestamp, Version};
 
 /// Sets the mode and access/modification times of an open regular file.
 pub(super) fn set_file_metadata(f: &File, attr: &Attr) -> std::io::Result<()> {
@@ -51,4 +51,25 @@ pub(super) fn set_metadata(local: &Path, attr: &Attr, mode: bool) -> std::io::Re
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     )?;
     Ok(())
+}
+
+/// The identity and times of a local file as a stamp (see
+/// [`crate::state::FileState::stamp`]): inode, size, mtime and ctime.
+pub(crate) fn stamp_of(m: &std::fs::Metadata) -> Version {
+    use std::os::unix::fs::MetadataExt;
+    let t = |sec: i64, nsec: i64| Timestamp {
+        sec,
+        nsec: nsec.clamp(0, 999_999_999) as u32,
+    };
+    Version {
+        ino: m.ino(),
+        size: m.size(),
+        mtime: t(m.mtime(), m.mtime_nsec()),
+        ctime: t(m.ctime(), m.ctime_nsec()),
+    }
+}
+
+/// The stamp of the local file at `local` (not following a final symlink).
+pub(super) fn local_stamp(local: &Path) -> std::io::Result<Version> {
+    Ok(stamp_of(&std::fs::symlink_metadata(local)?))
 }

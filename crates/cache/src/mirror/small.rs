@@ -13,7 +13,7 @@ use ferry_proto::Attr;
 use super::chunked::write_queued;
 use super::fetch::{fetch_chunk, ChunkError};
 use super::file::FileOutcome;
-use super::metadata::set_file_metadata;
+use super::metadata::{set_file_metadata, stamp_of};
 use super::verify;
 use super::{remote_path, Ctx, UNIT};
 
@@ -63,21 +63,22 @@ pub(super) async fn copy_small_file(
         Err(ChunkError::Io(e)) => return Err(e),
     };
     let verify = ctx.cfg.verify;
-    let (file, generation, mine) = {
+    let (file, generation, mine, stamp) = {
         let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data);
         write_queued(
             ctx,
             d.len(),
-            move || -> std::io::Result<(File, u64, [u8; 32])> {
+            move || -> std::io::Result<(File, u64, [u8; 32], ferry_proto::Version)> {
                 let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
                 std::io::Write::write_all(&mut f, &d)?;
                 set_file_metadata(&f, &a)?;
+                let stamp = stamp_of(&f.metadata()?);
                 let mine = if verify {
                     *blake3::hash(&d).as_bytes()
                 } else {
                     [0; 32]
                 };
-                Ok((f, generation, mine))
+                Ok((f, generation, mine, stamp))
             },
         )
         .await
@@ -94,6 +95,7 @@ pub(super) async fn copy_small_file(
         if let Some(o) = verdict.await.with_taken_back(ctx, attr.size) {
             return o;
         }
+        ctx.sync.stamped(rel.clone(), generation, stamp);
     }
     Ok(FileOutcome::Done)
 }

@@ -23,6 +23,9 @@ pub struct FileState {
     present_count: u64,
     /// The server's BLAKE3 the whole local file matched, once verified.
     pub verified: Option<[u8; 32]>,
+    /// The local file's inode, size, mtime and ctime once verified and its metadata set:
+    /// while the local file still shows them, it is that verified copy.
+    pub stamp: Option<Version>,
     /// Which start of the file this is (in memory only; 0 after a replay). Every
     /// [`CacheDir::restart_file`](super::CacheDir::restart_file) gives a new one, so a chunk written to an older inode of
     /// the file is never recorded as present in the new one.
@@ -41,6 +44,7 @@ impl FileState {
             present: vec![0; chunks.div_ceil(64) as usize],
             present_count: 0,
             verified: None,
+            stamp: None,
             generation: 0,
             ready: true,
         }
@@ -116,6 +120,12 @@ impl FileState {
                 for i in *first..first.saturating_add(u64::from(*count)) {
                     self.set(i);
                 }
+                self.stamp = None;
+            }
+            Record::Stamp { stamp, .. } => {
+                if self.verified.is_some() {
+                    self.stamp = Some(*stamp);
+                }
             }
             Record::Verified { blake3, .. } => {
                 if self.complete() {
@@ -162,6 +172,7 @@ mod tests {
             ino: 1,
             size,
             mtime: Timestamp { sec: 1, nsec: 2 },
+            ctime: Timestamp { sec: 1, nsec: 2 },
         }
     }
 

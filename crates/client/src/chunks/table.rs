@@ -147,6 +147,7 @@ mod tests {
             ino: n,
             size: 10,
             mtime: Timestamp { sec: 1, nsec: 0 },
+            ctime: Timestamp { sec: 1, nsec: 0 },
         }
     }
 

@@ -202,6 +202,7 @@ mod tests {
                 ino: 1,
                 size: 1 << 20,
                 mtime: Timestamp { sec: 1, nsec: 0 },
+                ctime: Timestamp { sec: 1, nsec: 0 },
             },
             path: Bytes::from_static(b"f"),
         }

@@ -11,7 +11,9 @@ use bytes::{Bytes, BytesMut};
 use super::{HandshakeError, Inbox, Outbox};
 use crate::auth::{self, Token};
 use crate::message::{AuthMethod, AuthProof, Handshake, Hello, Welcome};
-use crate::{FRAME_OVERHEAD, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, PROTOCOL_VERSION};
+use crate::{
+    FRAME_OVERHEAD, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+};
 
 /// The client's token and the fresh random nonce for this connection's proof.
 #[derive(Debug, Clone)]
@@ -155,6 +157,9 @@ impl ClientHandshake {
 
     /// Checks the Welcome; answers a challenge (then waits for AuthOk) or completes.
     fn welcome(&mut self, welcome: Welcome) -> Result<Option<Established>, HandshakeError> {
+        if welcome.version < MIN_PROTOCOL_VERSION {
+            return Err(HandshakeError::ServerTooOld(welcome.version));
+        }
         if !usable(&welcome) {
             return Err(HandshakeError::UnusableWelcome(Box::new(welcome)));
         }

@@ -13,7 +13,10 @@ use super::{HandshakeError, Inbox, Outbox};
 use crate::auth::{self, Token};
 use crate::message::{AuthMethod, AuthOk, Handshake, Hello, Welcome};
 use crate::status::Status;
-use crate::{features, FRAME_OVERHEAD, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, PROTOCOL_VERSION};
+use crate::{
+    features, FRAME_OVERHEAD, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+};
 
 /// The server's token and the fresh random challenge for this connection.
 #[derive(Debug, Clone)]
@@ -173,6 +176,14 @@ impl ServerHandshake {
                 version: hello.version,
                 chunk_size: hello.chunk_size,
             };
+            self.outbox.push(&Handshake::Failed {
+                status: Status::Unsupported,
+                message: e.to_string(),
+            });
+            return Err(e);
+        }
+        if hello.version < MIN_PROTOCOL_VERSION {
+            let e = HandshakeError::ClientTooOld(hello.version);
             self.outbox.push(&Handshake::Failed {
                 status: Status::Unsupported,
                 message: e.to_string(),

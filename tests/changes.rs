@@ -1,0 +1,343 @@
+//! Files that change on the server while they are read, end to end: a real ferryd, a real
+//! FUSE mount, a slowed reader (this process, reading a MiB at a time, or `pv -L`), the
+//! change made on the server's disk in the middle of the read. Whatever the reader gets
+//! with success is one whole version (an append or an in-place rewrite: bytes the file held
+//! at each offset); otherwise its read fails. Never a splice of two inodes, never zeros past
+//! a shrink. Then close-to-open (a copy started after a change gets the new file), and
+//! `ferry mirror` after changes on the server and in the local copy.
+
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ferry_tests::{bin, run, set_mtime, TestMount, TestServer};
+use rand::{RngCore, SeedableRng};
+
+const MIB: usize = 1 << 20;
+/// Small enough that reads after the change go to the server, not to chunks held.
+const MOUNT_ARGS: &[&str] = &["--chunk-memory", "4", "--max-window", "2"];
+
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+fn setup(len: usize) -> (tempfile::TempDir, TestServer, Vec<u8>) {
+    let export = tempfile::tempdir().unwrap();
+    let data = random(len, 1);
+    std::fs::write(export.path().join("f"), &data).unwrap();
+    let server = TestServer::start(export.path());
+    (export, server, data)
+}
+
+/// Reads `path` a MiB at a time with a pause after each, calling `change` once `at` bytes
+/// were read; returns what was read and the error that ended the read, if any.
+fn slow_read(path: &Path, at: usize, change: impl FnOnce()) -> (Vec<u8>, Option<std::io::Error>) {
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut out = Vec::new();
+    let mut change = Some(change);
+    let mut buf = vec![0u8; MIB];
+    loop {
+        if out.len() >= at {
+            if let Some(c) = change.take() {
+                c();
+            }
+        }
+        match f.read(&mut buf) {
+            Ok(0) => return (out, None),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) => return (out, Some(e)),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The first offset where `got` holds a byte that is neither `a`'s nor `b`'s there.
+fn foreign_byte(got: &[u8], a: &[u8], b: &[u8]) -> Option<usize> {
+    (0..got.len()).find(|&i| a.get(i) != Some(&got[i]) && b.get(i) != Some(&got[i]))
+}
+
+#[test]
+fn a_file_renamed_over_while_read_is_never_spliced() {
+    let (export, server, old) = setup(48 * MIB);
+    let m = TestMount::mount(&server.addr, MOUNT_ARGS);
+    let new = random(48 * MIB, 2);
+    let (got, err) = slow_read(&m.path().join("f"), 8 * MIB, || {
+        let tmp = export.path().join(".f.new");
+        std::fs::write(&tmp, &new).unwrap();
+        std::fs::rename(&tmp, export.path().join("f")).unwrap();
+    });
+    match err {
+        None => assert!(got == old, "exit 0 must mean the whole old version"),
+        Some(e) => {
+            assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+            assert!(got.len() < old.len() && got[..] == old[..got.len()]);
+        }
+    }
+    // A new open (after the open TTL) reads the new file whole.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(std::fs::read(m.path().join("f")).unwrap() == new);
+}
+
+#[test]
+fn a_file_truncated_while_read_gives_no_invented_zeros() {
+    let (export, server, old) = setup(48 * MIB);
+    let m = TestMount::mount(&server.addr, MOUNT_ARGS);
+    let (got, err) = slow_read(&m.path().join("f"), 8 * MIB, || {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(export.path().join("f"))
+            .unwrap();
+        f.set_len(20 * MIB as u64).unwrap();
+    });
+    // Every byte returned is the file's (old and new agree below 20 MiB).
+    assert!(
+        got.len() <= old.len() && got[..] == old[..got.len()],
+        "bytes not the file's"
+    );
+    match err {
+        // Exit 0: a prefix no shorter than the new size.
+        None => assert!(
+            got.len() >= 20 * MIB,
+            "short read at {} without an error",
+            got.len()
+        ),
+        Some(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}"),
+    }
+}
+
+/// Rewrites `f` in place (same size) with `new`, then puts its mtime back.
+fn rewrite_in_place_keeping_mtime(f: &Path, new: &[u8]) {
+    let m = std::fs::metadata(f).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(f)
+        .and_then(|mut h| std::io::Write::write_all(&mut h, new))
+        .unwrap();
+    set_mtime(f, m.mtime(), m.mtime_nsec());
+}
+
+#[test]
+fn an_in_place_rewrite_gives_bytes_the_file_held_and_strict_refuses_it() {
+    let (export, server, old) = setup(48 * MIB);
+    let new = random(48 * MIB, 3);
+    let m = TestMount::mount(&server.addr, MOUNT_ARGS);
+    let (got, err) = slow_read(&m.path().join("f"), 8 * MIB, || {
+        rewrite_in_place_keeping_mtime(&export.path().join("f"), &new);
+    });
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(got.len(), old.len());
+    assert_eq!(foreign_byte(&got, &old, &new), None);
+    assert!(
+        got != old,
+        "the rewrite went unseen: the ctime is part of a version"
+    );
+
+    // -o strict: one version per handle, or EIO.
+    std::fs::write(export.path().join("f"), &old).unwrap();
+    let mut args = MOUNT_ARGS.to_vec();
+    args.extend(["-o", "strict"]);
+    let m = TestMount::mount(&server.addr, &args);
+    let (got, err) = slow_read(&m.path().join("f"), 8 * MIB, || {
+        rewrite_in_place_keeping_mtime(&export.path().join("f"), &new);
+    });
+    match err {
+        None => assert!(
+            got == old,
+            "strict and exit 0 must mean the whole old version"
+        ),
+        Some(e) => {
+            assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+            assert!(got[..] == old[..got.len()], "strict mixed versions");
+        }
+    }
+}
+
+#[test]
+fn an_open_after_an_append_reads_the_whole_new_file() {
+    let (export, server, old) = setup(16 * MIB);
+    let m = TestMount::mount(&server.addr, &[]);
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("copy");
+    run(Command::new("cp").arg(m.path().join("f")).arg(&copy));
+    assert!(std::fs::read(&copy).unwrap() == old);
+    let more = random(5 * MIB, 4);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(export.path().join("f"))
+        .and_then(|mut h| std::io::Write::write_all(&mut h, &more))
+        .unwrap();
+    // Past the open TTL (1 s), well within the kernel's attribute timeout (10 s).
+    std::thread::sleep(Duration::from_millis(1500));
+    run(Command::new("cp").arg(m.path().join("f")).arg(&copy));
+    let got = std::fs::read(&copy).unwrap();
+    assert_eq!(
+        got.len(),
+        old.len() + more.len(),
+        "the copy missed the append"
+    );
+    assert!(got[..old.len()] == old[..] && got[old.len()..] == more[..]);
+}
+
+#[test]
+fn pv_reading_a_file_renamed_over_never_exits_0_with_a_splice() {
+    let (export, server, old) = setup(32 * MIB);
+    let m = TestMount::mount(&server.addr, MOUNT_ARGS);
+    let dst = tempfile::tempdir().unwrap();
+    let out = std::fs::File::create(dst.path().join("out")).unwrap();
+    let mut pv = Command::new("pv")
+        .args(["-q", "-L", "8m"])
+        .arg(m.path().join("f"))
+        .stdout(out)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let new = random(32 * MIB, 5);
+    let tmp = export.path().join(".f.new");
+    std::fs::write(&tmp, &new).unwrap();
+    std::fs::rename(&tmp, export.path().join("f")).unwrap();
+    let ok = pv.wait().unwrap().success();
+    let got = std::fs::read(dst.path().join("out")).unwrap();
+    if ok {
+        assert!(got == old || got == new, "pv exited 0 with a splice");
+    } else {
+        assert!(got[..] == old[..got.len()]);
+    }
+}
+
+fn status_json(dir: &Path) -> serde_json::Value {
+    let out = run(Command::new(bin("ferry"))
+        .arg("status")
+        .arg(dir)
+        .arg("--json"));
+    serde_json::from_str(&out).unwrap()
+}
+
+fn mirror(server: &TestServer, dir: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(bin("ferry"))
+        .arg("mirror")
+        .arg(&server.addr)
+        .arg(dir)
+        .arg("--quiet")
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn mirror_after_an_in_place_rewrite_that_kept_the_mtime_copies_the_new_bytes() {
+    let (export, server, _) = setup(3 * MIB);
+    let dst = tempfile::tempdir().unwrap();
+    let out = mirror(&server, dst.path(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let new = random(3 * MIB, 6);
+    rewrite_in_place_keeping_mtime(&export.path().join("f"), &new);
+    let out = mirror(&server, dst.path(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(dst.path().join("f")).unwrap() == new);
+}
+
+#[test]
+fn mirror_rerun_finds_a_local_edit_and_fetches_the_file_again() {
+    let (export, server, data) = setup(3 * MIB);
+    std::fs::write(export.path().join("small"), b"hello, world\n").unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    assert!(mirror(&server, dst.path(), &[]).status.success());
+    let src_mtime = std::fs::metadata(export.path().join("f")).unwrap().mtime();
+    // A same-size local edit that puts the mtime back; a local touch of another file.
+    let local = dst.path().join("f");
+    let m = std::fs::metadata(&local).unwrap();
+    let mut edited = data.clone();
+    edited[MIB + 7] ^= 0xff;
+    std::fs::write(&local, &edited).unwrap();
+    set_mtime(&local, m.mtime(), m.mtime_nsec());
+    set_mtime(&dst.path().join("small"), 1_000_000, 0);
+    let out = mirror(&server, dst.path(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::read(&local).unwrap() == data,
+        "the local edit was kept"
+    );
+    assert_eq!(std::fs::metadata(&local).unwrap().mtime(), src_mtime);
+    assert_eq!(
+        std::fs::read(dst.path().join("small")).unwrap(),
+        b"hello, world\n"
+    );
+    assert_eq!(
+        std::fs::metadata(dst.path().join("small")).unwrap().mtime(),
+        std::fs::metadata(export.path().join("small"))
+            .unwrap()
+            .mtime()
+    );
+}
+
+#[test]
+fn mirror_checksum_verifies_every_file_again() {
+    let (_export, server, data) = setup(3 * MIB);
+    let dst = tempfile::tempdir().unwrap();
+    assert!(mirror(&server, dst.path(), &[]).status.success());
+    // A rerun trusts the stamped copy: nothing verified, nothing fetched.
+    assert!(mirror(&server, dst.path(), &[]).status.success());
+    let s = status_json(dst.path());
+    assert_eq!(
+        (s["files_verified"].as_u64(), s["bytes_fetched"].as_u64()),
+        (Some(0), Some(0))
+    );
+    // An edit that also puts back what the stamp records cannot be made by a user (the
+    // ctime), so --checksum is what a suspicious operator runs: every file read and
+    // compared with the server's hash again, nothing fetched.
+    let out = mirror(&server, dst.path(), &["--checksum"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = status_json(dst.path());
+    assert_eq!(
+        (s["files_verified"].as_u64(), s["bytes_fetched"].as_u64()),
+        (Some(1), Some(0))
+    );
+    assert!(std::fs::read(dst.path().join("f")).unwrap() == data);
+}
+
+#[test]
+fn mirror_after_a_chmod_on_the_server_fetches_nothing_again() {
+    let (export, server, data) = setup(8 * MIB);
+    let dst = tempfile::tempdir().unwrap();
+    assert!(mirror(&server, dst.path(), &[]).status.success());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        export.path().join("f"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let ino = std::fs::metadata(dst.path().join("f")).unwrap().ino();
+    let out = mirror(&server, dst.path(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = std::fs::metadata(dst.path().join("f")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o600);
+    assert_eq!(m.ino(), ino, "the copy was fetched again for a chmod");
+    assert!(std::fs::read(dst.path().join("f")).unwrap() == data);
+}
