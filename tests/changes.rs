@@ -341,3 +341,216 @@ fn mirror_after_a_chmod_on_the_server_fetches_nothing_again() {
     assert_eq!(m.ino(), ino, "the copy was fetched again for a chmod");
     assert!(std::fs::read(dst.path().join("f")).unwrap() == data);
 }
+
+/// A change made on the server in the property test below.
+#[derive(Debug, Clone)]
+enum Change {
+    /// Cut the file to this many bytes.
+    Truncate(usize),
+    /// Add this many random bytes at the end.
+    Append(usize),
+    /// Rewrite every byte in place (same size), then put the mtime back.
+    Rewrite,
+    /// Another file of this size takes the name (written aside, renamed over).
+    RenameOver(usize),
+}
+
+fn change() -> impl proptest::strategy::Strategy<Value = Change> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (0..10 * MIB).prop_map(Change::Truncate),
+        (1..3 * MIB).prop_map(Change::Append),
+        Just(Change::Rewrite),
+        (1..10 * MIB).prop_map(Change::RenameOver),
+    ]
+}
+
+/// Whether every byte of `got` (read at `at`) is the byte one of `versions` held there.
+fn held(got: &[u8], at: usize, versions: &[Vec<u8>]) -> Result<(), usize> {
+    const BLOCK: usize = 256;
+    for (b, block) in got.chunks(BLOCK).enumerate() {
+        let off = at + b * BLOCK;
+        let whole = |v: &Vec<u8>| v.get(off..off + block.len()) == Some(block);
+        if versions.iter().any(whole) {
+            continue;
+        }
+        for (i, byte) in block.iter().enumerate() {
+            if !versions.iter().any(|v| v.get(off + i) == Some(byte)) {
+                return Err(off + i);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The property: files changed on the server while a reader reads them through the mount
+/// (truncate, append, rewrite in place with the mtime put back, rename over, in any order,
+/// between any two reads of any size) — no read ever returns a byte that no version of the
+/// opened file held at that offset, a read ends (returns 0) only at a size one of them had,
+/// and every failure is EIO, ESTALE or ENOENT.
+#[test]
+fn no_read_returns_a_byte_no_version_of_the_file_held() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    use std::os::unix::fs::FileExt;
+    let export = tempfile::tempdir().unwrap();
+    let server = TestServer::start(export.path());
+    let m = TestMount::mount(&server.addr, MOUNT_ARGS);
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::cell::Cell::new(0u32);
+    let strategy = (
+        4 * MIB..12 * MIB,
+        proptest::collection::vec((0..8usize, change()), 1..4),
+        proptest::collection::vec(4096..MIB, 8..64),
+        any::<u64>(),
+    );
+    runner
+        .run(&strategy, |(size, changes, reads, seed)| {
+            case.set(case.get() + 1);
+            let name = format!("f{}", case.get());
+            let on_server = export.path().join(&name);
+            let first = random(size, seed);
+            std::fs::write(&on_server, &first).unwrap();
+            let mut ends = vec![(first.len(), first.len())];
+            let mut versions = vec![first];
+            let mut same_inode = true;
+            let f = std::fs::File::open(m.path().join(&name)).unwrap();
+            // No kernel readahead: each read reaches the mount (its own read-ahead is small).
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid open fd; the advice only changes readahead.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+            let mut pos = 0usize;
+            for (k, &len) in reads.iter().enumerate() {
+                for (i, (_, c)) in changes.iter().enumerate().filter(|(_, (at, _))| *at == k) {
+                    let now = if same_inode {
+                        versions.last().cloned().unwrap_or_default()
+                    } else {
+                        std::fs::read(&on_server).unwrap()
+                    };
+                    let before = now.len();
+                    let next = match c {
+                        Change::Truncate(n) => {
+                            // set_len past the end extends with zeros.
+                            let mut v = now;
+                            v.resize(*n, 0);
+                            v
+                        }
+                        Change::Append(n) => [now, random(*n, seed ^ i as u64)].concat(),
+                        Change::Rewrite => random(now.len(), seed.rotate_left(i as u32 + 1)),
+                        Change::RenameOver(n) => random(*n, !seed ^ i as u64),
+                    };
+                    match c {
+                        Change::RenameOver(_) => {
+                            let tmp = export.path().join(format!(".{name}.new"));
+                            std::fs::write(&tmp, &next).unwrap();
+                            std::fs::rename(&tmp, &on_server).unwrap();
+                            same_inode = false;
+                        }
+                        Change::Rewrite => rewrite_in_place_keeping_mtime(&on_server, &next),
+                        Change::Truncate(n) => std::fs::OpenOptions::new()
+                            .write(true)
+                            .open(&on_server)
+                            .and_then(|h| h.set_len(*n as u64))
+                            .unwrap(),
+                        Change::Append(_) => std::fs::OpenOptions::new()
+                            .append(true)
+                            .open(&on_server)
+                            .and_then(|mut h| std::io::Write::write_all(&mut h, &next[before..]))
+                            .unwrap(),
+                    }
+                    if same_inode {
+                        // An append passes through every size in between.
+                        let grew = matches!(c, Change::Append(_));
+                        ends.push(if grew {
+                            (before, next.len())
+                        } else {
+                            (next.len(), next.len())
+                        });
+                        versions.push(next);
+                    }
+                }
+                let mut buf = vec![0u8; len];
+                match f.read_at(&mut buf, pos as u64) {
+                    Ok(0) => {
+                        prop_assert!(
+                            ends.iter().any(|&(lo, hi)| (lo..=hi).contains(&pos)),
+                            "end of file at {pos}: no version had that size"
+                        );
+                        break;
+                    }
+                    Ok(n) => {
+                        if let Err(off) = held(&buf[..n], pos, &versions) {
+                            prop_assert!(false, "byte at {off}: no version held it");
+                        }
+                        pos += n;
+                    }
+                    Err(e) => {
+                        let errno = e.raw_os_error().unwrap_or(0);
+                        prop_assert!(
+                            [libc::EIO, libc::ESTALE, libc::ENOENT].contains(&errno),
+                            "unexpected error {e}"
+                        );
+                        break;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn ferry_status_answers_at_once_with_the_server_down() {
+    let (_export, mut server, _) = setup(MIB);
+    let m = TestMount::mount(&server.addr, &["--attr-timeout", "1"]);
+    assert!(std::fs::read(m.path().join("f")).is_ok());
+    server.kill9();
+    // Past the attribute timeout: the kernel asks the mount about the root again.
+    std::thread::sleep(Duration::from_millis(1500));
+    // `timeout` guards against the old behaviour (a two-minute wait).
+    let out = Command::new("timeout")
+        .arg("20")
+        .arg(bin("ferry"))
+        .arg("status")
+        .arg(m.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("0 streams connected (server unreachable"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_removed_export_is_an_error_and_a_log_line() {
+    let outer = tempfile::tempdir().unwrap();
+    let export = outer.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    std::fs::write(export.join("f"), b"hello").unwrap();
+    let server = TestServer::start(&export);
+    let m = TestMount::mount(&server.addr, &["--attr-timeout", "0"]);
+    assert_eq!(std::fs::read(m.path().join("f")).unwrap(), b"hello");
+    std::fs::remove_dir_all(&export).unwrap();
+    std::fs::create_dir(&export).unwrap();
+    let err = std::fs::read_dir(m.path())
+        .and_then(|d| d.collect::<Result<Vec<_>, _>>())
+        .expect_err("a removed export must not list as an empty directory");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(
+        server
+            .log_text()
+            .contains("the export directory was removed"),
+        "{}",
+        server.log_text()
+    );
+}

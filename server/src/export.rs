@@ -18,7 +18,9 @@ use ferry_proto::{
     Attr, DataEntry, DataPage, DirEntry, DirPage, FileData, FileKind, StatFs, Status, Timestamp,
     Version,
 };
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::fs::{
+    AtFlags, FileType, Mode, OFlags, ResolveFlags, Statx, StatxFlags, StatxTimestamp,
+};
 use rustix::io::Errno;
 
 /// A failed operation: a protocol status and a detail for the log / client message.
@@ -71,12 +73,19 @@ pub struct Export {
     vanished: std::sync::atomic::AtomicBool,
 }
 
-/// Converts a `stat` result to protocol attributes.
-// The `stat` field types differ between architectures (u64 here, i64 elsewhere): the
-// casts are needed for portability even where they are no-ops.
-#[allow(clippy::unnecessary_cast)]
-pub(crate) fn attr_of(st: &Stat) -> Attr {
-    let kind = match FileType::from_raw_mode(st.st_mode) {
+/// `statx` of an open descriptor (the object itself, never a symlink's target): the basic
+/// fields and the birth time.
+pub(crate) fn fstatx(fd: impl AsFd) -> rustix::io::Result<Statx> {
+    rustix::fs::statx(fd, c"", AtFlags::EMPTY_PATH, STATX_WANTED)
+}
+
+/// What every `statx` asks for.
+const STATX_WANTED: StatxFlags = StatxFlags::BASIC_STATS.union(StatxFlags::BTIME);
+
+/// Converts a `statx` result to protocol attributes (the birth time is 0 where the file
+/// system does not report one).
+pub(crate) fn attr_of(st: &Statx) -> Attr {
+    let kind = match FileType::from_raw_mode(u32::from(st.stx_mode)) {
         FileType::RegularFile => FileKind::File,
         FileType::Directory => FileKind::Directory,
         FileType::Symlink => FileKind::Symlink,
@@ -86,23 +95,29 @@ pub(crate) fn attr_of(st: &Stat) -> Attr {
         FileType::Socket => FileKind::Socket,
         FileType::Unknown => FileKind::File,
     };
-    let ts = |sec: u64, nsec: u64| Timestamp {
-        sec: sec as i64,
-        nsec: (nsec as u32).min(999_999_999),
+    let ts = |t: &StatxTimestamp| Timestamp {
+        sec: t.tv_sec,
+        nsec: t.tv_nsec.min(999_999_999),
+    };
+    let btime = if st.stx_mask & StatxFlags::BTIME.bits() != 0 {
+        ts(&st.stx_btime)
+    } else {
+        Timestamp::default()
     };
     Attr {
-        ino: st.st_ino,
+        ino: st.stx_ino,
         kind,
-        perm: (st.st_mode & 0o7777) as u16,
-        nlink: st.st_nlink.min(u32::MAX as u64) as u32,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        rdev: st.st_rdev,
-        size: st.st_size.max(0) as u64,
-        blocks: st.st_blocks.max(0) as u64,
-        atime: ts(st.st_atime as u64, st.st_atime_nsec as u64),
-        mtime: ts(st.st_mtime as u64, st.st_mtime_nsec as u64),
-        ctime: ts(st.st_ctime as u64, st.st_ctime_nsec as u64),
+        perm: st.stx_mode & 0o7777,
+        nlink: st.stx_nlink,
+        uid: st.stx_uid,
+        gid: st.stx_gid,
+        rdev: rustix::fs::makedev(st.stx_rdev_major, st.stx_rdev_minor),
+        size: st.stx_size,
+        blocks: st.stx_blocks,
+        atime: ts(&st.stx_atime),
+        mtime: ts(&st.stx_mtime),
+        ctime: ts(&st.stx_ctime),
+        btime,
     }
 }
 
@@ -182,7 +197,7 @@ impl Export {
     /// Invalid or escaping path, missing object, symlink in a parent component.
     pub fn stat(&self, path: &[u8]) -> Result<Attr, OpError> {
         let fd = self.open_beneath(path, OFlags::PATH)?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| op_err(e, "stat", path))?;
+        let st = fstatx(&fd).map_err(|e| op_err(e, "stat", path))?;
         Ok(attr_of(&st))
     }
 
@@ -325,8 +340,12 @@ impl Export {
                 return Ok(false);
             }
             // statat on a single validated name with AT_SYMLINK_NOFOLLOW: no traversal.
-            let entry = match rustix::fs::statat(&dirfd, ent.file_name(), AtFlags::SYMLINK_NOFOLLOW)
-            {
+            let entry = match rustix::fs::statx(
+                &dirfd,
+                ent.file_name(),
+                AtFlags::SYMLINK_NOFOLLOW,
+                STATX_WANTED,
+            ) {
                 Ok(st) => DirEntry {
                     name: Bytes::copy_from_slice(name),
                     cookie: ent.offset() as u64,
@@ -358,7 +377,7 @@ impl Export {
             _ => return Err(OpError::new(Status::InvalidArgument, "not a regular file")),
         }
         let fd = self.open_beneath(path, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| op_err(e, "stat", path))?;
+        let st = fstatx(&fd).map_err(|e| op_err(e, "stat", path))?;
         let attr = attr_of(&st);
         if attr.kind != FileKind::File {
             // Replaced by something else between the two steps.
@@ -402,7 +421,7 @@ fn small_file(
         Mode::empty(),
     )
     .ok()?;
-    let attr = attr_of(&rustix::fs::fstat(&fd).ok()?);
+    let attr = attr_of(&fstatx(&fd).ok()?);
     if attr.kind != FileKind::File || attr.version() != entry.attr.version() {
         return None;
     }
@@ -465,8 +484,7 @@ pub fn read_at(
             }
         }
         let after = attr_of(
-            &rustix::fs::fstat(file.as_fd())
-                .map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
+            &fstatx(file.as_fd()).map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
         );
         if after.version() == before.version() {
             return Ok((Bytes::from(buf), after));
@@ -505,8 +523,7 @@ pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u
             }
         }
         let after = attr_of(
-            &rustix::fs::fstat(file.as_fd())
-                .map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
+            &fstatx(file.as_fd()).map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
         );
         if after.version() == before.version() && offset == after.size {
             return Ok((after.version(), *hasher.finalize().as_bytes()));

@@ -163,6 +163,7 @@ impl Record {
                             nsec: b.get_u32(),
                         },
                         ctime: Timestamp::default(),
+                        btime: Timestamp::default(),
                     },
                     chunk_size: b.get_u32(),
                 }
@@ -389,6 +390,7 @@ mod tests {
                     size: 3 << 20,
                     mtime: Timestamp { sec: -5, nsec: 9 },
                     ctime: Timestamp { sec: 6, nsec: 10 },
+                    btime: Timestamp::default(),
                 },
                 chunk_size: 1 << 20,
             },
@@ -408,6 +410,7 @@ mod tests {
                     size: 3 << 20,
                     mtime: Timestamp { sec: 1, nsec: 2 },
                     ctime: Timestamp { sec: 3, nsec: 4 },
+                    btime: Timestamp::default(),
                 },
             },
             Record::Forget {
@@ -506,6 +509,7 @@ mod tests {
                     size: 5,
                     mtime: Timestamp { sec: 100, nsec: 9 },
                     ctime: Timestamp::default(),
+                    btime: Timestamp::default(),
                 },
                 chunk_size: 1 << 20,
             }]

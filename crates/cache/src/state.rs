@@ -472,6 +472,7 @@ mod tests {
             size,
             mtime: Timestamp { sec: 1, nsec: 2 },
             ctime: Timestamp { sec: 1, nsec: 2 },
+            btime: Timestamp::default(),
         }
     }
 

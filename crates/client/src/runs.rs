@@ -143,6 +143,7 @@ mod tests {
                 atime: Timestamp::default(),
                 mtime: Timestamp::default(),
                 ctime: Timestamp::default(),
+                btime: Timestamp::default(),
             },
         }
     }

@@ -96,17 +96,31 @@ pub struct Version {
     pub mtime: Timestamp,
     /// Status change time to the nanosecond.
     pub ctime: Timestamp,
+    /// Birth time to the nanosecond (0 where the file system does not report one): with
+    /// the inode number, what tells a file from a later one that reuses its inode number
+    /// (ext4 hands a freed number out again at once).
+    pub btime: Timestamp,
 }
 
 impl Version {
     /// Encoded length in bytes.
-    pub const LEN: usize = 8 + 8 + 12 + 12;
+    pub const LEN: usize = 8 + 8 + 12 + 12 + 12;
 
-    /// Whether `other` differs from this version in its ctime only: the same inode, size and
+    /// Whether `other` is a version of the same file (the same inode number and birth
+    /// time), whatever its contents.
+    pub fn same_file(&self, other: &Version) -> bool {
+        self.ino == other.ino && self.btime == other.btime
+    }
+
+    /// Whether `other` differs from this version in its ctime only: the same file, size and
     /// mtime (a `chmod`, `chown`, a new hard link — or a rewrite in place that put the
-    /// mtime back). Bytes of one are not the other's without a check (a hash).
+    /// mtime back). Bytes of one are not the other's without a check (a hash). A birth
+    /// time of 0 on either side (not known: a record made before versions had one) does not
+    /// tell files apart here.
     pub fn differs_in_ctime_only(&self, other: &Version) -> bool {
+        let unknown = Timestamp::default();
         self.ino == other.ino
+            && (self.btime == other.btime || self.btime == unknown || other.btime == unknown)
             && self.size == other.size
             && self.mtime == other.mtime
             && self.ctime != other.ctime
@@ -118,6 +132,7 @@ impl Version {
         dst.put_u64(self.size);
         self.mtime.encode(dst);
         self.ctime.encode(dst);
+        self.btime.encode(dst);
     }
 
     /// Decodes from the front of `buf`.
@@ -127,6 +142,7 @@ impl Version {
             size: get_u64(buf, "version")?,
             mtime: Timestamp::decode(buf)?,
             ctime: Timestamp::decode(buf)?,
+            btime: Timestamp::decode(buf)?,
         })
     }
 }
@@ -158,11 +174,20 @@ pub struct Attr {
     pub mtime: Timestamp,
     /// Last status change.
     pub ctime: Timestamp,
+    /// Birth time (0 where the file system does not report one).
+    pub btime: Timestamp,
 }
 
 impl Attr {
     /// Encoded length in bytes.
-    pub const LEN: usize = 8 + 1 + 2 + 4 + 4 + 4 + 8 + 8 + 8 + 3 * 12;
+    pub const LEN: usize = 8 + 1 + 2 + 4 + 4 + 4 + 8 + 8 + 8 + 4 * 12;
+
+    /// Whether `other` describes the same object: the same inode number, birth time and
+    /// kind (a file replaced on the server, even by one that reuses its inode number, is
+    /// another object).
+    pub fn same_object(&self, other: &Attr) -> bool {
+        self.ino == other.ino && self.btime == other.btime && self.kind == other.kind
+    }
 
     /// The version of the contents these attributes describe.
     pub fn version(&self) -> Version {
@@ -171,6 +196,7 @@ impl Attr {
             size: self.size,
             mtime: self.mtime,
             ctime: self.ctime,
+            btime: self.btime,
         }
     }
 
@@ -188,6 +214,7 @@ impl Attr {
         self.atime.encode(dst);
         self.mtime.encode(dst);
         self.ctime.encode(dst);
+        self.btime.encode(dst);
     }
 
     /// Decodes from the front of `buf`.
@@ -214,6 +241,7 @@ impl Attr {
             atime: Timestamp::decode(buf)?,
             mtime: Timestamp::decode(buf)?,
             ctime: Timestamp::decode(buf)?,
+            btime: Timestamp::decode(buf)?,
         })
     }
 }

@@ -38,10 +38,14 @@ fn attr() -> impl Strategy<Value = Attr> {
             any::<u32>(),
         ),
         (any::<u64>(), any::<u64>(), any::<u64>()),
-        (timestamp(), timestamp(), timestamp()),
+        (timestamp(), timestamp(), timestamp(), timestamp()),
     )
         .prop_map(
-            |((ino, kind, perm, nlink, uid, gid), (rdev, size, blocks), (atime, mtime, ctime))| {
+            |(
+                (ino, kind, perm, nlink, uid, gid),
+                (rdev, size, blocks),
+                (atime, mtime, ctime, btime),
+            )| {
                 Attr {
                     ino,
                     kind,
@@ -55,6 +59,7 @@ fn attr() -> impl Strategy<Value = Attr> {
                     atime,
                     mtime,
                     ctime,
+                    btime,
                 }
             },
         )
@@ -326,4 +331,63 @@ fn dir_page_count_cannot_force_allocation() {
         body: body.freeze(),
     };
     assert!(Response::decode(f).is_err());
+}
+
+/// The hex dump under `heading` in docs/PROTOCOL.md (the first code block after it, or the
+/// `n`th), as bytes.
+fn doc_dump(heading: &str, n: usize) -> Vec<u8> {
+    let doc = include_str!("../../../docs/PROTOCOL.md");
+    let at = doc.find(heading).expect("heading in PROTOCOL.md");
+    let block = doc[at..].split("```").nth(2 * n + 1).expect("code block");
+    block
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .flat_map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>())
+        .map(|h| u8::from_str_radix(h, 16).expect("hex byte"))
+        .collect()
+}
+
+fn example_time() -> Timestamp {
+    Timestamp {
+        sec: 1_700_000_000,
+        nsec: 500_000_000,
+    }
+}
+
+#[test]
+fn the_worked_examples_of_protocol_md_are_what_the_encoders_produce() {
+    let t = example_time();
+    let attr = Attr {
+        ino: 0x1234,
+        kind: FileKind::File,
+        perm: 0o644,
+        nlink: 1,
+        uid: 1000,
+        gid: 1000,
+        rdev: 0,
+        size: 6,
+        blocks: 8,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        btime: t,
+    };
+    let mut got = BytesMut::new();
+    let tail = Response::Attr(attr).encode(2, &mut got);
+    got.extend_from_slice(&tail);
+    assert_eq!(got.to_vec(), doc_dump("### 13.4 Stat of `a`", 1), "§13.4");
+
+    let data = Bytes::from_static(b"hello\n");
+    let read = Response::Read(ReadData {
+        version: attr.version(),
+        encoding: Encoding::Raw,
+        decoded_len: 6,
+        checksum: xxhash_rust::xxh3::xxh3_64(&data),
+        file_hash: None,
+        data: data.clone(),
+    });
+    let mut got = BytesMut::new();
+    let tail = read.encode(3, &mut got);
+    got.extend_from_slice(&tail);
+    assert_eq!(got.to_vec(), doc_dump("### 13.5 Read of `a`", 1), "§13.5");
 }

@@ -92,7 +92,7 @@ impl InodeTable {
         let mut t = lock(&self.table);
         if let Some(&ino) = t.by_path.get(&path) {
             if let Some(node) = t.nodes.get_mut(&ino) {
-                if node.attr.ino == attr.ino && node.attr.kind == attr.kind {
+                if node.attr.same_object(&attr) {
                     // Keep the newer of what we hold and what arrives.
                     if fetched >= node.fetched {
                         node.attr = attr;
@@ -156,7 +156,7 @@ impl InodeTable {
     pub(super) fn refresh(&self, ino: u64, attr: Attr, fetched: Instant) -> Result<Version, Error> {
         let mut t = lock(&self.table);
         let n = t.nodes.get_mut(&ino).ok_or_else(stale)?;
-        if n.attr.ino != attr.ino || n.attr.kind != attr.kind {
+        if !n.attr.same_object(&attr) {
             return Err(Error::errno(
                 libc::ESTALE,
                 "replaced on the server (look it up again)",

@@ -86,6 +86,8 @@ pub(super) struct DirItem {
 /// A recent listing of one directory, in server order (the order `cp -r`, `rsync` and `tar`
 /// walk it in).
 struct Listing {
+    /// The directory's path.
+    path: Bytes,
     items: Arc<Vec<DirItem>>,
     index: HashMap<Bytes, usize>,
     /// Entries before this index have been handed to the prefetcher already.
@@ -97,8 +99,8 @@ struct Listing {
 }
 
 impl Listing {
-    /// A listing of `entries`, which the server gave at `listed`.
-    fn new(entries: Vec<DirEntry>, listed: Instant) -> Listing {
+    /// A listing of directory `path`: `entries`, which the server gave at `listed`.
+    fn new(path: Bytes, entries: Vec<DirEntry>, listed: Instant) -> Listing {
         let items: Vec<DirItem> = entries
             .into_iter()
             .map(|e| DirItem {
@@ -109,6 +111,7 @@ impl Listing {
             })
             .collect();
         Listing {
+            path,
             index: items
                 .iter()
                 .enumerate()
@@ -119,6 +122,36 @@ impl Listing {
             listed,
             refreshing: false,
         }
+    }
+}
+
+/// How many kept listings after one found too old for an open are listed again at once
+/// ([`refresh_following`]).
+const REFRESH_FOLLOWING: usize = 32;
+
+/// Lists again, in the background, up to [`REFRESH_FOLLOWING`] kept listings that follow
+/// `dir`'s in `ls.order` (the order they were first listed: a walk's) and are older than
+/// half of `max_age`.
+fn refresh_following(ls: &mut Listings, dir: u64, max_age: Duration, lister: &Lister) {
+    let Some(at) = ls.order.iter().position(|&d| d == dir) else {
+        return;
+    };
+    let next: Vec<u64> = ls.order.iter().skip(at + 1).copied().collect();
+    let mut started = 0;
+    for d in next {
+        if started >= REFRESH_FOLLOWING {
+            break;
+        }
+        let Some(l) = ls.by_dir.get_mut(&d) else {
+            continue;
+        };
+        if l.refreshing || l.listed.elapsed() < max_age / 2 {
+            continue;
+        }
+        let path = l.path.clone();
+        l.refreshing = true;
+        lister.refresh(d, path);
+        started += 1;
     }
 }
 
@@ -628,7 +661,7 @@ impl Lister {
         let me = self.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let got = me.client.read_dir(path).await;
+            let got = me.client.read_dir(path.clone()).await;
             let mut ls = lock(&me.listings);
             let Some(l) = ls.by_dir.get_mut(&parent) else {
                 return;
@@ -639,7 +672,7 @@ impl Lister {
                 let pipelined_until = l.pipelined_until;
                 *l = Listing {
                     pipelined_until,
-                    ..Listing::new(entries, started)
+                    ..Listing::new(path, entries, started)
                 };
             }
         });
@@ -717,7 +750,7 @@ impl Fs {
         if ahead {
             self.lister().list_subdirs_ahead(path, &entries);
         }
-        let listing = Listing::new(entries, listed);
+        let listing = Listing::new(path.clone(), entries, listed);
         let items = listing.items.clone();
         let mut ls = lock(&self.dirs.listings);
         if ls.by_dir.insert(ino, listing).is_none() {
@@ -770,6 +803,12 @@ impl Fs {
                 if age < max_age {
                     return Ok(l.index.get(name).map(|&i| (l.items[i].attr, l.listed)));
                 }
+                // Too old for this open: the directories kept after it are likely next
+                // (a walker that listed the tree first, as rsync does, opens files in the
+                // same order later): they are listed again now, in the background, so the
+                // walker's next opens find fresh listings instead of one round trip each.
+                let ls = &mut *ls;
+                refresh_following(ls, parent, max_age, &self.lister());
             }
         }
         // A listing fetched ahead for the directory answers too, and stays for its opendir.

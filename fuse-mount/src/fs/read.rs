@@ -136,7 +136,7 @@ impl Fs {
     ) -> Result<Bytes, Error> {
         let opened = h.key.version;
         let path = String::from_utf8_lossy(&h.key.path);
-        let (errno, why) = if version.ino != opened.ino {
+        let (errno, why) = if !version.same_file(&opened) {
             (libc::ESTALE, "was replaced (renamed over or recreated)")
         } else if self.cfg.strict {
             (

@@ -63,6 +63,7 @@ fn dot_attr(ino: u64) -> Attr {
         atime: Timestamp::default(),
         mtime: Timestamp::default(),
         ctime: Timestamp::default(),
+        btime: Timestamp::default(),
     }
 }
 

@@ -54,18 +54,27 @@ pub(super) fn set_metadata(local: &Path, attr: &Attr, mode: bool) -> std::io::Re
 }
 
 /// The identity and times of a local file as a stamp (see
-/// [`crate::state::FileState::stamp`]): inode, size, mtime and ctime.
+/// [`crate::state::FileState::stamp`]): inode, size, mtime, ctime and birth time.
 pub(crate) fn stamp_of(m: &std::fs::Metadata) -> Version {
     use std::os::unix::fs::MetadataExt;
     let t = |sec: i64, nsec: i64| Timestamp {
         sec,
         nsec: nsec.clamp(0, 999_999_999) as u32,
     };
+    let btime = m
+        .created()
+        .ok()
+        .and_then(|c| c.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(Timestamp::default(), |d| Timestamp {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        });
     Version {
         ino: m.ino(),
         size: m.size(),
         mtime: t(m.mtime(), m.mtime_nsec()),
         ctime: t(m.ctime(), m.ctime_nsec()),
+        btime,
     }
 }
 

@@ -148,6 +148,7 @@ mod tests {
             size: 10,
             mtime: Timestamp { sec: 1, nsec: 0 },
             ctime: Timestamp { sec: 1, nsec: 0 },
+            btime: Timestamp::default(),
         }
     }
 

@@ -203,6 +203,7 @@ mod tests {
                 size: 1 << 20,
                 mtime: Timestamp { sec: 1, nsec: 0 },
                 ctime: Timestamp { sec: 1, nsec: 0 },
+                btime: Timestamp::default(),
             },
             path: Bytes::from_static(b"f"),
         }
