@@ -261,6 +261,10 @@ where
                 "ReadDirData needs the DIR_DATA feature",
             ));
         }
+        if matches!(request, Request::IdNames { .. }) && welcome.features & features::ID_NAMES == 0
+        {
+            break Err(ConnError::Protocol("IdNames needs the ID_NAMES feature"));
+        }
         let permit = match inflight.clone().acquire_owned().await {
             Ok(p) => p,
             Err(_) => break Ok(()),

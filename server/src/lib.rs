@@ -11,6 +11,7 @@
 
 mod conn;
 pub mod export;
+mod names;
 pub mod tls;
 
 use std::future::Future;

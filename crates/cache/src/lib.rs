@@ -28,7 +28,7 @@ pub mod supervisor;
 pub mod syncer;
 
 pub use local::LocalCopy;
-pub use mirror::{Mirror, MirrorConfig, MirrorError};
+pub use mirror::{Mirror, MirrorConfig, MirrorError, Owners};
 pub use progress::{Faults, MountStatus, Progress, SchedulerStatus, State, Status};
 pub use state::{CacheDir, FileState};
 pub use supervisor::{MirrorPhase, MirrorSupervisor, MirrorTask};

@@ -43,6 +43,7 @@ mod chunked;
 mod fetch;
 mod file;
 pub(crate) mod metadata;
+mod owners;
 mod small;
 mod verify;
 mod walk;
@@ -68,6 +69,8 @@ use fetch::Limiter;
 use metadata::set_metadata;
 use walk::walk;
 
+pub use owners::Owners;
+
 /// Tunables of a mirror run.
 #[derive(Debug, Clone)]
 pub struct MirrorConfig {
@@ -88,6 +91,8 @@ pub struct MirrorConfig {
     pub checksum: bool,
     /// Cap on fetched bytes per second (wire bytes), if any.
     pub bwlimit: Option<u64>,
+    /// How owners are set (by name as root, by default).
+    pub owners: Owners,
     /// Longest time written chunks wait to be made durable and recorded.
     pub sync_interval: Duration,
 }
@@ -101,6 +106,7 @@ impl Default for MirrorConfig {
             listings_in_flight: 32,
             verify: true,
             checksum: false,
+            owners: Owners::Auto,
             bwlimit: None,
             sync_interval: Duration::from_secs(1),
         }
@@ -185,6 +191,8 @@ struct Ctx {
     gate: DemandGate,
     sync: Syncer,
     limiter: Option<Limiter>,
+    /// Server owners to local ones.
+    owners: owners::OwnerMap,
 }
 
 /// Units of the chunk memory semaphore.
@@ -289,6 +297,7 @@ impl Mirror {
             gate: gate.clone(),
             sync,
             limiter: self.cfg.bwlimit.map(Limiter::new),
+            owners: owners::OwnerMap::new(self.cfg.owners),
         });
         // Ends with the run, also when the run is dropped (a mount stopping its mirror).
         let status = StatusWriter::start(
@@ -301,17 +310,23 @@ impl Mirror {
 
         // Directory metadata last, deepest first: creating entries changes a directory's
         // mtime.
-        let mut dirs = dirs;
-        dirs.sort_by_key(|(rel, _)| {
+        let mut dirs: Vec<_> = dirs
+            .into_iter()
+            .map(|(rel, attr)| {
+                let owner = ctx.owners.local(&attr);
+                (rel, attr, owner)
+            })
+            .collect();
+        dirs.sort_by_key(|(rel, _, _)| {
             std::cmp::Reverse(
                 rel.iter().filter(|&&b| b == b'/').count() + usize::from(!rel.is_empty()),
             )
         });
         let (cache, progress) = (self.cache.clone(), self.progress.clone());
         let set = background::run(move || {
-            for (rel, attr) in &dirs {
+            for (rel, attr, owner) in &dirs {
                 let local = cache.local_path(rel);
-                if let Err(e) = set_metadata(&local, attr, true) {
+                if let Err(e) = set_metadata(&local, attr, true, *owner) {
                     progress.error(format!("{}: setting mode and times: {e}", local.display()));
                 }
             }

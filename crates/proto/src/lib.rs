@@ -42,7 +42,7 @@ pub use frame::{Frame, FrameCheck, FrameError, FRAME_HEADER_LEN};
 pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
 pub use message::{
     AuthMethod, AuthOk, AuthProof, DataEntry, DataPage, DirEntry, DirPage, FileData, FileHash,
-    Handshake, Hello, ReadData, Request, Response, StatFs, Welcome,
+    Handshake, Hello, Id, IdName, ReadData, Request, Response, StatFs, Welcome, MAX_ID_NAMES,
 };
 pub use payload::{Encoding, PayloadError};
 pub use status::Status;
@@ -70,8 +70,10 @@ pub mod features {
     /// The server answers [`crate::Request::ReadDirData`]: listings with the contents of
     /// their small files.
     pub const DIR_DATA: u64 = 1 << 4;
-    /// All features this build understands.
-    pub const ALL: u64 = LZ4 | HASH | READ_HASH | PRIORITY | DIR_DATA;
+    /// The server answers [`crate::Request::IdNames`]: names of user and group ids.
+    pub const ID_NAMES: u64 = 1 << 5;
+    /// Every feature this crate knows.
+    pub const ALL: u64 = LZ4 | HASH | READ_HASH | PRIORITY | DIR_DATA | ID_NAMES;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

@@ -40,6 +40,7 @@ const K_READLINK: u8 = 0x14;
 const K_STATFS: u8 = 0x15;
 const K_HASH: u8 = 0x16;
 const K_READDIR_DATA: u8 = 0x17;
+const K_ID_NAMES: u8 = 0x18;
 /// A success response's kind is its request's kind with this bit set.
 const RESPONSE_BIT: u8 = 0x80;
 // Success response kinds, named so that `match` sees them as constants: a duplicate arm is
@@ -53,6 +54,7 @@ const K_LINK: u8 = K_READLINK | RESPONSE_BIT;
 const K_STATFS_DATA: u8 = K_STATFS | RESPONSE_BIT;
 const K_HASH_DATA: u8 = K_HASH | RESPONSE_BIT;
 const K_DIR_DATA: u8 = K_READDIR_DATA | RESPONSE_BIT;
+const K_ID_NAMES_DATA: u8 = K_ID_NAMES | RESPONSE_BIT;
 /// In a Read response's encoding byte: the whole file's BLAKE3 follows the checksum.
 const FILE_HASH_FLAG: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
@@ -205,6 +207,58 @@ pub enum Request {
         /// How urgent the listing is (anything but demand requires PRIORITY).
         class: Class,
     },
+    /// The names of user and group ids on the server (requires the ID_NAMES feature), so
+    /// a copy can map owners by name as tar and rsync do. At most [`MAX_ID_NAMES`] ids.
+    /// Answer: [`Response::IdNames`].
+    IdNames {
+        /// The ids asked about.
+        ids: Vec<Id>,
+    },
+}
+
+/// Most ids one [`Request::IdNames`] may ask about.
+pub const MAX_ID_NAMES: usize = 1024;
+
+/// A user or a group id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Id {
+    /// A user id.
+    User(u32),
+    /// A group id.
+    Group(u32),
+}
+
+impl Id {
+    fn encode(&self, b: &mut BytesMut) {
+        let (kind, id) = match self {
+            Id::User(u) => (0u8, *u),
+            Id::Group(g) => (1u8, *g),
+        };
+        b.put_u8(kind);
+        b.put_u32(id);
+    }
+
+    fn decode(b: &mut Bytes) -> Result<Id, DecodeError> {
+        let kind = get_u8(b, "id kind")?;
+        let id = get_u32(b, "id")?;
+        match kind {
+            0 => Ok(Id::User(id)),
+            1 => Ok(Id::Group(id)),
+            k => Err(DecodeError::InvalidValue {
+                field: "id kind",
+                value: k.into(),
+            }),
+        }
+    }
+}
+
+/// The name of one id on the server: empty when it has none there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdName {
+    /// The id.
+    pub id: Id,
+    /// Its name (at most 255 bytes), empty when the server knows none.
+    pub name: Bytes,
 }
 
 /// The BLAKE3 of a whole file and the version it was computed over.
@@ -327,6 +381,8 @@ pub enum Response {
     StatFs(StatFs),
     /// Answer to [`Request::Hash`].
     Hash(FileHash),
+    /// Answer to [`Request::IdNames`]: one entry per id asked about, in the same order.
+    IdNames(Vec<IdName>),
     /// Answer to [`Request::ReadDirData`].
     DirData(DataPage),
     /// Any request failed.
@@ -476,6 +532,7 @@ impl Request {
             Request::StatFs => K_STATFS,
             Request::Hash { .. } => K_HASH,
             Request::ReadDirData { .. } => K_READDIR_DATA,
+            Request::IdNames { .. } => K_ID_NAMES,
         }
     }
 
@@ -521,6 +578,12 @@ impl Request {
                 b.put_u32(*max_entries);
                 b.put_u32(*max_file);
                 put_read_flags(&mut b, *allow_lz4, *class);
+            }
+            Request::IdNames { ids } => {
+                b.put_u16(ids.len() as u16);
+                for id in ids {
+                    id.encode(&mut b);
+                }
             }
         }
         put_frame(dst, self.kind(), request_id, &b);
@@ -573,6 +636,19 @@ impl Request {
                     allow_lz4,
                     class,
                 }
+            }
+            K_ID_NAMES => {
+                let n = get_u16(&mut b, "id count")? as usize;
+                if n > MAX_ID_NAMES {
+                    return Err(DecodeError::InvalidValue {
+                        field: "id count",
+                        value: n as u64,
+                    });
+                }
+                let ids = (0..n)
+                    .map(|_| Id::decode(&mut b))
+                    .collect::<Result<_, _>>()?;
+                Request::IdNames { ids }
             }
             k => return Err(DecodeError::UnknownKind(k)),
         };
@@ -640,6 +716,7 @@ impl Response {
             Response::Link(_) => K_LINK,
             Response::StatFs(_) => K_STATFS_DATA,
             Response::Hash(_) => K_HASH_DATA,
+            Response::IdNames(_) => K_ID_NAMES_DATA,
             Response::DirData(_) => K_DIR_DATA,
             Response::Error { .. } => K_ERROR,
         }
@@ -713,6 +790,13 @@ impl Response {
             Response::Hash(h) => {
                 h.version.encode(&mut b);
                 b.put_slice(&h.blake3);
+            }
+            Response::IdNames(names) => {
+                b.put_u16(names.len() as u16);
+                for n in names {
+                    n.id.encode(&mut b);
+                    put_bytes16(&mut b, &n.name);
+                }
             }
             Response::Error { status, message } => {
                 encode_error(head, request_id, *status, message);
@@ -818,6 +902,28 @@ impl Response {
                 version: Version::decode(&mut b)?,
                 blake3: get_array(&mut b, "blake3")?,
             }),
+            K_ID_NAMES_DATA => {
+                let n = get_u16(&mut b, "id count")? as usize;
+                if n > MAX_ID_NAMES {
+                    return Err(DecodeError::InvalidValue {
+                        field: "id count",
+                        value: n as u64,
+                    });
+                }
+                let mut names = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let id = Id::decode(&mut b)?;
+                    let name = get_bytes16(&mut b, "id name")?;
+                    if name.len() > 255 {
+                        return Err(DecodeError::InvalidValue {
+                            field: "id name length",
+                            value: name.len() as u64,
+                        });
+                    }
+                    names.push(IdName { id, name });
+                }
+                Response::IdNames(names)
+            }
             K_ERROR => {
                 let (status, message) = decode_error(b)?;
                 if status == Status::Ok {

@@ -115,12 +115,32 @@ fn request() -> impl Strategy<Value = Request> {
                     class,
                 }
             }),
+        proptest::collection::vec(id(), 0..40).prop_map(|ids| Request::IdNames { ids }),
+    ]
+}
+
+fn id() -> impl Strategy<Value = Id> {
+    prop_oneof![
+        any::<u32>().prop_map(Id::User),
+        any::<u32>().prop_map(Id::Group)
     ]
 }
 
 fn response() -> impl Strategy<Value = Response> {
     prop_oneof![
         Just(Response::Pong),
+        proptest::collection::vec(
+            (id(), proptest::collection::vec(any::<u8>(), 0..=255)),
+            0..20
+        )
+        .prop_map(|v| Response::IdNames(
+            v.into_iter()
+                .map(|(id, name)| IdName {
+                    id,
+                    name: Bytes::from(name)
+                })
+                .collect()
+        )),
         attr().prop_map(Response::Attr),
         (
             proptest::collection::vec((bytes16(), any::<u64>(), attr()), 0..20),

@@ -86,6 +86,14 @@ pub struct MirrorArgs {
     /// size, mtime and ctime are still the ones recorded then).
     #[arg(long, conflicts_with = "no_verify")]
     pub checksum: bool,
+    /// Owners by the server's numbers, not mapped by name (when run as root; otherwise
+    /// owners are left alone).
+    #[arg(long)]
+    pub numeric_ids: bool,
+    /// Give everything this owner and/or group (names or numbers): USER, USER:GROUP or
+    /// :GROUP; the other, if not given, as the source's (mapped by name).
+    #[arg(long, value_name = "USER:GROUP", conflicts_with = "numeric_ids")]
+    pub chown: Option<String>,
     /// No progress output (a bar on a terminal; otherwise a plain line every 5 s).
     #[arg(short, long)]
     pub quiet: bool,

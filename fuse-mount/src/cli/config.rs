@@ -28,12 +28,58 @@ pub fn mirror_options(a: MirrorArgs) -> anyhow::Result<MirrorOptions> {
             chunk_memory: a.chunk_memory.max(1) << 20,
             verify: !a.no_verify,
             checksum: a.checksum,
+            owners: owners(a.numeric_ids, a.chown.as_deref())?,
             bwlimit: a.bwlimit,
             ..ferry_cache::MirrorConfig::default()
         },
         progress: !a.quiet,
         metrics: a.net.metrics,
     })
+}
+
+/// How `ferry mirror` sets owners, from `--numeric-ids` and `--chown USER:GROUP`.
+fn owners(numeric: bool, chown: Option<&str>) -> anyhow::Result<ferry_cache::Owners> {
+    use nix::unistd::{Group, User};
+    let Some(spec) = chown else {
+        return Ok(if numeric {
+            ferry_cache::Owners::Numeric
+        } else {
+            ferry_cache::Owners::Auto
+        });
+    };
+    let (user, group) = match spec.split_once(':') {
+        Some((u, g)) => (u, g),
+        None => (spec, ""),
+    };
+    anyhow::ensure!(
+        !user.is_empty() || !group.is_empty(),
+        "--chown {spec}: give USER, USER:GROUP or :GROUP"
+    );
+    let uid = match user {
+        "" => None,
+        u => Some(match u.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => User::from_name(u)
+                .ok()
+                .flatten()
+                .ok_or_else(|| anyhow::anyhow!("--chown {spec}: no user named {u} here"))?
+                .uid
+                .as_raw(),
+        }),
+    };
+    let gid = match group {
+        "" => None,
+        g => Some(match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => Group::from_name(g)
+                .ok()
+                .flatten()
+                .ok_or_else(|| anyhow::anyhow!("--chown {spec}: no group named {g} here"))?
+                .gid
+                .as_raw(),
+        }),
+    };
+    Ok(ferry_cache::Owners::Chown { uid, gid })
 }
 
 /// The remote and the connection settings `mount` and `mirror` share, checked.

@@ -184,6 +184,9 @@ pub(crate) async fn handle(
             .await
             .map(Response::Hash)
         }
+        Request::IdNames { ids } => blocking(move || Ok(crate::names::names(&ids)))
+            .await
+            .map(Response::IdNames),
         Request::ReadDir {
             path,
             cookie,

@@ -186,9 +186,9 @@ pub(super) async fn set_and_stamp(
     generation: u64,
     attr: &Attr,
 ) -> std::io::Result<()> {
-    let (local, a) = (ctx.cache.local_path(rel), *attr);
+    let (local, a, owner) = (ctx.cache.local_path(rel), *attr, ctx.owners.local(attr));
     let stamp = background::run(move || {
-        set_metadata(&local, &a, true)?;
+        set_metadata(&local, &a, true, owner)?;
         local_stamp(&local)
     })
     .await??;
@@ -217,7 +217,11 @@ async fn recheck_verified(
         // by a mount's readers has not had them set yet).
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let same = m.permissions().mode() & 0o7777 == u32::from(attr.perm)
-            && (m.mtime(), m.mtime_nsec()) == (attr.mtime.sec, i64::from(attr.mtime.nsec));
+            && (m.mtime(), m.mtime_nsec()) == (attr.mtime.sec, i64::from(attr.mtime.nsec))
+            && ctx
+                .owners
+                .local(attr)
+                .is_none_or(|(u, g)| (m.uid(), m.gid()) == (u, g));
         if !same {
             set_and_stamp(ctx, rel, st.generation, attr).await?;
         }

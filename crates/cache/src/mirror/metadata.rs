@@ -1,5 +1,6 @@
-//! Metadata of local entries: modes and nanosecond access/modification times as the
-//! source's (ownership is not copied). Blocking system calls: callers run them on the
+//! Metadata of local entries: owners (see `owners.rs`), modes and nanosecond
+//! access/modification times as the source's. The owner goes first: `chown` clears the
+//! setuid and setgid bits, which the mode then sets. Blocking system calls: callers run them on the
 //! background threads ([`crate::background`]).
 
 use std::fs::File;
@@ -8,8 +9,15 @@ use std::path::Path;
 
 use ferry_proto::{Attr, FileKind, Timestamp, Version};
 
-/// Sets the mode and access/modification times of an open regular file.
-pub(super) fn set_file_metadata(f: &File, attr: &Attr) -> std::io::Result<()> {
+/// Sets the owner (when given), mode and access/modification times of an open regular file.
+pub(super) fn set_file_metadata(
+    f: &File,
+    attr: &Attr,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<()> {
+    if let Some((u, g)) = owner {
+        rustix::fs::fchown(f, Some(uid(u)), Some(gid(g)))?;
+    }
     rustix::fs::fchmod(
         f,
         rustix::fs::Mode::from_raw_mode(u32::from(attr.perm) & 0o7777),
@@ -28,9 +36,23 @@ pub(super) fn set_file_metadata(f: &File, attr: &Attr) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Sets mode (unless a symlink) and access/modification times without following a
-/// final symlink.
-pub(super) fn set_metadata(local: &Path, attr: &Attr, mode: bool) -> std::io::Result<()> {
+/// Sets the owner (when given), mode (unless a symlink) and access/modification times
+/// without following a final symlink.
+pub(super) fn set_metadata(
+    local: &Path,
+    attr: &Attr,
+    mode: bool,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<()> {
+    if let Some((u, g)) = owner {
+        rustix::fs::chownat(
+            rustix::fs::CWD,
+            local,
+            Some(uid(u)),
+            Some(gid(g)),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )?;
+    }
     if mode && attr.kind != FileKind::Symlink {
         std::fs::set_permissions(
             local,
@@ -81,4 +103,12 @@ pub(crate) fn stamp_of(m: &std::fs::Metadata) -> Version {
 /// The stamp of the local file at `local` (not following a final symlink).
 pub(super) fn local_stamp(local: &Path) -> std::io::Result<Version> {
     Ok(stamp_of(&std::fs::symlink_metadata(local)?))
+}
+
+fn uid(u: u32) -> rustix::fs::Uid {
+    rustix::fs::Uid::from_raw(u)
+}
+
+fn gid(g: u32) -> rustix::fs::Gid {
+    rustix::fs::Gid::from_raw(g)
 }

@@ -63,6 +63,7 @@ pub(super) async fn copy_small_file(
         Err(ChunkError::Io(e)) => return Err(e),
     };
     let verify = ctx.cfg.verify;
+    let owner = ctx.owners.local(attr);
     let (file, generation, mine, stamp) = {
         let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data);
         write_queued(
@@ -71,7 +72,7 @@ pub(super) async fn copy_small_file(
             move || -> std::io::Result<(File, u64, [u8; 32], ferry_proto::Version)> {
                 let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
                 std::io::Write::write_all(&mut f, &d)?;
-                set_file_metadata(&f, &a)?;
+                set_file_metadata(&f, &a, owner)?;
                 let stamp = stamp_of(&f.metadata()?);
                 let mine = if verify {
                     *blake3::hash(&d).as_bytes()

@@ -36,6 +36,9 @@ const RUNS_IN_FLIGHT: usize = 32;
 /// Lists the tree, creates directories and symlinks, runs file jobs. Returns every
 /// directory (relative path, attributes), root included, for their metadata.
 pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> {
+    ctx.owners
+        .learn(&ctx.client, std::iter::once(&root_attr))
+        .await;
     let mut dirs = vec![(Bytes::new(), root_attr)];
     let mut pending: Vec<Bytes> = vec![Bytes::new()];
     let mut listings = tokio::task::JoinSet::new();
@@ -82,6 +85,9 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
                 continue;
             }
         };
+        ctx.owners
+            .learn(&ctx.client, entries.iter().map(|e| &e.attr))
+            .await;
         let made = make_dirs(ctx, &rel, &entries).await;
         // Small files come in runs of ReadDirData (a few round trips per directory, not
         // one per file), except where an earlier run left files (most are complete here
@@ -270,6 +276,7 @@ async fn copy_symlink(ctx: &Ctx, rel: Bytes, attr: Attr) {
             return;
         }
     };
+    let owner = ctx.owners.local(&attr);
     let r = background::run(move || -> std::io::Result<()> {
         use std::os::unix::ffi::OsStrExt;
         let want = std::ffi::OsStr::from_bytes(&target);
@@ -286,7 +293,7 @@ async fn copy_symlink(ctx: &Ctx, rel: Bytes, attr: Attr) {
             }
             Err(_) => std::os::unix::fs::symlink(want, &local)?,
         }
-        set_metadata(&local, &attr, false)
+        set_metadata(&local, &attr, false, owner)
     })
     .await;
     match r {

@@ -50,6 +50,31 @@ impl Client {
         }
     }
 
+    /// The names of `ids` on the server, in order (an empty name: none there). More than
+    /// [`ferry_proto::MAX_ID_NAMES`] ids are asked in several requests.
+    ///
+    /// # Errors
+    /// As [`Client::call`]; [`ClientError::Protocol`] if the server lacks the ID_NAMES
+    /// feature.
+    pub async fn id_names(
+        &self,
+        ids: &[ferry_proto::Id],
+    ) -> Result<Vec<ferry_proto::IdName>, ClientError> {
+        if self.session().features & features::ID_NAMES == 0 {
+            return Err(ClientError::Protocol(
+                "the server cannot name user and group ids (ferryd too old): upgrade ferryd, or use --numeric-ids".into(),
+            ));
+        }
+        let mut out = Vec::with_capacity(ids.len());
+        for part in ids.chunks(ferry_proto::MAX_ID_NAMES) {
+            match self.call(Request::IdNames { ids: part.to_vec() }).await? {
+                Response::IdNames(n) if n.len() == part.len() => out.extend(n),
+                r => return Err(unexpected(&r)),
+            }
+        }
+        Ok(out)
+    }
+
     /// Target of the symlink at `path`.
     ///
     /// # Errors

@@ -1,0 +1,322 @@
+//! The copy is the source (issue 16), as root: `ferry mirror` gives files, directories and
+//! symlinks the server's owners — by name (the server runs with its own user database, in a
+//! private mount namespace, so names and numbers differ between the two ends), by number
+//! (`--numeric-ids`) or fixed (`--chown`) — and a real PostgreSQL data directory mirrored
+//! this way starts and answers queries.
+
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ferry_tests::{bin, is_root, run, wait_for, TestServer};
+
+/// Skips (returns false) when not root, unless FERRY_REQUIRE_FUSE=1 (then fails): only root
+/// may give files away.
+fn root_or_skip(what: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
+        "{what} needs root (FERRY_REQUIRE_FUSE=1 is set)"
+    );
+    eprintln!("skipped: {what} needs root");
+    false
+}
+
+/// ferryd in a private mount namespace whose /etc/passwd and /etc/group are `passwd` and
+/// `group`: the server names ids differently from this machine. Killed on drop.
+struct NsServer {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl NsServer {
+    fn start(export: &Path, passwd: &str, group: &str) -> NsServer {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, g, port) = (
+            dir.path().join("passwd"),
+            dir.path().join("group"),
+            dir.path().join("port"),
+        );
+        std::fs::write(&p, passwd).unwrap();
+        std::fs::write(&g, group).unwrap();
+        let script = format!(
+            "mount --bind {} /etc/passwd && mount --bind {} /etc/group && exec {} --export {} --listen 127.0.0.1:0 --port-file {}",
+            p.display(),
+            g.display(),
+            bin("ferryd").display(),
+            export.display(),
+            port.display()
+        );
+        let child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut s = NsServer {
+            child,
+            addr: String::new(),
+            _dir: dir,
+        };
+        assert!(
+            wait_for(Duration::from_secs(10), || port.exists()),
+            "ferryd in a namespace did not start"
+        );
+        s.addr = std::fs::read_to_string(&port).unwrap().trim().to_string();
+        s
+    }
+}
+
+impl Drop for NsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
+}
+
+fn owner(p: &Path) -> (u32, u32) {
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (m.uid(), m.gid())
+}
+
+fn mirror(addr: &str, dst: &Path, extra: &[&str]) {
+    run(Command::new(bin("ferry"))
+        .arg("mirror")
+        .arg(addr)
+        .arg(dst)
+        .arg("--quiet")
+        .args(extra));
+}
+
+/// This machine's ids of user `nobody` and group `nogroup`.
+fn nobody() -> (u32, u32) {
+    use nix::unistd::{Group, User};
+    (
+        User::from_name("nobody").unwrap().unwrap().uid.as_raw(),
+        Group::from_name("nogroup").unwrap().unwrap().gid.as_raw(),
+    )
+}
+
+#[test]
+fn mirror_as_root_copies_owners_by_name_by_number_or_as_told() {
+    if !root_or_skip("copying owners") {
+        return;
+    }
+    let export = tempfile::tempdir().unwrap();
+    let e = export.path();
+    std::fs::create_dir(e.join("d")).unwrap();
+    std::fs::write(e.join("named"), b"owned by nobody on the server").unwrap();
+    std::fs::write(e.join("d/unnamed"), vec![7u8; 3 << 20]).unwrap();
+    std::os::unix::fs::symlink("../named", e.join("d/link")).unwrap();
+    // On the server, 1234 is nobody/nogroup; here it has no name. 4242/4343 have no name
+    // on either side.
+    chown(&e.join("named"), 1234, 1234);
+    chown(&e.join("d"), 4242, 4343);
+    chown(&e.join("d/unnamed"), 4242, 4343);
+    chown(&e.join("d/link"), 4242, 4343);
+    let server = NsServer::start(
+        e,
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:1234:1234:nobody:/:/bin/false\n",
+        "root:x:0:\nnogroup:x:1234:\n",
+    );
+    let here = nobody();
+
+    let dst = tempfile::tempdir().unwrap();
+    mirror(&server.addr, dst.path(), &[]);
+    let d = dst.path();
+    assert_eq!(owner(&d.join("named")), here, "mapped by name");
+    assert_eq!(owner(&d.join("d")), (4242, 4343), "no name: by number");
+    assert_eq!(owner(&d.join("d/unnamed")), (4242, 4343));
+    assert_eq!(owner(&d.join("d/link")), (4242, 4343), "the symlink itself");
+    assert_eq!(
+        std::fs::read(d.join("named")).unwrap(),
+        b"owned by nobody on the server"
+    );
+
+    let numeric = tempfile::tempdir().unwrap();
+    mirror(&server.addr, numeric.path(), &["--numeric-ids"]);
+    assert_eq!(owner(&numeric.path().join("named")), (1234, 1234));
+    assert_eq!(owner(&numeric.path().join("d/link")), (4242, 4343));
+
+    let told = tempfile::tempdir().unwrap();
+    mirror(&server.addr, told.path(), &["--chown", "nobody:"]);
+    assert_eq!(owner(&told.path().join("named")), (here.0, here.1));
+    assert_eq!(owner(&told.path().join("d/unnamed")), (here.0, 4343));
+
+    // A rerun of a complete copy whose owner was changed locally puts it back.
+    chown(&d.join("d/unnamed"), 0, 0);
+    mirror(&server.addr, d, &[]);
+    assert_eq!(owner(&d.join("d/unnamed")), (4242, 4343));
+}
+
+#[test]
+fn a_bad_chown_is_one_clear_line() {
+    let out = Command::new(bin("ferry"))
+        .args([
+            "mirror",
+            "127.0.0.1:1",
+            "/tmp/x",
+            "--chown",
+            "no-such-user-here:",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no user named no-such-user-here"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+/// The binaries of the newest PostgreSQL installed (Debian's layout), if any.
+fn pg_bin() -> Option<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|b| b.join("initdb").exists())
+        .collect();
+    v.sort();
+    v.pop()
+}
+
+/// A PostgreSQL server on a data directory, stopped on drop.
+struct Postgres {
+    bin: PathBuf,
+    data: PathBuf,
+    socket: PathBuf,
+}
+
+impl Postgres {
+    fn as_postgres(&self, prog: &str) -> Command {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(self.bin.join(prog));
+        c
+    }
+
+    fn start(bin: &Path, data: &Path, socket: &Path) -> Postgres {
+        let pg = Postgres {
+            bin: bin.to_path_buf(),
+            data: data.to_path_buf(),
+            socket: socket.to_path_buf(),
+        };
+        let opts = format!(
+            "-c listen_addresses='' -c unix_socket_directories={} -c fsync=off",
+            socket.display()
+        );
+        run(pg
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(data)
+            .args(["-w", "-t", "60", "-l"])
+            .arg(socket.join("log"))
+            .args(["-o", &opts, "start"]));
+        pg
+    }
+
+    fn sql(&self, q: &str) -> String {
+        run(self
+            .as_postgres("psql")
+            .arg("-h")
+            .arg(&self.socket)
+            .args(["-X", "-A", "-t", "-d", "postgres", "-c", q]))
+        .trim()
+        .to_string()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "-w", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+#[test]
+fn a_mirrored_postgresql_data_directory_starts_and_answers() {
+    if !root_or_skip("a PostgreSQL data directory") {
+        return;
+    }
+    let Some(pg) = pg_bin() else {
+        assert!(
+            std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
+            "PostgreSQL is not installed (scripts/prereqs.sh installs it)"
+        );
+        eprintln!("skipped: PostgreSQL is not installed");
+        return;
+    };
+    // Directories postgres can enter.
+    let top = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        top.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (export, sock, copy_sock) = (
+        top.path().join("export"),
+        top.path().join("sock"),
+        top.path().join("sock2"),
+    );
+    for d in [&export, &sock, &copy_sock] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let (uid, gid) = {
+        use nix::unistd::User;
+        let u = User::from_name("postgres").unwrap().unwrap();
+        (u.uid.as_raw(), u.gid.as_raw())
+    };
+    for d in [&export, &sock, &copy_sock] {
+        chown(d, uid, gid);
+    }
+    let data = export.join("pgdata");
+    run(Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(pg.join("initdb"))
+        .args(["-D"])
+        .arg(&data)
+        .args(["-A", "trust", "--no-sync", "-E", "UTF8"])
+        .stdout(Stdio::null()));
+    {
+        let src = Postgres::start(&pg, &data, &sock);
+        src.sql(
+            "create table t as select g as id, md5(g::text) as v from generate_series(1, 20000) g",
+        );
+        run(src
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .args(["-m", "fast", "-w", "stop"]));
+    }
+
+    let server = TestServer::start(&export);
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("pgdata");
+    std::fs::set_permissions(
+        dst.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    run(Command::new(bin("ferry"))
+        .arg("mirror")
+        .arg(format!("{}:/pgdata", server.addr))
+        .arg(&copy)
+        .arg("--quiet"));
+    assert_eq!(owner(&copy), (uid, gid));
+    assert_eq!(owner(&copy.join("base")), (uid, gid));
+    let db = Postgres::start(&pg, &copy, &copy_sock);
+    assert_eq!(db.sql("select count(*), sum(id) from t"), "20000|200010000");
+}
