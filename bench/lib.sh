@@ -240,7 +240,16 @@ real_trees() {
                 rm -rf "$sock" ;;
             git) git clone -q --no-local "${ROOT:-.}" "$data/git.tmp" ;;
             flat) python3 "${ROOT:-.}/scripts/gen-flat.py" "$data/flat.tmp" 100000 ;;
-            *) die "unknown tree '$t' (src, pgdata, git, flat)" ;;
+            sparse)
+                # One 8 GiB file holding 6 MiB of data in three 2 MiB islands (a sparse
+                # datafile or VM image).
+                mkdir -p "$data/sparse.tmp"
+                truncate -s 8G "$data/sparse.tmp/image.raw"
+                for at in 0 3000 8000; do
+                    dd if=/dev/urandom of="$data/sparse.tmp/image.raw" bs=1M seek="$at" count=2 \
+                        conv=notrunc status=none
+                done ;;
+            *) die "unknown tree '$t' (src, pgdata, git, flat, sparse)" ;;
         esac
         mv "$data/$t.tmp" "$data/$t"
     done

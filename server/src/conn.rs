@@ -265,6 +265,10 @@ where
         {
             break Err(ConnError::Protocol("IdNames needs the ID_NAMES feature"));
         }
+        if matches!(request, Request::DataMap { .. }) && welcome.features & features::DATA_MAP == 0
+        {
+            break Err(ConnError::Protocol("DataMap needs the DATA_MAP feature"));
+        }
         let permit = match inflight.clone().acquire_owned().await {
             Ok(p) => p,
             Err(_) => break Ok(()),

@@ -15,8 +15,8 @@ use std::path::Path;
 use bytes::Bytes;
 use ferry_proto::name::{validate_path, NameError};
 use ferry_proto::{
-    Attr, DataEntry, DataPage, DirEntry, DirPage, FileData, FileKind, StatFs, Status, Timestamp,
-    Version,
+    Attr, DataEntry, DataMap, DataPage, DirEntry, DirPage, FileData, FileKind, StatFs, Status,
+    Timestamp, Version,
 };
 use rustix::fs::{
     AtFlags, FileType, Mode, OFlags, ResolveFlags, Statx, StatxFlags, StatxTimestamp,
@@ -384,6 +384,63 @@ impl Export {
             return Err(OpError::new(Status::InvalidArgument, "not a regular file"));
         }
         Ok((File::from(fd), attr))
+    }
+}
+
+impl Export {
+    /// Where regular file `path` holds data from `offset` on: at most `max` extents, found
+    /// with `SEEK_DATA`/`SEEK_HOLE` over one unchanged version (the version is compared
+    /// before and after; mapped again up to three times, then `Busy`). A file system without
+    /// holes reports one extent for the whole file.
+    ///
+    /// # Errors
+    /// As [`Export::open_file`]; `Busy` for a file that keeps changing.
+    pub fn data_map(&self, path: &[u8], offset: u64, max: usize) -> Result<DataMap, OpError> {
+        use rustix::fs::SeekFrom;
+        let (file, _) = self.open_file(path)?;
+        let stat = |f: &File| {
+            fstatx(f)
+                .map(|st| attr_of(&st))
+                .map_err(|e| op_err(e, "stat", path))
+        };
+        for _ in 0..3 {
+            let before = stat(&file)?;
+            let size = before.size;
+            let (mut extents, mut pos, mut next) = (Vec::new(), offset.min(size), size);
+            while pos < size {
+                if extents.len() >= max.max(1) {
+                    next = pos;
+                    break;
+                }
+                let data = match rustix::fs::seek(&file, SeekFrom::Data(pos)) {
+                    Ok(d) => d,
+                    Err(Errno::NXIO) => break,
+                    Err(e) => return Err(op_err(e, "seek data in", path)),
+                };
+                if data >= size {
+                    break;
+                }
+                let hole = rustix::fs::seek(&file, SeekFrom::Hole(data))
+                    .map_err(|e| op_err(e, "seek hole in", path))?
+                    .min(size);
+                extents.push((data, hole - data));
+                pos = hole;
+            }
+            if stat(&file)?.version() == before.version() {
+                return Ok(DataMap {
+                    version: before.version(),
+                    extents,
+                    next,
+                });
+            }
+        }
+        Err(OpError::new(
+            Status::Busy,
+            format!(
+                "{:?} kept changing while mapped",
+                String::from_utf8_lossy(path)
+            ),
+        ))
     }
 }
 

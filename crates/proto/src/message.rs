@@ -41,6 +41,7 @@ const K_STATFS: u8 = 0x15;
 const K_HASH: u8 = 0x16;
 const K_READDIR_DATA: u8 = 0x17;
 const K_ID_NAMES: u8 = 0x18;
+const K_DATA_MAP: u8 = 0x19;
 /// A success response's kind is its request's kind with this bit set.
 const RESPONSE_BIT: u8 = 0x80;
 // Success response kinds, named so that `match` sees them as constants: a duplicate arm is
@@ -55,6 +56,7 @@ const K_STATFS_DATA: u8 = K_STATFS | RESPONSE_BIT;
 const K_HASH_DATA: u8 = K_HASH | RESPONSE_BIT;
 const K_DIR_DATA: u8 = K_READDIR_DATA | RESPONSE_BIT;
 const K_ID_NAMES_DATA: u8 = K_ID_NAMES | RESPONSE_BIT;
+const K_DATA_MAP_DATA: u8 = K_DATA_MAP | RESPONSE_BIT;
 /// In a Read response's encoding byte: the whole file's BLAKE3 follows the checksum.
 const FILE_HASH_FLAG: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
@@ -214,6 +216,32 @@ pub enum Request {
         /// The ids asked about.
         ids: Vec<Id>,
     },
+    /// Where a regular file holds data, from `offset` on (`SEEK_DATA`/`SEEK_HOLE` on the
+    /// server; requires the DATA_MAP feature), so the holes of a sparse file never cross the
+    /// wire. Answer: [`Response::DataMap`].
+    DataMap {
+        /// The file.
+        path: Bytes,
+        /// Where to start.
+        offset: u64,
+        /// Most extents wanted (the server may send fewer, at most [`MAX_DATA_EXTENTS`]).
+        max_extents: u32,
+    },
+}
+
+/// Most extents in one [`Response::DataMap`].
+pub const MAX_DATA_EXTENTS: usize = 4096;
+
+/// A page of a file's data map ([`Request::DataMap`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataMap {
+    /// The file's version, unchanged while it was mapped.
+    pub version: Version,
+    /// Data extents `(offset, length)`, in order, not overlapping, from the request's offset
+    /// on; everything between them (and after the last, up to `next`) is a hole.
+    pub extents: Vec<(u64, u64)>,
+    /// Where the next page starts; the file's size when the map is complete.
+    pub next: u64,
 }
 
 /// Most ids one [`Request::IdNames`] may ask about.
@@ -383,6 +411,8 @@ pub enum Response {
     Hash(FileHash),
     /// Answer to [`Request::IdNames`]: one entry per id asked about, in the same order.
     IdNames(Vec<IdName>),
+    /// Answer to [`Request::DataMap`].
+    DataMap(DataMap),
     /// Answer to [`Request::ReadDirData`].
     DirData(DataPage),
     /// Any request failed.
@@ -533,6 +563,7 @@ impl Request {
             Request::Hash { .. } => K_HASH,
             Request::ReadDirData { .. } => K_READDIR_DATA,
             Request::IdNames { .. } => K_ID_NAMES,
+            Request::DataMap { .. } => K_DATA_MAP,
         }
     }
 
@@ -584,6 +615,15 @@ impl Request {
                 for id in ids {
                     id.encode(&mut b);
                 }
+            }
+            Request::DataMap {
+                path,
+                offset,
+                max_extents,
+            } => {
+                put_bytes16(&mut b, path);
+                b.put_u64(*offset);
+                b.put_u32(*max_extents);
             }
         }
         put_frame(dst, self.kind(), request_id, &b);
@@ -650,6 +690,11 @@ impl Request {
                     .collect::<Result<_, _>>()?;
                 Request::IdNames { ids }
             }
+            K_DATA_MAP => Request::DataMap {
+                path: get_bytes16(&mut b, "path")?,
+                offset: get_u64(&mut b, "data map")?,
+                max_extents: get_u32(&mut b, "data map")?,
+            },
             k => return Err(DecodeError::UnknownKind(k)),
         };
         expect_end(&b)?;
@@ -717,6 +762,7 @@ impl Response {
             Response::StatFs(_) => K_STATFS_DATA,
             Response::Hash(_) => K_HASH_DATA,
             Response::IdNames(_) => K_ID_NAMES_DATA,
+            Response::DataMap(_) => K_DATA_MAP_DATA,
             Response::DirData(_) => K_DIR_DATA,
             Response::Error { .. } => K_ERROR,
         }
@@ -796,6 +842,15 @@ impl Response {
                 for n in names {
                     n.id.encode(&mut b);
                     put_bytes16(&mut b, &n.name);
+                }
+            }
+            Response::DataMap(m) => {
+                m.version.encode(&mut b);
+                b.put_u64(m.next);
+                b.put_u32(m.extents.len() as u32);
+                for (o, l) in &m.extents {
+                    b.put_u64(*o);
+                    b.put_u64(*l);
                 }
             }
             Response::Error { status, message } => {
@@ -923,6 +978,26 @@ impl Response {
                     names.push(IdName { id, name });
                 }
                 Response::IdNames(names)
+            }
+            K_DATA_MAP_DATA => {
+                let version = Version::decode(&mut b)?;
+                let next = get_u64(&mut b, "data map next")?;
+                let n = get_u32(&mut b, "extent count")? as usize;
+                if n > MAX_DATA_EXTENTS {
+                    return Err(DecodeError::InvalidValue {
+                        field: "extent count",
+                        value: n as u64,
+                    });
+                }
+                let mut extents = Vec::with_capacity(n);
+                for _ in 0..n {
+                    extents.push((get_u64(&mut b, "extent")?, get_u64(&mut b, "extent")?));
+                }
+                Response::DataMap(DataMap {
+                    version,
+                    extents,
+                    next,
+                })
             }
             K_ERROR => {
                 let (status, message) = decode_error(b)?;

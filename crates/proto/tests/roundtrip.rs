@@ -116,6 +116,13 @@ fn request() -> impl Strategy<Value = Request> {
                 }
             }),
         proptest::collection::vec(id(), 0..40).prop_map(|ids| Request::IdNames { ids }),
+        (bytes16(), any::<u64>(), any::<u32>()).prop_map(|(path, offset, max_extents)| {
+            Request::DataMap {
+                path,
+                offset,
+                max_extents,
+            }
+        }),
     ]
 }
 
@@ -129,6 +136,16 @@ fn id() -> impl Strategy<Value = Id> {
 fn response() -> impl Strategy<Value = Response> {
     prop_oneof![
         Just(Response::Pong),
+        (
+            attr(),
+            any::<u64>(),
+            proptest::collection::vec((any::<u64>(), any::<u64>()), 0..30)
+        )
+            .prop_map(|(a, next, extents)| Response::DataMap(DataMap {
+                version: a.version(),
+                extents,
+                next
+            })),
         proptest::collection::vec(
             (id(), proptest::collection::vec(any::<u8>(), 0..=255)),
             0..20

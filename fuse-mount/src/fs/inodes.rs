@@ -11,18 +11,24 @@
 //!   reply and per readdirplus entry it was sent. At zero the node is removed.
 //! - A node's attributes are replaced only by ones at least as recent (`fetched`), so an
 //!   older listing neither overwrites fresher attributes nor looks fresh to `open`.
+//! - Hard links: a regular file with more than one link is one node whatever name it is
+//!   found under (`by_object`, by server inode and birth time), so `stat` shows one inode
+//!   number for all its names and `cp -a`, `rsync -H` and `tar` see the links. The node reads
+//!   through the name it was first found under; its other names are in `aliases`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferry_proto::{Attr, Version};
+use ferry_proto::{Attr, FileKind, Version};
 
 use super::{lock, ROOT_INO};
 use crate::error::Error;
 
 struct Node {
     path: Bytes,
+    /// Other names of the same file (hard links), in `by_path` too.
+    aliases: Vec<Bytes>,
     attr: Attr,
     /// When the server reported `attr`.
     fetched: Instant,
@@ -34,6 +40,8 @@ struct Node {
 struct Table {
     nodes: HashMap<u64, Node>,
     by_path: HashMap<Bytes, u64>,
+    /// Nodes of regular files with several links, by server inode and birth time.
+    by_object: HashMap<(u64, ferry_proto::Timestamp), u64>,
     next_ino: u64,
 }
 
@@ -50,12 +58,14 @@ impl InodeTable {
         let mut table = Table {
             nodes: HashMap::new(),
             by_path: HashMap::new(),
+            by_object: HashMap::new(),
             next_ino: ROOT_INO + 1,
         };
         table.nodes.insert(
             ROOT_INO,
             Node {
                 path: root.clone(),
+                aliases: Vec::new(),
                 attr: root_attr,
                 fetched: Instant::now(),
                 lookups: 1,
@@ -103,13 +113,37 @@ impl InodeTable {
                 }
             }
         }
+        // Another name of a file with several links, known already: the same inode.
+        let linked = attr.kind == FileKind::File && attr.nlink > 1;
+        if linked {
+            if let Some(&ino) = t.by_object.get(&(attr.ino, attr.btime)) {
+                if let Some(node) = t.nodes.get_mut(&ino) {
+                    if node.attr.same_object(&attr) {
+                        if fetched >= node.fetched {
+                            node.attr = attr;
+                            node.fetched = fetched;
+                        }
+                        node.lookups += 1;
+                        if node.path != path && !node.aliases.contains(&path) {
+                            node.aliases.push(path.clone());
+                        }
+                        t.by_path.insert(path, ino);
+                        return ino;
+                    }
+                }
+            }
+        }
         // New path, or the object at the path was replaced: a new inode.
         let ino = t.next_ino;
         t.next_ino += 1;
+        if linked {
+            t.by_object.insert((attr.ino, attr.btime), ino);
+        }
         t.nodes.insert(
             ino,
             Node {
                 path: path.clone(),
+                aliases: Vec::new(),
                 attr,
                 fetched,
                 lookups: 1,
@@ -133,10 +167,16 @@ impl InodeTable {
             return None;
         }
         let path = node.path.clone();
-        t.nodes.remove(&ino);
+        let node = t.nodes.remove(&ino)?;
         // A newer inode of the same path keeps its entry.
-        if t.by_path.get(&path) == Some(&ino) {
-            t.by_path.remove(&path);
+        for p in std::iter::once(&node.path).chain(&node.aliases) {
+            if t.by_path.get(p) == Some(&ino) {
+                t.by_path.remove(p);
+            }
+        }
+        let object = (node.attr.ino, node.attr.btime);
+        if t.by_object.get(&object) == Some(&ino) {
+            t.by_object.remove(&object);
         }
         Some(path)
     }

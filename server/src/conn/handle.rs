@@ -187,6 +187,16 @@ pub(crate) async fn handle(
         Request::IdNames { ids } => blocking(move || Ok(crate::names::names(&ids)))
             .await
             .map(Response::IdNames),
+        Request::DataMap {
+            path,
+            offset,
+            max_extents,
+        } => {
+            let max = (max_extents as usize).clamp(1, ferry_proto::MAX_DATA_EXTENTS);
+            blocking(move || sh.export.data_map(&path, offset, max))
+                .await
+                .map(Response::DataMap)
+        }
         Request::ReadDir {
             path,
             cookie,

@@ -23,7 +23,7 @@ use tokio::sync::Semaphore;
 use tracing::debug;
 
 use super::file::copy_file;
-use super::metadata::set_metadata;
+use super::metadata::{local_stamp, set_metadata};
 use super::{remote_path, Ctx};
 use crate::background;
 use crate::STATE_DIR;
@@ -40,6 +40,7 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
         .learn(&ctx.client, std::iter::once(&root_attr))
         .await;
     let mut dirs = vec![(Bytes::new(), root_attr)];
+    let mut links = Links::default();
     let mut pending: Vec<Bytes> = vec![Bytes::new()];
     let mut listings = tokio::task::JoinSet::new();
     let mut jobs = tokio::task::JoinSet::new();
@@ -115,6 +116,10 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
                         Err(err) => ctx.progress.error(format!("{}: {err}", local.display())),
                     }
                 }
+                FileKind::File if e.attr.nlink > 1 && !links.first(&child, &e.attr) => {
+                    // Another name of a file met already: linked to it at the end.
+                    ctx.progress.files_total.fetch_add(1, Ordering::Relaxed);
+                }
                 FileKind::File => {
                     ctx.progress.files_total.fetch_add(1, Ordering::Relaxed);
                     ctx.progress
@@ -154,6 +159,7 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
     }
     ctx.progress.walk_done.store(true, Ordering::Relaxed);
     while jobs.join_next().await.is_some() {}
+    links.make(ctx).await;
     dirs
 }
 
@@ -304,5 +310,89 @@ async fn copy_symlink(ctx: &Ctx, rel: Bytes, attr: Attr) {
             .progress
             .error(format!("symlink /{}: {e}", String::from_utf8_lossy(&rel))),
         Err(e) => ctx.progress.error(format!("symlink task: {e}")),
+    }
+}
+
+/// Hard links: files with more than one name on the server (the same inode number and birth
+/// time). The first name met is copied; the others become links to its local file once every
+/// file is copied ([`Links::make`]), so the copy has the server's links, and a rerun finds
+/// them in place.
+#[derive(Default)]
+struct Links {
+    /// The first name of each file with several, by (inode, birth time).
+    first: HashMap<(u64, ferry_proto::Timestamp), Bytes>,
+    /// Other names, with the first name of their file.
+    others: Vec<(Bytes, Bytes)>,
+}
+
+impl Links {
+    /// Whether `rel` (with `attr`, of more than one link) is the first name of its file met;
+    /// if not, it is recorded to be linked to that one.
+    fn first(&mut self, rel: &Bytes, attr: &Attr) -> bool {
+        match self.first.entry((attr.ino, attr.btime)) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(rel.clone());
+                true
+            }
+            std::collections::hash_map::Entry::Occupied(o) => {
+                self.others.push((rel.clone(), o.get().clone()));
+                false
+            }
+        }
+    }
+
+    /// Makes every other name a hard link to its first name's local file (kept when it is
+    /// one already), and records the first name's local file anew (a link changes its
+    /// ctime, which its stamp holds).
+    async fn make(self, ctx: &Ctx) {
+        if self.others.is_empty() {
+            return;
+        }
+        ctx.sync.flush().await;
+        let mut relinked: HashSet<Bytes> = HashSet::new();
+        for (rel, first) in self.others {
+            let (from, to) = (ctx.cache.local_path(&first), ctx.cache.local_path(&rel));
+            let r = background::run(move || -> std::io::Result<bool> {
+                use std::os::unix::fs::MetadataExt;
+                let want = std::fs::metadata(&from)?.ino();
+                match std::fs::symlink_metadata(&to) {
+                    Ok(m) if m.ino() == want => return Ok(false),
+                    Ok(m) if m.is_dir() => {
+                        return Err(std::io::Error::other(
+                            "a local directory is where the server has a file; move it away",
+                        ))
+                    }
+                    Ok(_) => std::fs::remove_file(&to)?,
+                    Err(_) => {}
+                }
+                std::fs::hard_link(&from, &to)?;
+                Ok(true)
+            })
+            .await;
+            match r {
+                Ok(Ok(made)) => {
+                    ctx.cache.forget(&rel);
+                    ctx.progress.files_done.fetch_add(1, Ordering::Relaxed);
+                    if made {
+                        relinked.insert(first);
+                    }
+                }
+                Ok(Err(e)) => ctx.progress.error(format!(
+                    "/{}: linking it to /{}: {e}",
+                    String::from_utf8_lossy(&rel),
+                    String::from_utf8_lossy(&first)
+                )),
+                Err(e) => ctx.progress.error(format!("link task: {e}")),
+            }
+        }
+        for first in relinked {
+            let Some(st) = ctx.cache.state(&first).filter(|s| s.stamp.is_some()) else {
+                continue;
+            };
+            let local = ctx.cache.local_path(&first);
+            if let Ok(Ok(stamp)) = background::run(move || local_stamp(&local)).await {
+                ctx.sync.stamped(first, st.generation, stamp);
+            }
+        }
     }
 }

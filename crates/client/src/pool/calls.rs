@@ -75,6 +75,53 @@ impl Client {
         Ok(out)
     }
 
+    /// Where regular file `path` holds data: its version and its data extents `(offset,
+    /// length)` in order (the rest is holes), asked page by page. `None` when the server
+    /// lacks the DATA_MAP feature (then treat the whole file as data). A file that changed
+    /// between pages is mapped again from the start (up to three times).
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub async fn data_map(
+        &self,
+        path: Bytes,
+    ) -> Result<Option<(ferry_proto::Version, Vec<(u64, u64)>)>, ClientError> {
+        if self.session().features & features::DATA_MAP == 0 {
+            return Ok(None);
+        }
+        'again: for _ in 0..3 {
+            let (mut extents, mut offset, mut version) = (Vec::new(), 0u64, None);
+            loop {
+                let req = Request::DataMap {
+                    path: path.clone(),
+                    offset,
+                    max_extents: ferry_proto::MAX_DATA_EXTENTS as u32,
+                };
+                let m = match self.call(req).await? {
+                    Response::DataMap(m) => m,
+                    r => return Err(unexpected(&r)),
+                };
+                if version.is_some_and(|v| v != m.version) {
+                    continue 'again;
+                }
+                version = Some(m.version);
+                extents.extend(m.extents);
+                if m.next >= m.version.size {
+                    return Ok(Some((m.version, extents)));
+                }
+                if m.next <= offset {
+                    // No progress: no map (the whole file counts as data).
+                    return Ok(None);
+                }
+                offset = m.next;
+            }
+        }
+        Err(ClientError::Remote {
+            status: ferry_proto::Status::Busy,
+            message: "the file kept changing while mapped".into(),
+        })
+    }
+
     /// Target of the symlink at `path`.
     ///
     /// # Errors

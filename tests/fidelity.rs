@@ -1,8 +1,9 @@
-//! The copy is the source (issue 16), as root: `ferry mirror` gives files, directories and
+//! The copy is the source (issue 16). As root, `ferry mirror` gives files, directories and
 //! symlinks the server's owners — by name (the server runs with its own user database, in a
 //! private mount namespace, so names and numbers differ between the two ends), by number
 //! (`--numeric-ids`) or fixed (`--chown`) — and a real PostgreSQL data directory mirrored
-//! this way starts and answers queries.
+//! this way starts and answers queries. Hard links stay links, in the mirror and through the
+//! mount (`cp -a`, `rsync -aH`).
 
 #![allow(clippy::unwrap_used)] // tests may panic on setup failures
 
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use ferry_tests::{bin, is_root, run, wait_for, TestServer};
+use ferry_tests::{bin, is_root, run, wait_for, TestMount, TestServer};
 
 /// Skips (returns false) when not root, unless FERRY_REQUIRE_FUSE=1 (then fails): only root
 /// may give files away.
@@ -319,4 +320,142 @@ fn a_mirrored_postgresql_data_directory_starts_and_answers() {
     assert_eq!(owner(&copy.join("base")), (uid, gid));
     let db = Postgres::start(&pg, &copy, &copy_sock);
     assert_eq!(db.sql("select count(*), sum(id) from t"), "20000|200010000");
+}
+
+/// An export with one file of three names (two directories) and one of one name.
+fn linked_export() -> tempfile::TempDir {
+    let export = tempfile::tempdir().unwrap();
+    let e = export.path();
+    std::fs::create_dir_all(e.join("a/b")).unwrap();
+    std::fs::write(e.join("a/f"), vec![5u8; (2 << 20) + 17]).unwrap();
+    std::fs::hard_link(e.join("a/f"), e.join("a/g")).unwrap();
+    std::fs::hard_link(e.join("a/f"), e.join("a/b/h")).unwrap();
+    std::fs::write(e.join("a/single"), b"one name").unwrap();
+    export
+}
+
+fn ino_nlink(p: &Path) -> (u64, u64) {
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (m.ino(), m.nlink())
+}
+
+#[test]
+fn mirror_keeps_hard_links_and_a_rerun_finds_them_in_place() {
+    let export = linked_export();
+    let server = TestServer::start(export.path());
+    let dst = tempfile::tempdir().unwrap();
+    mirror(&server.addr, dst.path(), &[]);
+    let d = dst.path();
+    let (ino, n) = ino_nlink(&d.join("a/f"));
+    assert_eq!(n, 3, "three names, one file");
+    assert_eq!(ino_nlink(&d.join("a/g")), (ino, 3));
+    assert_eq!(ino_nlink(&d.join("a/b/h")), (ino, 3));
+    assert_eq!(ino_nlink(&d.join("a/single")).1, 1);
+    assert_eq!(
+        std::fs::read(d.join("a/b/h")).unwrap(),
+        vec![5u8; (2 << 20) + 17]
+    );
+    let status = || -> serde_json::Value {
+        serde_json::from_str(&run(Command::new(bin("ferry"))
+            .arg("status")
+            .arg(d)
+            .arg("--json")))
+        .unwrap()
+    };
+    // A rerun reads and moves nothing, and keeps the links.
+    mirror(&server.addr, d, &[]);
+    let s = status();
+    assert_eq!(s["bytes_fetched"].as_u64(), Some(0), "{s}");
+    assert_eq!(s["files_verified"].as_u64(), Some(0), "{s}");
+    assert_eq!(ino_nlink(&d.join("a/g")), (ino, 3));
+    // A link broken locally is made again (the file's other names are checked again: the
+    // unlink moved their ctime), and nothing is fetched.
+    std::fs::remove_file(d.join("a/g")).unwrap();
+    std::fs::write(d.join("a/g"), b"a local file").unwrap();
+    mirror(&server.addr, d, &[]);
+    assert_eq!(ino_nlink(&d.join("a/g")), (ino, 3));
+    assert_eq!(status()["bytes_fetched"].as_u64(), Some(0));
+}
+
+#[test]
+fn hard_links_through_the_mount_are_one_inode_and_cp_a_and_rsync_h_keep_them() {
+    ferry_tests::require_fuse!();
+    let export = linked_export();
+    let server = TestServer::start(export.path());
+    let m = TestMount::mount(&server.addr, &[]);
+    let mnt = m.path();
+    let (ino, n) = ino_nlink(&mnt.join("a/f"));
+    assert_eq!(n, 3);
+    assert_eq!(
+        ino_nlink(&mnt.join("a/g")).0,
+        ino,
+        "one inode for all names"
+    );
+    assert_eq!(ino_nlink(&mnt.join("a/b/h")).0, ino);
+    assert_ne!(ino_nlink(&mnt.join("a/single")).0, ino);
+
+    let cp = tempfile::tempdir().unwrap();
+    run(Command::new("cp")
+        .arg("-a")
+        .arg(mnt.join("a"))
+        .arg(cp.path()));
+    let (c, cn) = ino_nlink(&cp.path().join("a/f"));
+    assert_eq!(cn, 3, "cp -a kept the links");
+    assert_eq!(ino_nlink(&cp.path().join("a/b/h")).0, c);
+
+    let rs = tempfile::tempdir().unwrap();
+    run(Command::new("rsync")
+        .arg("-aH")
+        .arg(mnt.join("a"))
+        .arg(rs.path()));
+    let (r, rn) = ino_nlink(&rs.path().join("a/g"));
+    assert_eq!(rn, 3, "rsync -aH kept the links");
+    assert_eq!(ino_nlink(&rs.path().join("a/f")).0, r);
+    run(Command::new("diff")
+        .arg("-r")
+        .arg(export.path().join("a"))
+        .arg(rs.path().join("a")));
+}
+
+#[test]
+fn a_sparse_file_gives_a_sparse_copy_and_its_holes_never_cross_the_wire() {
+    use std::os::unix::fs::FileExt;
+    let export = tempfile::tempdir().unwrap();
+    let src = export.path().join("sparse.img");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(1 << 30).unwrap();
+    // Data islands: at the start, mid-chunk, across a chunk boundary, at the very end.
+    let island = |n: usize, seed: u8| -> Vec<u8> { (0..n).map(|i| (i as u8) ^ seed).collect() };
+    for (at, n, seed) in [
+        (0u64, 3 << 20, 1u8),
+        ((300 << 20) + 12345, 100_000, 2),
+        ((700 << 20) - 4096, 8192, 3),
+        ((1 << 30) - 5000, 5000, 4),
+    ] {
+        f.write_all_at(&island(n, seed), at).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    let allocated = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
+    let server = TestServer::start(export.path());
+    let dst = tempfile::tempdir().unwrap();
+    mirror(&server.addr, dst.path(), &[]);
+    let copy = dst.path().join("sparse.img");
+    run(Command::new("cmp").arg(&src).arg(&copy));
+    let (a, b) = (allocated(&src), allocated(&copy));
+    assert!(
+        b <= a + a / 10 + (64 << 10),
+        "the copy allocates {b} bytes, the source {a}"
+    );
+    let s: serde_json::Value = serde_json::from_str(&run(Command::new(bin("ferry"))
+        .arg("status")
+        .arg(dst.path())
+        .arg("--json")))
+    .unwrap();
+    let fetched = s["bytes_fetched"].as_u64().unwrap();
+    assert!(
+        fetched <= 8 << 20,
+        "{fetched} bytes fetched for ~3.2 MiB of data: {s}"
+    );
+    assert_eq!(s["files_verified"].as_u64(), Some(1), "{s}");
 }
