@@ -459,3 +459,95 @@ fn a_sparse_file_gives_a_sparse_copy_and_its_holes_never_cross_the_wire() {
     );
     assert_eq!(s["files_verified"].as_u64(), Some(1), "{s}");
 }
+
+fn mirror_output(addr: &str, dst: &Path, extra: &[&str]) -> String {
+    let out = Command::new(bin("ferry"))
+        .arg("mirror")
+        .arg(addr)
+        .arg(dst)
+        .arg("--quiet")
+        .args(extra)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    err
+}
+
+#[test]
+fn fifos_and_devices_are_copied_as_root_and_sockets_are_counted() {
+    use std::os::unix::fs::FileTypeExt;
+    if !root_or_skip("device nodes") {
+        return;
+    }
+    let export = tempfile::tempdir().unwrap();
+    let e = export.path();
+    run(Command::new("mkfifo")
+        .args(["-m", "0640"])
+        .arg(e.join("pipe")));
+    run(Command::new("mknod")
+        .arg(e.join("null"))
+        .args(["c", "1", "3"]));
+    let _sock = std::os::unix::net::UnixListener::bind(e.join("sock")).unwrap();
+    chown(&e.join("pipe"), 4242, 4343);
+    let server = TestServer::start(e);
+    let dst = tempfile::tempdir().unwrap();
+    let err = mirror_output(&server.addr, dst.path(), &[]);
+    let d = dst.path();
+    let pipe = std::fs::symlink_metadata(d.join("pipe")).unwrap();
+    assert!(pipe.file_type().is_fifo());
+    assert_eq!(pipe.mode() & 0o7777, 0o640);
+    assert_eq!((pipe.uid(), pipe.gid()), (4242, 4343));
+    let null = std::fs::symlink_metadata(d.join("null")).unwrap();
+    assert!(null.file_type().is_char_device());
+    assert_eq!(
+        null.rdev(),
+        std::fs::metadata(e.join("null")).unwrap().rdev()
+    );
+    assert!(!d.join("sock").exists(), "sockets are not copied");
+    assert!(err.contains("1 special files not copied"), "{err}");
+    let s: serde_json::Value = serde_json::from_str(&run(Command::new(bin("ferry"))
+        .arg("status")
+        .arg(d)
+        .arg("--json")))
+    .unwrap();
+    assert_eq!(s["specials_skipped"].as_u64(), Some(1), "{s}");
+}
+
+#[test]
+fn delete_removes_what_the_server_no_longer_has_and_names_it() {
+    let export = tempfile::tempdir().unwrap();
+    let e = export.path();
+    std::fs::create_dir_all(e.join("keep/old")).unwrap();
+    std::fs::write(e.join("keep/a"), b"a").unwrap();
+    std::fs::write(e.join("keep/gone"), b"gone").unwrap();
+    std::fs::write(e.join("keep/old/x"), vec![1u8; 3 << 20]).unwrap();
+    std::os::unix::fs::symlink("a", e.join("keep/link")).unwrap();
+    let server = TestServer::start(e);
+    let dst = tempfile::tempdir().unwrap();
+    let d = dst.path();
+    mirror(&server.addr, d, &[]);
+    std::fs::remove_file(e.join("keep/gone")).unwrap();
+    std::fs::remove_dir_all(e.join("keep/old")).unwrap();
+    std::fs::remove_file(e.join("keep/link")).unwrap();
+    // Without --delete, nothing local goes.
+    mirror(&server.addr, d, &[]);
+    assert!(d.join("keep/gone").exists() && d.join("keep/old/x").exists());
+    let err = mirror_output(&server.addr, d, &["--delete"]);
+    for p in ["keep/gone", "keep/old", "keep/link"] {
+        assert!(
+            std::fs::symlink_metadata(d.join(p)).is_err(),
+            "{p} is still there"
+        );
+        assert!(err.contains(&format!("/{p}")), "{p} not named: {err}");
+    }
+    assert!(err.contains("3 local entries deleted"), "{err}");
+    assert_eq!(std::fs::read(d.join("keep/a")).unwrap(), b"a");
+    run(Command::new("diff")
+        .args(["-r", "--no-dereference", "--exclude=.ferry"])
+        .arg(e)
+        .arg(d));
+    // The journal forgot them: a rerun has nothing more to say.
+    let err = mirror_output(&server.addr, d, &["--delete"]);
+    assert!(!err.contains("deleted"), "{err}");
+}

@@ -93,6 +93,8 @@ pub struct MirrorConfig {
     pub bwlimit: Option<u64>,
     /// How owners are set (by name as root, by default).
     pub owners: Owners,
+    /// Remove local entries the server does not have (`--delete`).
+    pub delete: bool,
     /// Longest time written chunks wait to be made durable and recorded.
     pub sync_interval: Duration,
 }
@@ -107,6 +109,7 @@ impl Default for MirrorConfig {
             verify: true,
             checksum: false,
             owners: Owners::Auto,
+            delete: false,
             bwlimit: None,
             sync_interval: Duration::from_secs(1),
         }

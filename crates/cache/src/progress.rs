@@ -42,6 +42,12 @@ pub struct Progress {
     pub files_changed: AtomicU64,
     /// Directories, symlinks and other entries created.
     pub others_done: AtomicU64,
+    /// Sockets, and devices when not root, not copied.
+    pub specials_skipped: AtomicU64,
+    /// Local entries removed because the server no longer has them (`--delete`).
+    pub deleted: AtomicU64,
+    /// The first of them, export-relative, for the summary.
+    pub deleted_paths: Mutex<Vec<String>>,
     /// The whole tree has been listed.
     pub walk_done: AtomicBool,
     errors: Mutex<Vec<String>>,
@@ -72,6 +78,9 @@ impl Default for Progress {
             hash_mismatches: AtomicU64::new(0),
             files_changed: AtomicU64::new(0),
             others_done: AtomicU64::new(0),
+            specials_skipped: AtomicU64::new(0),
+            deleted: AtomicU64::new(0),
+            deleted_paths: Mutex::new(Vec::new()),
             walk_done: AtomicBool::new(false),
             errors: Mutex::new(Vec::new()),
             error_count: AtomicU64::new(0),
@@ -183,6 +192,8 @@ impl Progress {
             chunks_refetched: self.chunks_refetched.load(Ordering::Relaxed),
             hash_mismatches: self.hash_mismatches.load(Ordering::Relaxed),
             files_changed: self.files_changed.load(Ordering::Relaxed),
+            specials_skipped: self.specials_skipped.load(Ordering::Relaxed),
+            deleted: self.deleted.load(Ordering::Relaxed),
             rate_bytes_per_sec: rate,
             eta_secs: (walk_done && rate > 0.0).then(|| total.saturating_sub(done) as f64 / rate),
             error_count: self.error_count(),
@@ -274,6 +285,12 @@ pub struct Status {
     pub hash_mismatches: u64,
     /// Files that changed on the server while being copied.
     pub files_changed: u64,
+    /// Sockets, and devices when not root, not copied.
+    #[serde(default)]
+    pub specials_skipped: u64,
+    /// Local entries removed because the server no longer has them (`--delete`).
+    #[serde(default)]
+    pub deleted: u64,
     /// Recent fetch rate.
     pub rate_bytes_per_sec: f64,
     /// Estimated seconds left (once the walk is done).

@@ -94,6 +94,10 @@ pub struct MirrorArgs {
     /// :GROUP; the other, if not given, as the source's (mapped by name).
     #[arg(long, value_name = "USER:GROUP", conflicts_with = "numeric_ids")]
     pub chown: Option<String>,
+    /// Remove local files, directories and links the server no longer has (each is named
+    /// in the summary).
+    #[arg(long)]
+    pub delete: bool,
     /// No progress output (a bar on a terminal; otherwise a plain line every 5 s).
     #[arg(short, long)]
     pub quiet: bool,

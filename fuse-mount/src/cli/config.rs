@@ -29,6 +29,7 @@ pub fn mirror_options(a: MirrorArgs) -> anyhow::Result<MirrorOptions> {
             verify: !a.no_verify,
             checksum: a.checksum,
             owners: owners(a.numeric_ids, a.chown.as_deref())?,
+            delete: a.delete,
             bwlimit: a.bwlimit,
             ..ferry_cache::MirrorConfig::default()
         },

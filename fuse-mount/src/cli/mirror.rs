@@ -166,5 +166,28 @@ async fn run_async(opts: MirrorOptions) -> anyhow::Result<()> {
         secs,
         human_bytes((s.fetched as f64 / secs.max(1e-3)) as u64),
     );
+    let skipped = progress
+        .specials_skipped
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if skipped > 0 {
+        eprintln!(
+            "ferry mirror: {skipped} special files not copied (sockets; device nodes need root)"
+        );
+    }
+    let deleted = progress.deleted.load(std::sync::atomic::Ordering::Relaxed);
+    if deleted > 0 {
+        let listed = progress
+            .deleted_paths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        eprintln!("ferry mirror: {deleted} local entries deleted (gone from the server):");
+        for p in &listed {
+            eprintln!("  {p}");
+        }
+        if deleted > listed.len() as u64 {
+            eprintln!("  … and {} more", deleted - listed.len() as u64);
+        }
+    }
     Ok(())
 }

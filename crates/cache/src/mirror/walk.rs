@@ -89,6 +89,9 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
         ctx.owners
             .learn(&ctx.client, entries.iter().map(|e| &e.attr))
             .await;
+        if ctx.cfg.delete {
+            delete_extras(ctx, &rel, &entries).await;
+        }
         let made = make_dirs(ctx, &rel, &entries).await;
         // Small files come in runs of ReadDirData (a few round trips per directory, not
         // one per file), except where an earlier run left files (most are complete here
@@ -142,10 +145,21 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
                     let (c, attr) = (ctx.clone(), e.attr);
                     jobs.spawn(async move { copy_symlink(&c, child, attr).await });
                 }
-                _ => debug!(
-                    "/{}: not a file, directory or symlink: skipped",
-                    String::from_utf8_lossy(&child)
-                ),
+                FileKind::Fifo | FileKind::CharDevice | FileKind::BlockDevice
+                    if e.attr.kind == FileKind::Fifo || is_root() =>
+                {
+                    let (c, attr) = (ctx.clone(), e.attr);
+                    jobs.spawn(async move { copy_special(&c, child, attr).await });
+                }
+                _ => {
+                    debug!(
+                        "/{}: a socket, or a device and not root: skipped",
+                        String::from_utf8_lossy(&child)
+                    );
+                    ctx.progress
+                        .specials_skipped
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
             // Reap finished jobs as we go so the set stays small.
             while jobs.try_join_next().is_some() {}
@@ -393,6 +407,149 @@ impl Links {
             if let Ok(Ok(stamp)) = background::run(move || local_stamp(&local)).await {
                 ctx.sync.stamped(first, st.generation, stamp);
             }
+        }
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Creates a FIFO or (as root) a device node like the server's, with its owner, mode and
+/// times; one of the right kind (and device number) already there is kept.
+async fn copy_special(ctx: &Ctx, rel: Bytes, attr: Attr) {
+    let local = ctx.cache.local_path(&rel);
+    let owner = ctx.owners.local(&attr);
+    let r = background::run(move || -> std::io::Result<()> {
+        use rustix::fs::FileType;
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let (ty, rdev) = match attr.kind {
+            FileKind::Fifo => (FileType::Fifo, 0),
+            FileKind::CharDevice => (FileType::CharacterDevice, attr.rdev),
+            _ => (FileType::BlockDevice, attr.rdev),
+        };
+        let same = |m: &std::fs::Metadata| {
+            let t = m.file_type();
+            let kind = match attr.kind {
+                FileKind::Fifo => t.is_fifo(),
+                FileKind::CharDevice => t.is_char_device(),
+                _ => t.is_block_device(),
+            };
+            kind && (attr.kind == FileKind::Fifo || m.rdev() == rdev)
+        };
+        match std::fs::symlink_metadata(&local) {
+            Ok(m) if same(&m) => {}
+            Ok(m) if m.is_dir() => {
+                return Err(std::io::Error::other(
+                    "a local directory is where the server has a special file; move it away",
+                ))
+            }
+            Ok(_) => {
+                std::fs::remove_file(&local)?;
+                make_node(&local, ty, attr.perm, rdev)?;
+            }
+            Err(_) => make_node(&local, ty, attr.perm, rdev)?,
+        }
+        set_metadata(&local, &attr, true, owner)
+    })
+    .await;
+    match r {
+        Ok(Ok(())) => {
+            ctx.progress.others_done.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Err(e)) => ctx
+            .progress
+            .error(format!("/{}: {e}", String::from_utf8_lossy(&rel))),
+        Err(e) => ctx.progress.error(format!("special file task: {e}")),
+    }
+}
+
+fn make_node(p: &Path, ty: rustix::fs::FileType, perm: u16, rdev: u64) -> std::io::Result<()> {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        p,
+        ty,
+        rustix::fs::Mode::from_raw_mode(u32::from(perm) & 0o7777),
+        rdev,
+    )?;
+    Ok(())
+}
+
+/// How many deleted paths the summary names.
+const DELETED_LISTED: usize = 1000;
+
+/// `--delete`: removes the entries of local directory `rel` that the server's listing
+/// (`entries`) does not have (a directory with everything in it), forgetting what the
+/// journal knew of them; each is counted and named in the summary. The state folder at the
+/// root is never touched.
+async fn delete_extras(ctx: &Ctx, rel: &Bytes, entries: &[DirEntry]) {
+    let names: HashSet<Vec<u8>> = entries.iter().map(|e| e.name.to_vec()).collect();
+    let dir = ctx.cache.local_path(rel);
+    let at_root = rel.is_empty();
+    let gone = background::run(move || -> std::io::Result<Vec<(Vec<u8>, bool)>> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut gone = Vec::new();
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(gone),
+            Err(e) => return Err(e),
+        };
+        for ent in rd {
+            let ent = ent?;
+            let name = ent.file_name().as_bytes().to_vec();
+            if names.contains(&name) || (at_root && name == STATE_DIR.as_bytes()) {
+                continue;
+            }
+            let path = ent.path();
+            let is_dir = ent.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir {
+                std::fs::remove_dir_all(&path)?;
+            } else {
+                std::fs::remove_file(&path)?;
+            }
+            gone.push((name, is_dir));
+        }
+        Ok(gone)
+    })
+    .await;
+    let gone = match gone {
+        Ok(Ok(g)) => g,
+        Ok(Err(e)) => {
+            ctx.progress.error(format!(
+                "--delete in /{}: {e}",
+                String::from_utf8_lossy(rel)
+            ));
+            return;
+        }
+        Err(e) => {
+            ctx.progress.error(format!("--delete task: {e}"));
+            return;
+        }
+    };
+    if gone.is_empty() {
+        return;
+    }
+    let tracked = ctx.cache.all();
+    for (name, is_dir) in gone {
+        let child = Bytes::from(join(rel, &name));
+        if is_dir {
+            let mut prefix = child.to_vec();
+            prefix.push(b'/');
+            for (p, _) in tracked.iter().filter(|(p, _)| p.starts_with(&prefix)) {
+                ctx.cache.forget(p);
+            }
+        }
+        ctx.cache.forget(&child);
+        let shown = format!("/{}", String::from_utf8_lossy(&child));
+        tracing::info!("{shown}: gone from the server, deleted (--delete)");
+        ctx.progress.deleted.fetch_add(1, Ordering::Relaxed);
+        let mut listed = ctx
+            .progress
+            .deleted_paths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if listed.len() < DELETED_LISTED {
+            listed.push(shown);
         }
     }
 }
