@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs the runtime prerequisites of ferry's demo and tests, only those that are missing:
-#   fusermount3 (Debian package fuse3), rsync, lz4, pv (a slowed reader in the tests), and
+#   fusermount3 (Debian package fuse3), rsync, lz4, pv (a slowed reader in the tests),
+#   setfattr/setfacl (attr, acl: extended attributes and ACLs in the tests), and
 #   PostgreSQL's server binaries (a real cluster mirrored and started in the tests).
 # Idempotent: does nothing (and never runs apt-get) when everything is present.
 # Needs root and apt-get to install; exits non-zero with a one-line message otherwise.
 set -euo pipefail
 
 # command -> Debian package
-declare -A PKG=([fusermount3]=fuse3 [rsync]=rsync [lz4]=lz4 [pv]=pv)
+declare -A PKG=([fusermount3]=fuse3 [rsync]=rsync [lz4]=lz4 [pv]=pv [setfattr]=attr [setfacl]=acl)
 
 missing=()
-for cmd in fusermount3 rsync lz4 pv; do
+for cmd in fusermount3 rsync lz4 pv setfattr setfacl; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("${PKG[$cmd]}")
     fi

@@ -247,10 +247,12 @@ impl Drop for Postgres {
     }
 }
 
-#[test]
-fn a_mirrored_postgresql_data_directory_starts_and_answers() {
+/// A stopped PostgreSQL cluster with a table of 20,000 rows in `top/export/pgdata`, in
+/// directories postgres can enter; `None` (skipped) without root or PostgreSQL. Returns the
+/// binaries' directory, the export, and postgres's uid and gid.
+fn source_cluster(top: &Path) -> Option<(PathBuf, PathBuf, (u32, u32))> {
     if !root_or_skip("a PostgreSQL data directory") {
-        return;
+        return None;
     }
     let Some(pg) = pg_bin() else {
         assert!(
@@ -258,29 +260,17 @@ fn a_mirrored_postgresql_data_directory_starts_and_answers() {
             "PostgreSQL is not installed (scripts/prereqs.sh installs it)"
         );
         eprintln!("skipped: PostgreSQL is not installed");
-        return;
+        return None;
     };
-    // Directories postgres can enter.
-    let top = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        top.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let (export, sock, copy_sock) = (
-        top.path().join("export"),
-        top.path().join("sock"),
-        top.path().join("sock2"),
-    );
-    for d in [&export, &sock, &copy_sock] {
-        std::fs::create_dir(d).unwrap();
-    }
+    std::fs::set_permissions(top, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (export, sock) = (top.join("export"), top.join("sock"));
     let (uid, gid) = {
         use nix::unistd::User;
         let u = User::from_name("postgres").unwrap().unwrap();
         (u.uid.as_raw(), u.gid.as_raw())
     };
-    for d in [&export, &sock, &copy_sock] {
+    for d in [&export, &sock] {
+        std::fs::create_dir(d).unwrap();
         chown(d, uid, gid);
     }
     let data = export.join("pgdata");
@@ -291,18 +281,30 @@ fn a_mirrored_postgresql_data_directory_starts_and_answers() {
         .arg(&data)
         .args(["-A", "trust", "--no-sync", "-E", "UTF8"])
         .stdout(Stdio::null()));
-    {
-        let src = Postgres::start(&pg, &data, &sock);
-        src.sql(
-            "create table t as select g as id, md5(g::text) as v from generate_series(1, 20000) g",
-        );
-        run(src
-            .as_postgres("pg_ctl")
-            .arg("-D")
-            .arg(&data)
-            .args(["-m", "fast", "-w", "stop"]));
-    }
+    let src = Postgres::start(&pg, &data, &sock);
+    src.sql("create table t as select g as id, md5(g::text) as v from generate_series(1, 20000) g");
+    run(src
+        .as_postgres("pg_ctl")
+        .arg("-D")
+        .arg(&data)
+        .args(["-m", "fast", "-w", "stop"]));
+    Some((pg, export, (uid, gid)))
+}
 
+/// A directory postgres may keep its socket in.
+fn socket_dir(top: &Path, name: &str, owner: (u32, u32)) -> PathBuf {
+    let d = top.join(name);
+    std::fs::create_dir(&d).unwrap();
+    chown(&d, owner.0, owner.1);
+    d
+}
+
+#[test]
+fn a_mirrored_postgresql_data_directory_starts_and_answers() {
+    let top = tempfile::tempdir().unwrap();
+    let Some((pg, export, pg_owner)) = source_cluster(top.path()) else {
+        return;
+    };
     let server = TestServer::start(&export);
     let dst = tempfile::tempdir().unwrap();
     let copy = dst.path().join("pgdata");
@@ -316,9 +318,49 @@ fn a_mirrored_postgresql_data_directory_starts_and_answers() {
         .arg(format!("{}:/pgdata", server.addr))
         .arg(&copy)
         .arg("--quiet"));
-    assert_eq!(owner(&copy), (uid, gid));
-    assert_eq!(owner(&copy.join("base")), (uid, gid));
-    let db = Postgres::start(&pg, &copy, &copy_sock);
+    assert_eq!(owner(&copy), pg_owner);
+    assert_eq!(owner(&copy.join("base")), pg_owner);
+    let db = Postgres::start(&pg, &copy, &socket_dir(top.path(), "sock2", pg_owner));
+    assert_eq!(db.sql("select count(*), sum(id) from t"), "20000|200010000");
+}
+
+#[test]
+fn a_postgresql_data_directory_copied_by_the_mounts_background_mirror_starts() {
+    ferry_tests::require_fuse!();
+    let top = tempfile::tempdir().unwrap();
+    let Some((pg, export, pg_owner)) = source_cluster(top.path()) else {
+        return;
+    };
+    let server = TestServer::start(&export);
+    let cache = top.path().join("cache");
+    let cache_arg = cache.to_str().unwrap().to_string();
+    let mount = TestMount::mount(
+        &format!("{}:/pgdata", server.addr),
+        &["--cache-dir", &cache_arg, "--mirror"],
+    );
+    // `ferry status --watch` returns once the background mirror is complete.
+    let out = Command::new(bin("ferry"))
+        .arg("status")
+        .arg(mount.path())
+        .args(["--watch", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(last["state"], "complete", "{last}");
+    drop(mount);
+    std::fs::set_permissions(
+        top.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    assert_eq!(owner(&cache), pg_owner);
+    let db = Postgres::start(&pg, &cache, &socket_dir(top.path(), "sock3", pg_owner));
     assert_eq!(db.sql("select count(*), sum(id) from t"), "20000|200010000");
 }
 
@@ -550,4 +592,68 @@ fn delete_removes_what_the_server_no_longer_has_and_names_it() {
     // The journal forgot them: a rerun has nothing more to say.
     let err = mirror_output(&server.addr, d, &["--delete"]);
     assert!(!err.contains("deleted"), "{err}");
+}
+
+/// `getfattr -d -m - --absolute-names` of `p`, minus the header (every attribute, ACLs
+/// included, hex-encoded where binary).
+fn all_xattrs(p: &Path) -> String {
+    run(Command::new("getfattr")
+        .args(["-d", "-m", "-", "-e", "hex", "--absolute-names"])
+        .arg(p))
+    .lines()
+    .filter(|l| !l.starts_with("# file:"))
+    .collect::<Vec<_>>()
+    .join("\n")
+}
+
+#[test]
+fn mirror_copies_xattrs_and_acls_and_drops_those_the_server_no_longer_has() {
+    if ferry_tests::which("setfacl").is_none() || ferry_tests::which("setfattr").is_none() {
+        assert!(
+            std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
+            "setfacl and setfattr are needed (apt-get install acl attr; scripts/prereqs.sh)"
+        );
+        eprintln!("skipped: setfacl or setfattr missing");
+        return;
+    }
+    let export = tempfile::tempdir().unwrap();
+    let e = export.path();
+    std::fs::create_dir(e.join("d")).unwrap();
+    std::fs::write(e.join("d/f"), b"with attributes").unwrap();
+    std::fs::write(e.join("plain"), b"none").unwrap();
+    run(Command::new("setfattr")
+        .args(["-n", "user.checksum", "-v", "sha256:abc"])
+        .arg(e.join("d/f")));
+    run(Command::new("setfattr")
+        .args(["-n", "user.bin", "-v", "0x00ff10"])
+        .arg(e.join("d/f")));
+    run(Command::new("setfacl")
+        .args(["-m", "u:nobody:r,g:nogroup:rw"])
+        .arg(e.join("d/f")));
+    run(Command::new("setfacl")
+        .args(["-d", "-m", "u:nobody:rx"])
+        .arg(e.join("d")));
+    run(Command::new("setfattr")
+        .args(["-n", "user.dir", "-v", "yes"])
+        .arg(e.join("d")));
+    let server = TestServer::start(e);
+    let dst = tempfile::tempdir().unwrap();
+    let d = dst.path();
+    mirror(&server.addr, d, &[]);
+    for p in ["d", "d/f", "plain"] {
+        assert_eq!(all_xattrs(&e.join(p)), all_xattrs(&d.join(p)), "{p}");
+    }
+    assert!(all_xattrs(&d.join("d/f")).contains("system.posix_acl_access"));
+    assert!(run(Command::new("getfacl").arg(d.join("d/f"))).contains("user:nobody:r--"));
+    // Removed on the server (the ctime moves: a new version): removed from the copy.
+    run(Command::new("setfattr")
+        .args(["-x", "user.checksum"])
+        .arg(e.join("d/f")));
+    mirror(&server.addr, d, &[]);
+    assert_eq!(all_xattrs(&e.join("d/f")), all_xattrs(&d.join("d/f")));
+    assert!(!all_xattrs(&d.join("d/f")).contains("user.checksum"));
+    // --no-xattrs copies none.
+    let none = tempfile::tempdir().unwrap();
+    mirror(&server.addr, none.path(), &["--no-xattrs"]);
+    assert!(!all_xattrs(&none.path().join("d/f")).contains("user."));
 }

@@ -269,6 +269,10 @@ where
         {
             break Err(ConnError::Protocol("DataMap needs the DATA_MAP feature"));
         }
+        if matches!(request, Request::DirXattrs { .. }) && welcome.features & features::XATTRS == 0
+        {
+            break Err(ConnError::Protocol("DirXattrs needs the XATTRS feature"));
+        }
         let permit = match inflight.clone().acquire_owned().await {
             Ok(p) => p,
             Err(_) => break Ok(()),

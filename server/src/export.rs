@@ -15,8 +15,8 @@ use std::path::Path;
 use bytes::Bytes;
 use ferry_proto::name::{validate_path, NameError};
 use ferry_proto::{
-    Attr, DataEntry, DataMap, DataPage, DirEntry, DirPage, FileData, FileKind, StatFs, Status,
-    Timestamp, Version,
+    Attr, DataEntry, DataMap, DataPage, DirEntry, DirPage, EntryXattrs, FileData, FileKind, StatFs,
+    Status, Timestamp, Version,
 };
 use rustix::fs::{
     AtFlags, FileType, Mode, OFlags, ResolveFlags, Statx, StatxFlags, StatxTimestamp,
@@ -387,7 +387,99 @@ impl Export {
     }
 }
 
+/// The extended attributes of the object `fd` refers to (opened for reading): `(name,
+/// value)` pairs; none where the file system has none. `budget` is what may still be used
+/// (names and values); going over it fails with `TooLarge`.
+fn fd_xattrs(
+    fd: &OwnedFd,
+    path: &[u8],
+    budget: &mut usize,
+) -> Result<Vec<(Bytes, Bytes)>, OpError> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut names = vec![0u8; 64 << 10];
+    let n = match rustix::fs::flistxattr(fd, &mut names[..]) {
+        Ok(n) => n,
+        Err(Errno::NOTSUP) => return Ok(Vec::new()),
+        Err(e) => return Err(op_err(e, "listxattr", path)),
+    };
+    let mut out = Vec::new();
+    let mut value = vec![0u8; 64 << 10];
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let m = match rustix::fs::fgetxattr(fd, std::ffi::OsStr::from_bytes(name), &mut value[..]) {
+            Ok(m) => m,
+            // Removed since it was listed, or not readable by this process.
+            Err(Errno::NODATA | Errno::ACCESS | Errno::PERM) => continue,
+            Err(e) => return Err(op_err(e, "getxattr", path)),
+        };
+        let cost = name.len() + m + 8;
+        if cost > *budget {
+            return Err(OpError::new(
+                Status::TooLarge,
+                format!(
+                    "{:?}: extended attributes over {} bytes in one directory",
+                    String::from_utf8_lossy(path),
+                    ferry_proto::MAX_DIR_XATTR_BYTES
+                ),
+            ));
+        }
+        *budget -= cost;
+        out.push((
+            Bytes::copy_from_slice(name),
+            Bytes::copy_from_slice(&value[..m]),
+        ));
+    }
+    Ok(out)
+}
+
 impl Export {
+    /// The extended attributes of directory `path` itself (empty name) and of its regular
+    /// files, directories and FIFOs that have any (symlinks and devices are not opened),
+    /// at most [`ferry_proto::MAX_DIR_XATTR_BYTES`] of names and values in all.
+    ///
+    /// # Errors
+    /// As [`Export::read_dir`]; `TooLarge` over the budget.
+    pub fn dir_xattrs(&self, path: &[u8]) -> Result<Vec<EntryXattrs>, OpError> {
+        let mut budget = ferry_proto::MAX_DIR_XATTR_BYTES;
+        let mut out = Vec::new();
+        let me = self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let attrs = fd_xattrs(&me, path, &mut budget)?;
+        if !attrs.is_empty() {
+            out.push(EntryXattrs {
+                name: Bytes::new(),
+                attrs,
+            });
+        }
+        self.list(path, 0, usize::MAX, |dirfd, entry| {
+            let flags = match entry.attr.kind {
+                FileKind::File | FileKind::Fifo => {
+                    OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY
+                }
+                FileKind::Directory => OFlags::RDONLY | OFlags::DIRECTORY,
+                _ => return Ok(true),
+            };
+            // One validated name, not followed: no traversal.
+            let fd = match rustix::fs::openat(
+                dirfd,
+                entry.name.as_ref(),
+                flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                // Gone or replaced (by a symlink) since listed, or not readable: none.
+                Err(_) => return Ok(true),
+            };
+            let attrs = fd_xattrs(&fd, path, &mut budget)?;
+            if !attrs.is_empty() {
+                out.push(EntryXattrs {
+                    name: entry.name,
+                    attrs,
+                });
+            }
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
     /// Where regular file `path` holds data from `offset` on: at most `max` extents, found
     /// with `SEEK_DATA`/`SEEK_HOLE` over one unchanged version (the version is compared
     /// before and after; mapped again up to three times, then `Busy`). A file system without

@@ -47,6 +47,7 @@ mod owners;
 mod small;
 mod verify;
 mod walk;
+mod xattrs;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -95,6 +96,8 @@ pub struct MirrorConfig {
     pub owners: Owners,
     /// Remove local entries the server does not have (`--delete`).
     pub delete: bool,
+    /// Copy extended attributes and POSIX ACLs (off with `--no-xattrs`).
+    pub xattrs: bool,
     /// Longest time written chunks wait to be made durable and recorded.
     pub sync_interval: Duration,
 }
@@ -110,6 +113,7 @@ impl Default for MirrorConfig {
             checksum: false,
             owners: Owners::Auto,
             delete: false,
+            xattrs: true,
             bwlimit: None,
             sync_interval: Duration::from_secs(1),
         }
@@ -196,6 +200,8 @@ struct Ctx {
     limiter: Option<Limiter>,
     /// Server owners to local ones.
     owners: owners::OwnerMap,
+    /// The server's extended attributes, per directory.
+    xattrs: xattrs::XattrMap,
 }
 
 /// Units of the chunk memory semaphore.
@@ -301,6 +307,7 @@ impl Mirror {
             sync,
             limiter: self.cfg.bwlimit.map(Limiter::new),
             owners: owners::OwnerMap::new(self.cfg.owners),
+            xattrs: xattrs::XattrMap::default(),
         });
         // Ends with the run, also when the run is dropped (a mount stopping its mirror).
         let status = StatusWriter::start(
@@ -313,23 +320,25 @@ impl Mirror {
 
         // Directory metadata last, deepest first: creating entries changes a directory's
         // mtime.
-        let mut dirs: Vec<_> = dirs
-            .into_iter()
-            .map(|(rel, attr)| {
-                let owner = ctx.owners.local(&attr);
-                (rel, attr, owner)
-            })
-            .collect();
-        dirs.sort_by_key(|(rel, _, _)| {
+        let mut with = Vec::with_capacity(dirs.len());
+        for (rel, attr) in dirs {
+            let owner = ctx.owners.local(&attr);
+            let xa = xattrs::XattrMap::of(&ctx, &rel).await;
+            with.push((rel, attr, owner, xa));
+        }
+        let mut dirs = with;
+        dirs.sort_by_key(|(rel, _, _, _)| {
             std::cmp::Reverse(
                 rel.iter().filter(|&&b| b == b'/').count() + usize::from(!rel.is_empty()),
             )
         });
         let (cache, progress) = (self.cache.clone(), self.progress.clone());
         let set = background::run(move || {
-            for (rel, attr, owner) in &dirs {
+            for (rel, attr, owner, xa) in &dirs {
                 let local = cache.local_path(rel);
-                if let Err(e) = set_metadata(&local, attr, true, *owner) {
+                let r = set_metadata(&local, attr, true, *owner)
+                    .and_then(|()| xa.as_ref().map_or(Ok(()), |x| xattrs::apply(&local, x)));
+                if let Err(e) = r {
                     progress.error(format!("{}: setting mode and times: {e}", local.display()));
                 }
             }

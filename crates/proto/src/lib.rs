@@ -41,9 +41,9 @@ pub use codec::DecodeError;
 pub use frame::{Frame, FrameCheck, FrameError, FRAME_HEADER_LEN};
 pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
 pub use message::{
-    AuthMethod, AuthOk, AuthProof, DataEntry, DataMap, DataPage, DirEntry, DirPage, FileData,
-    FileHash, Handshake, Hello, Id, IdName, ReadData, Request, Response, StatFs, Welcome,
-    MAX_DATA_EXTENTS, MAX_ID_NAMES,
+    AuthMethod, AuthOk, AuthProof, DataEntry, DataMap, DataPage, DirEntry, DirPage, EntryXattrs,
+    FileData, FileHash, Handshake, Hello, Id, IdName, ReadData, Request, Response, StatFs, Welcome,
+    MAX_DATA_EXTENTS, MAX_DIR_XATTR_BYTES, MAX_ID_NAMES,
 };
 pub use payload::{Encoding, PayloadError};
 pub use status::Status;
@@ -75,8 +75,12 @@ pub mod features {
     pub const ID_NAMES: u64 = 1 << 5;
     /// The server answers [`crate::Request::DataMap`]: where a file holds data.
     pub const DATA_MAP: u64 = 1 << 6;
+    /// The server answers [`crate::Request::DirXattrs`]: extended attributes (and POSIX
+    /// ACLs) of a directory's entries.
+    pub const XATTRS: u64 = 1 << 7;
     /// Every feature this crate knows.
-    pub const ALL: u64 = LZ4 | HASH | READ_HASH | PRIORITY | DIR_DATA | ID_NAMES | DATA_MAP;
+    pub const ALL: u64 =
+        LZ4 | HASH | READ_HASH | PRIORITY | DIR_DATA | ID_NAMES | DATA_MAP | XATTRS;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

@@ -42,6 +42,7 @@ const K_HASH: u8 = 0x16;
 const K_READDIR_DATA: u8 = 0x17;
 const K_ID_NAMES: u8 = 0x18;
 const K_DATA_MAP: u8 = 0x19;
+const K_DIR_XATTRS: u8 = 0x1a;
 /// A success response's kind is its request's kind with this bit set.
 const RESPONSE_BIT: u8 = 0x80;
 // Success response kinds, named so that `match` sees them as constants: a duplicate arm is
@@ -57,6 +58,7 @@ const K_HASH_DATA: u8 = K_HASH | RESPONSE_BIT;
 const K_DIR_DATA: u8 = K_READDIR_DATA | RESPONSE_BIT;
 const K_ID_NAMES_DATA: u8 = K_ID_NAMES | RESPONSE_BIT;
 const K_DATA_MAP_DATA: u8 = K_DATA_MAP | RESPONSE_BIT;
+const K_DIR_XATTRS_DATA: u8 = K_DIR_XATTRS | RESPONSE_BIT;
 /// In a Read response's encoding byte: the whole file's BLAKE3 follows the checksum.
 const FILE_HASH_FLAG: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
@@ -227,7 +229,27 @@ pub enum Request {
         /// Most extents wanted (the server may send fewer, at most [`MAX_DATA_EXTENTS`]).
         max_extents: u32,
     },
+    /// The extended attributes of a directory and of its entries that have any (requires
+    /// the XATTRS feature): one request per directory, so a copy keeps xattrs and POSIX
+    /// ACLs without a round trip per file. Answer: [`Response::DirXattrs`].
+    DirXattrs {
+        /// The directory.
+        path: Bytes,
+    },
 }
+
+/// The extended attributes of one directory entry ([`Response::DirXattrs`]): the entry's
+/// name (empty for the directory itself) and its `(name, value)` pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryXattrs {
+    /// The entry's name; empty for the directory itself.
+    pub name: Bytes,
+    /// Its extended attributes, `(name, value)`.
+    pub attrs: Vec<(Bytes, Bytes)>,
+}
+
+/// Most bytes of names and values one [`Response::DirXattrs`] carries.
+pub const MAX_DIR_XATTR_BYTES: usize = 1 << 20;
 
 /// Most extents in one [`Response::DataMap`].
 pub const MAX_DATA_EXTENTS: usize = 4096;
@@ -413,6 +435,9 @@ pub enum Response {
     IdNames(Vec<IdName>),
     /// Answer to [`Request::DataMap`].
     DataMap(DataMap),
+    /// Answer to [`Request::DirXattrs`]: the entries (and the directory, with an empty
+    /// name) that have extended attributes.
+    DirXattrs(Vec<EntryXattrs>),
     /// Answer to [`Request::ReadDirData`].
     DirData(DataPage),
     /// Any request failed.
@@ -564,6 +589,7 @@ impl Request {
             Request::ReadDirData { .. } => K_READDIR_DATA,
             Request::IdNames { .. } => K_ID_NAMES,
             Request::DataMap { .. } => K_DATA_MAP,
+            Request::DirXattrs { .. } => K_DIR_XATTRS,
         }
     }
 
@@ -572,9 +598,10 @@ impl Request {
         let mut b = BytesMut::new();
         match self {
             Request::Ping | Request::StatFs => {}
-            Request::Stat { path } | Request::ReadLink { path } | Request::Hash { path } => {
-                put_bytes16(&mut b, path)
-            }
+            Request::Stat { path }
+            | Request::ReadLink { path }
+            | Request::Hash { path }
+            | Request::DirXattrs { path } => put_bytes16(&mut b, path),
             Request::ReadDir {
                 path,
                 cookie,
@@ -690,6 +717,9 @@ impl Request {
                     .collect::<Result<_, _>>()?;
                 Request::IdNames { ids }
             }
+            K_DIR_XATTRS => Request::DirXattrs {
+                path: get_bytes16(&mut b, "path")?,
+            },
             K_DATA_MAP => Request::DataMap {
                 path: get_bytes16(&mut b, "path")?,
                 offset: get_u64(&mut b, "data map")?,
@@ -763,6 +793,7 @@ impl Response {
             Response::Hash(_) => K_HASH_DATA,
             Response::IdNames(_) => K_ID_NAMES_DATA,
             Response::DataMap(_) => K_DATA_MAP_DATA,
+            Response::DirXattrs(_) => K_DIR_XATTRS_DATA,
             Response::DirData(_) => K_DIR_DATA,
             Response::Error { .. } => K_ERROR,
         }
@@ -842,6 +873,18 @@ impl Response {
                 for n in names {
                     n.id.encode(&mut b);
                     put_bytes16(&mut b, &n.name);
+                }
+            }
+            Response::DirXattrs(entries) => {
+                b.put_u32(entries.len() as u32);
+                for e in entries {
+                    put_bytes16(&mut b, &e.name);
+                    b.put_u16(e.attrs.len() as u16);
+                    for (n, v) in &e.attrs {
+                        put_bytes16(&mut b, n);
+                        b.put_u32(v.len() as u32);
+                        b.put_slice(v);
+                    }
                 }
             }
             Response::DataMap(m) => {
@@ -978,6 +1021,25 @@ impl Response {
                     names.push(IdName { id, name });
                 }
                 Response::IdNames(names)
+            }
+            K_DIR_XATTRS_DATA => {
+                let n = get_u32(&mut b, "entry count")? as usize;
+                let mut entries = Vec::with_capacity(n.min(4096));
+                for _ in 0..n {
+                    let name = get_bytes16(&mut b, "entry name")?;
+                    let k = get_u16(&mut b, "xattr count")? as usize;
+                    let mut attrs = Vec::with_capacity(k);
+                    for _ in 0..k {
+                        let an = get_bytes16(&mut b, "xattr name")?;
+                        let len = get_u32(&mut b, "xattr value length")? as usize;
+                        if len > b.len() {
+                            return Err(DecodeError::Truncated("xattr value"));
+                        }
+                        attrs.push((an, b.split_to(len)));
+                    }
+                    entries.push(EntryXattrs { name, attrs });
+                }
+                Response::DirXattrs(entries)
             }
             K_DATA_MAP_DATA => {
                 let version = Version::decode(&mut b)?;

@@ -116,6 +116,7 @@ fn request() -> impl Strategy<Value = Request> {
                 }
             }),
         proptest::collection::vec(id(), 0..40).prop_map(|ids| Request::IdNames { ids }),
+        bytes16().prop_map(|path| Request::DirXattrs { path }),
         (bytes16(), any::<u64>(), any::<u32>()).prop_map(|(path, offset, max_extents)| {
             Request::DataMap {
                 path,
@@ -136,6 +137,18 @@ fn id() -> impl Strategy<Value = Id> {
 fn response() -> impl Strategy<Value = Response> {
     prop_oneof![
         Just(Response::Pong),
+        proptest::collection::vec(
+            (
+                bytes16(),
+                proptest::collection::vec((bytes16(), bytes16()), 0..4)
+            ),
+            0..6
+        )
+        .prop_map(|v| Response::DirXattrs(
+            v.into_iter()
+                .map(|(name, attrs)| EntryXattrs { name, attrs })
+                .collect()
+        )),
         (
             attr(),
             any::<u64>(),

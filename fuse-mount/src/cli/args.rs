@@ -98,6 +98,9 @@ pub struct MirrorArgs {
     /// in the summary).
     #[arg(long)]
     pub delete: bool,
+    /// Do not copy extended attributes and POSIX ACLs.
+    #[arg(long)]
+    pub no_xattrs: bool,
     /// No progress output (a bar on a terminal; otherwise a plain line every 5 s).
     #[arg(short, long)]
     pub quiet: bool,

@@ -30,6 +30,7 @@ pub fn mirror_options(a: MirrorArgs) -> anyhow::Result<MirrorOptions> {
             checksum: a.checksum,
             owners: owners(a.numeric_ids, a.chown.as_deref())?,
             delete: a.delete,
+            xattrs: !a.no_xattrs,
             bwlimit: a.bwlimit,
             ..ferry_cache::MirrorConfig::default()
         },

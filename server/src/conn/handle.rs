@@ -187,6 +187,9 @@ pub(crate) async fn handle(
         Request::IdNames { ids } => blocking(move || Ok(crate::names::names(&ids)))
             .await
             .map(Response::IdNames),
+        Request::DirXattrs { path } => blocking(move || sh.export.dir_xattrs(&path))
+            .await
+            .map(Response::DirXattrs),
         Request::DataMap {
             path,
             offset,

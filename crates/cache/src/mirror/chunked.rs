@@ -226,8 +226,12 @@ pub(super) async fn set_and_stamp(
     attr: &Attr,
 ) -> std::io::Result<()> {
     let (local, a, owner) = (ctx.cache.local_path(rel), *attr, ctx.owners.local(attr));
+    let xa = super::xattrs::XattrMap::of(ctx, rel).await;
     let stamp = background::run(move || {
         set_metadata(&local, &a, true, owner)?;
+        if let Some(x) = &xa {
+            super::xattrs::apply(&local, x)?;
+        }
         local_stamp(&local)
     })
     .await??;

@@ -64,6 +64,8 @@ pub(super) async fn copy_small_file(
     };
     let verify = ctx.cfg.verify;
     let owner = ctx.owners.local(attr);
+    let xa = super::xattrs::XattrMap::of(ctx, rel).await;
+    let local = ctx.cache.local_path(rel);
     let (file, generation, mine, stamp) = {
         let (cache, r, a, d) = (ctx.cache.clone(), rel.clone(), *attr, data);
         write_queued(
@@ -73,6 +75,9 @@ pub(super) async fn copy_small_file(
                 let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
                 std::io::Write::write_all(&mut f, &d)?;
                 set_file_metadata(&f, &a, owner)?;
+                if let Some(x) = &xa {
+                    super::xattrs::apply(&local, x)?;
+                }
                 let stamp = stamp_of(&f.metadata()?);
                 let mine = if verify {
                     *blake3::hash(&d).as_bytes()

@@ -92,6 +92,7 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
         if ctx.cfg.delete {
             delete_extras(ctx, &rel, &entries).await;
         }
+        super::xattrs::XattrMap::prefetch(ctx, &rel);
         let made = make_dirs(ctx, &rel, &entries).await;
         // Small files come in runs of ReadDirData (a few round trips per directory, not
         // one per file), except where an earlier run left files (most are complete here
@@ -420,6 +421,7 @@ fn is_root() -> bool {
 async fn copy_special(ctx: &Ctx, rel: Bytes, attr: Attr) {
     let local = ctx.cache.local_path(&rel);
     let owner = ctx.owners.local(&attr);
+    let xa = super::xattrs::XattrMap::of(ctx, &rel).await;
     let r = background::run(move || -> std::io::Result<()> {
         use rustix::fs::FileType;
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -450,7 +452,11 @@ async fn copy_special(ctx: &Ctx, rel: Bytes, attr: Attr) {
             }
             Err(_) => make_node(&local, ty, attr.perm, rdev)?,
         }
-        set_metadata(&local, &attr, true, owner)
+        set_metadata(&local, &attr, true, owner)?;
+        match &xa {
+            Some(x) => super::xattrs::apply(&local, x),
+            None => Ok(()),
+        }
     })
     .await;
     match r {

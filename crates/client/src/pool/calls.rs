@@ -122,6 +122,24 @@ impl Client {
         })
     }
 
+    /// The extended attributes of directory `path` and of its entries that have any
+    /// (`None` when the server lacks the XATTRS feature).
+    ///
+    /// # Errors
+    /// As [`Client::call`] (`TooLarge` over [`ferry_proto::MAX_DIR_XATTR_BYTES`]).
+    pub async fn dir_xattrs(
+        &self,
+        path: Bytes,
+    ) -> Result<Option<Vec<ferry_proto::EntryXattrs>>, ClientError> {
+        if self.session().features & features::XATTRS == 0 {
+            return Ok(None);
+        }
+        match self.call(Request::DirXattrs { path }).await? {
+            Response::DirXattrs(e) => Ok(Some(e)),
+            r => Err(unexpected(&r)),
+        }
+    }
+
     /// Target of the symlink at `path`.
     ///
     /// # Errors
