@@ -107,7 +107,23 @@ impl Fs {
         }
         // Close-to-open: the version is what the server said within the open TTL.
         let (path, known, fetched) = self.inodes.path_and_attr(ino)?;
-        let ttl = self.cfg.open_ttl.min(self.cfg.attr_ttl);
+        // In a directory too large to list again quickly (a listing of 100,000 names takes
+        // longer than the open TTL to arrive), an open takes the version from a listing
+        // younger than the attribute TTL instead: one round trip per open would make a copy
+        // of such a directory thousands of round trips long.
+        let large_dir = {
+            let (parent_path, _) = ferry_proto::name::split(&path);
+            self.inodes
+                .ino_of(&parent_path)
+                .and_then(|p| self.inodes.path_and_fresh_attr(p, Duration::MAX).ok())
+                .and_then(|(_, a)| a)
+                .is_some_and(|a| a.size > super::listing::DIR_AHEAD_MAX_SIZE)
+        };
+        let ttl = if large_dir {
+            self.cfg.attr_ttl
+        } else {
+            self.cfg.open_ttl.min(self.cfg.attr_ttl)
+        };
         let (attr, before) = if fetched.elapsed() < ttl {
             (known, known.version())
         } else if self.client.live_streams() == 0 {

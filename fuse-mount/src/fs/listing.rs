@@ -68,7 +68,7 @@ const TODO_MAX: usize = 1 << 16;
 /// A file opened this recently means the walk reads files (a copy, not `find` or `ls -lR`).
 const READING: Duration = Duration::from_secs(3);
 /// Larger directories (by their size on the server) are not listed ahead.
-const DIR_AHEAD_MAX_SIZE: u64 = 256 << 10;
+pub(super) const DIR_AHEAD_MAX_SIZE: u64 = 256 << 10;
 
 /// One directory entry as an open directory handle holds it.
 #[derive(Debug, Clone)]
