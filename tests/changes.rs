@@ -554,3 +554,38 @@ fn a_removed_export_is_an_error_and_a_log_line() {
         server.log_text()
     );
 }
+
+#[test]
+fn close_to_open_holds_in_a_directory_too_large_to_list_again() {
+    let export = tempfile::tempdir().unwrap();
+    let big = export.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    // Over 256 KiB of directory on the server: long names.
+    let name = |i: usize| format!("{i:06}-{}", "n".repeat(120));
+    for i in 0..4000 {
+        std::fs::write(big.join(name(i)), format!("{i}\n")).unwrap();
+    }
+    assert!(std::fs::metadata(&big).unwrap().len() > 256 << 10);
+    let server = TestServer::start(export.path());
+    let m = TestMount::mount(&server.addr, &[]);
+    let dst = tempfile::tempdir().unwrap();
+    run(Command::new("cp")
+        .arg("-r")
+        .arg(m.path().join("big"))
+        .arg(dst.path()));
+    run(Command::new("diff")
+        .arg("-r")
+        .arg(&big)
+        .arg(dst.path().join("big")));
+    // Changed on the server after the copy read it, past the open TTL: a new open sees it,
+    // although the kernel's and the mount's listings are younger than the attribute TTL.
+    let target = big.join(name(3999));
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&target)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"appended\n"))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let got = std::fs::read(m.path().join("big").join(name(3999))).unwrap();
+    assert_eq!(got, b"3999\nappended\n");
+}

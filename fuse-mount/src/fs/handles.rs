@@ -108,24 +108,29 @@ impl Fs {
         // Close-to-open: the version is what the server said within the open TTL.
         let (path, known, fetched) = self.inodes.path_and_attr(ino)?;
         // In a directory too large to list again quickly (a listing of 100,000 names takes
-        // longer than the open TTL to arrive), an open takes the version from a listing
-        // younger than the attribute TTL instead: one round trip per open would make a copy
-        // of such a directory thousands of round trips long.
-        let large_dir = {
-            let (parent_path, _) = ferry_proto::name::split(&path);
-            self.inodes
-                .ino_of(&parent_path)
-                .and_then(|p| self.inodes.path_and_fresh_attr(p, Duration::MAX).ok())
-                .and_then(|(_, a)| a)
-                .is_some_and(|a| a.size > super::listing::DIR_AHEAD_MAX_SIZE)
-        };
-        let ttl = if large_dir {
-            self.cfg.attr_ttl
-        } else {
-            self.cfg.open_ttl.min(self.cfg.attr_ttl)
-        };
+        // longer than the open TTL to arrive), the files after this one are stat'ed ahead,
+        // many at once, so their opens find fresh versions without a round trip each.
+        let ttl = self.cfg.open_ttl.min(self.cfg.attr_ttl);
+        let (parent_path, name) = ferry_proto::name::split(&path);
+        let large_dir = self
+            .inodes
+            .ino_of(&parent_path)
+            .filter(|_| !ttl.is_zero())
+            .and_then(|p| {
+                let (_, a) = self.inodes.path_and_fresh_attr(p, Duration::MAX).ok()?;
+                a.filter(|a| a.size > super::listing::DIR_AHEAD_MAX_SIZE)
+                    .map(|_| p)
+            });
+        if let Some(p) = large_dir {
+            self.stat_ahead(p, &parent_path, &name);
+        }
+        let ahead = large_dir
+            .and_then(|_| self.stat_fresh(&path, ttl))
+            .filter(|(a, _)| a.same_object(&known));
         let (attr, before) = if fetched.elapsed() < ttl {
             (known, known.version())
+        } else if let Some((a, at)) = ahead {
+            (a, self.refreshed(ino, &path, a, at)?)
         } else if self.client.live_streams() == 0 {
             // The server is unreachable: the last version the server reported (whose
             // chunks the local copy may hold) rather than an open that waits for it.
@@ -136,6 +141,12 @@ impl Fs {
             );
             (known, known.version())
         } else {
+            // A large directory is not listed again for one open: its file is stat'ed.
+            let ttl = if large_dir.is_some() {
+                Duration::ZERO
+            } else {
+                ttl
+            };
             match self.revalidate(ino, &path, ttl).await {
                 Ok(r) => r,
                 Err(e) if e.source.as_ref().is_some_and(unreachable) => {

@@ -37,6 +37,17 @@ struct Node {
     open_version: Option<Version>,
 }
 
+impl Node {
+    /// Takes `attr`, reported by the server at `fetched`, if it is at least as recent as
+    /// what the node holds (the newer of the two stays).
+    fn take(&mut self, attr: Attr, fetched: Instant) {
+        if fetched >= self.fetched {
+            self.attr = attr;
+            self.fetched = fetched;
+        }
+    }
+}
+
 struct Table {
     nodes: HashMap<u64, Node>,
     by_path: HashMap<Bytes, u64>,
@@ -103,11 +114,7 @@ impl InodeTable {
         if let Some(&ino) = t.by_path.get(&path) {
             if let Some(node) = t.nodes.get_mut(&ino) {
                 if node.attr.same_object(&attr) {
-                    // Keep the newer of what we hold and what arrives.
-                    if fetched >= node.fetched {
-                        node.attr = attr;
-                        node.fetched = fetched;
-                    }
+                    node.take(attr, fetched);
                     node.lookups += 1;
                     return ino;
                 }
@@ -119,10 +126,7 @@ impl InodeTable {
             if let Some(&ino) = t.by_object.get(&(attr.ino, attr.btime)) {
                 if let Some(node) = t.nodes.get_mut(&ino) {
                     if node.attr.same_object(&attr) {
-                        if fetched >= node.fetched {
-                            node.attr = attr;
-                            node.fetched = fetched;
-                        }
+                        node.take(attr, fetched);
                         node.lookups += 1;
                         if node.path != path && !node.aliases.contains(&path) {
                             node.aliases.push(path.clone());
@@ -203,10 +207,7 @@ impl InodeTable {
             ));
         }
         let before = n.attr.version();
-        if fetched >= n.fetched {
-            n.attr = attr;
-            n.fetched = fetched;
-        }
+        n.take(attr, fetched);
         Ok(before)
     }
 

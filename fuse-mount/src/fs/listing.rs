@@ -96,6 +96,9 @@ struct Listing {
     listed: Instant,
     /// A new listing of it is on its way ([`Lister::refresh`]).
     refreshing: bool,
+    /// Positions in name order, made when first needed ([`Fs::stat_ahead`]): each entry's
+    /// rank, and the entries by rank.
+    by_name: std::sync::OnceLock<(Vec<u32>, Vec<u32>)>,
 }
 
 impl Listing {
@@ -121,7 +124,25 @@ impl Listing {
             pipelined_until: 0,
             listed,
             refreshing: false,
+            by_name: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Each entry's rank in name order, and the entries by rank.
+    fn by_name(&self) -> &(Vec<u32>, Vec<u32>) {
+        self.by_name.get_or_init(|| {
+            let mut order: Vec<u32> = (0..self.items.len() as u32).collect();
+            order.sort_by(|&a, &b| {
+                self.items[a as usize]
+                    .name
+                    .cmp(&self.items[b as usize].name)
+            });
+            let mut rank = vec![0u32; order.len()];
+            for (r, &i) in order.iter().enumerate() {
+                rank[i as usize] = r as u32;
+            }
+            (rank, order)
+        })
     }
 }
 
@@ -289,6 +310,27 @@ pub(super) struct Dirs {
     last_open: Arc<Mutex<Option<Instant>>>,
     pending: Arc<Mutex<PendingData>>,
     links: Arc<Mutex<Links>>,
+    /// Attributes of files in large directories, asked ahead of their opens.
+    stats: Arc<Mutex<StatsAhead>>,
+}
+
+/// Files stat'ed ahead in a large directory ([`Fs::stat_ahead`]), at most this many held.
+const STATS_HELD: usize = 4096;
+/// How many files after the one opened are stat'ed ahead.
+const STATS_AHEAD: usize = 128;
+
+/// Attributes asked ahead of opens in a large directory, by path: what the server said and
+/// when the request was sent (so their age is never understated).
+#[derive(Default)]
+struct StatsAhead {
+    fresh: HashMap<Bytes, (Attr, Instant)>,
+    order: VecDeque<Bytes>,
+    asked: std::collections::HashSet<Bytes>,
+    /// Where the last open was in its directory, by directory: its position in the listing
+    /// and in name order. Stats go ahead of a walker that follows one of the two orders
+    /// (`cp -r` and tar the listing's, rsync names'); any other order would have every open
+    /// send a new batch.
+    last_open: HashMap<u64, (usize, usize)>,
 }
 
 /// What fetching listings ahead needs, for the tasks that do it (they go on listing the
@@ -855,6 +897,80 @@ impl Fs {
         let mut a = lock(&self.dirs.ahead);
         if a.by_path.remove(parent_path).is_some() {
             a.order.retain(|p| p != parent_path);
+        }
+    }
+
+    /// Attributes of `path` the server gave less than `max_age` ago, asked ahead of its
+    /// open ([`Fs::stat_ahead`]).
+    pub(super) fn stat_fresh(&self, path: &Bytes, max_age: Duration) -> Option<(Attr, Instant)> {
+        let st = lock(&self.dirs.stats);
+        st.fresh
+            .get(path)
+            .filter(|(_, t)| t.elapsed() < max_age)
+            .copied()
+    }
+
+    /// Close-to-open in a large directory (whose listing takes longer than the open TTL to
+    /// arrive): the attributes of the [`STATS_AHEAD`] regular files after `name` in the kept
+    /// listing of directory `parent` (at `parent_path`) are asked now, many at once, so
+    /// their opens find versions younger than the open TTL without a round trip each.
+    pub(super) fn stat_ahead(&self, parent: u64, parent_path: &Bytes, name: &[u8]) {
+        let items = {
+            let ls = lock(&self.dirs.listings);
+            let Some(l) = ls.by_dir.get(&parent) else {
+                return;
+            };
+            let Some(&at) = l.index.get(name) else {
+                return;
+            };
+            let (rank, by_rank) = l.by_name();
+            let r = rank[at] as usize;
+            let before = {
+                let mut st = lock(&self.dirs.stats);
+                if st.last_open.len() > KEPT_LISTINGS {
+                    st.last_open.clear();
+                }
+                st.last_open.insert(parent, (at, r))
+            };
+            let follows = |b: usize, now: usize| b < now && now - b <= 8;
+            let next: Box<dyn Iterator<Item = &DirItem>> = match before {
+                Some((b, _)) if follows(b, at) => Box::new(l.items.iter().skip(at + 1)),
+                Some((_, br)) if follows(br, r) => {
+                    Box::new(by_rank.iter().skip(r + 1).map(|&i| &l.items[i as usize]))
+                }
+                _ => return,
+            };
+            next.filter(|it| it.attr.kind == FileKind::File)
+                .take(STATS_AHEAD)
+                .map(|it| Bytes::from(join(parent_path, &it.name)))
+                .collect::<Vec<_>>()
+        };
+        let mut st = lock(&self.dirs.stats);
+        for path in items {
+            let fresh = st
+                .fresh
+                .get(&path)
+                .is_some_and(|(_, t)| t.elapsed() < self.cfg.open_ttl / 2);
+            if fresh || !st.asked.insert(path.clone()) {
+                continue;
+            }
+            let (client, stats) = (self.client.clone(), self.dirs.stats.clone());
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let got = client.stat(path.clone()).await;
+                let mut st = lock(&stats);
+                st.asked.remove(&path);
+                if let Ok(attr) = got {
+                    if st.fresh.insert(path.clone(), (attr, sent)).is_none() {
+                        st.order.push_back(path);
+                        while st.order.len() > STATS_HELD {
+                            if let Some(old) = st.order.pop_front() {
+                                st.fresh.remove(&old);
+                            }
+                        }
+                    }
+                }
+            });
         }
     }
 

@@ -317,14 +317,24 @@ async fn copy_symlink(ctx: &Ctx, rel: Bytes, attr: Attr) {
         set_metadata(&local, &attr, false, owner)
     })
     .await;
+    count_other(ctx, "symlink", &rel, r);
+}
+
+/// Counts an entry other than a regular file made (`r`), or reports why it was not.
+fn count_other(
+    ctx: &Ctx,
+    what: &str,
+    rel: &Bytes,
+    r: Result<std::io::Result<()>, background::BackgroundError>,
+) {
     match r {
         Ok(Ok(())) => {
             ctx.progress.others_done.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Err(e)) => ctx
             .progress
-            .error(format!("symlink /{}: {e}", String::from_utf8_lossy(&rel))),
-        Err(e) => ctx.progress.error(format!("symlink task: {e}")),
+            .error(format!("{what} /{}: {e}", String::from_utf8_lossy(rel))),
+        Err(e) => ctx.progress.error(format!("{what} task: {e}")),
     }
 }
 
@@ -459,15 +469,7 @@ async fn copy_special(ctx: &Ctx, rel: Bytes, attr: Attr) {
         }
     })
     .await;
-    match r {
-        Ok(Ok(())) => {
-            ctx.progress.others_done.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(Err(e)) => ctx
-            .progress
-            .error(format!("/{}: {e}", String::from_utf8_lossy(&rel))),
-        Err(e) => ctx.progress.error(format!("special file task: {e}")),
-    }
+    count_other(ctx, "special file", &rel, r);
 }
 
 fn make_node(p: &Path, ty: rustix::fs::FileType, perm: u16, rdev: u64) -> std::io::Result<()> {
