@@ -705,13 +705,11 @@ impl Request {
                 }
             }
             K_ID_NAMES => {
-                let n = get_u16(&mut b, "id count")? as usize;
-                if n > MAX_ID_NAMES {
-                    return Err(DecodeError::InvalidValue {
-                        field: "id count",
-                        value: n as u64,
-                    });
-                }
+                let n = at_most(
+                    get_u16(&mut b, "id count")?.into(),
+                    MAX_ID_NAMES,
+                    "id count",
+                )?;
                 let ids = (0..n)
                     .map(|_| Id::decode(&mut b))
                     .collect::<Result<_, _>>()?;
@@ -730,6 +728,17 @@ impl Request {
         expect_end(&b)?;
         Ok(req)
     }
+}
+
+/// `n` when it is at most `max`, else an invalid `field`.
+fn at_most(n: usize, max: usize, field: &'static str) -> Result<usize, DecodeError> {
+    if n > max {
+        return Err(DecodeError::InvalidValue {
+            field,
+            value: n as u64,
+        });
+    }
+    Ok(n)
 }
 
 /// Writes the flags byte of Read and ReadDirData (see [`get_read_flags`]).
@@ -1001,23 +1010,16 @@ impl Response {
                 blake3: get_array(&mut b, "blake3")?,
             }),
             K_ID_NAMES_DATA => {
-                let n = get_u16(&mut b, "id count")? as usize;
-                if n > MAX_ID_NAMES {
-                    return Err(DecodeError::InvalidValue {
-                        field: "id count",
-                        value: n as u64,
-                    });
-                }
+                let n = at_most(
+                    get_u16(&mut b, "id count")?.into(),
+                    MAX_ID_NAMES,
+                    "id count",
+                )?;
                 let mut names = Vec::with_capacity(n);
                 for _ in 0..n {
                     let id = Id::decode(&mut b)?;
                     let name = get_bytes16(&mut b, "id name")?;
-                    if name.len() > 255 {
-                        return Err(DecodeError::InvalidValue {
-                            field: "id name length",
-                            value: name.len() as u64,
-                        });
-                    }
+                    at_most(name.len(), 255, "id name length")?;
                     names.push(IdName { id, name });
                 }
                 Response::IdNames(names)
@@ -1044,13 +1046,11 @@ impl Response {
             K_DATA_MAP_DATA => {
                 let version = Version::decode(&mut b)?;
                 let next = get_u64(&mut b, "data map next")?;
-                let n = get_u32(&mut b, "extent count")? as usize;
-                if n > MAX_DATA_EXTENTS {
-                    return Err(DecodeError::InvalidValue {
-                        field: "extent count",
-                        value: n as u64,
-                    });
-                }
+                let n = at_most(
+                    get_u32(&mut b, "extent count")? as usize,
+                    MAX_DATA_EXTENTS,
+                    "extent count",
+                )?;
                 let mut extents = Vec::with_capacity(n);
                 for _ in 0..n {
                     extents.push((get_u64(&mut b, "extent")?, get_u64(&mut b, "extent")?));
