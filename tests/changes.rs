@@ -589,3 +589,26 @@ fn close_to_open_holds_in_a_directory_too_large_to_list_again() {
     let got = std::fs::read(m.path().join("big").join(name(3999))).unwrap();
     assert_eq!(got, b"3999\nappended\n");
 }
+
+#[test]
+fn a_local_copy_edited_by_hand_is_not_served_by_passthrough() {
+    let (_export, server, data) = setup(2 * MIB + 99);
+    let cache = tempfile::tempdir().unwrap();
+    let cache_arg = cache.path().to_str().unwrap().to_string();
+    let m = TestMount::mount(&server.addr, &["--cache-dir", &cache_arg]);
+    let dst = tempfile::tempdir().unwrap();
+    run(Command::new("cp").arg(m.path().join("f")).arg(dst.path()));
+    // Stored, recorded and verified (then stamped) in the background.
+    let verified =
+        || ferry_tests::status(&m.path())["mount"]["files_verified_by_reads"].as_u64() == Some(1);
+    assert!(ferry_tests::wait_for(Duration::from_secs(20), verified));
+    std::thread::sleep(Duration::from_millis(1500));
+    // An operator edits the local copy in place, same size, mtime put back.
+    let mut edited = data.clone();
+    edited[MIB] ^= 0xff;
+    rewrite_in_place_keeping_mtime(&cache.path().join("f"), &edited);
+    // Nothing cached in the kernel: the next open must not read the edited file.
+    std::fs::write("/proc/sys/vm/drop_caches", "3").ok();
+    let got = std::fs::read(m.path().join("f")).unwrap();
+    assert!(got == data, "a hand-edited local copy was served");
+}

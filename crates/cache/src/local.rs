@@ -254,6 +254,17 @@ impl ChunkBacking for LocalCopy {
             return None;
         }
         let file = self.open(&rel, st.generation).ok()??;
+        // A verified file is served only while it shows its stamp: one edited by hand since
+        // is read from the server (and verified again by the next pass).
+        if let Some(stamp) = st.stamp {
+            let now = file
+                .metadata()
+                .ok()
+                .map(|m| crate::mirror::metadata::stamp_of(&m));
+            if now != Some(stamp) {
+                return None;
+            }
+        }
         let mut buf: Vec<u8> = Vec::with_capacity(len);
         let offset = index * u64::from(self.chunk_size);
         while buf.len() < len {
