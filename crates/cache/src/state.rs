@@ -287,17 +287,23 @@ impl CacheDir {
 
     /// The complete local copy of `rel` (the file of `generation`) matched the server's hash.
     pub fn mark_verified(&self, rel: &Bytes, generation: u64, blake3: [u8; 32]) {
-        let mut g = self.lock();
-        let Some(st) = g.files.get_mut(rel) else {
-            return;
-        };
-        if st.generation != generation || !st.complete() {
-            return;
-        }
         let rec = Record::Verified {
             path: rel.clone(),
             blake3,
         };
+        self.record_if(rel, generation, FileState::complete, rec);
+    }
+
+    /// Applies `rec` to `rel`'s state and queues it for the journal, when the state is of
+    /// `generation` and `ready` says so.
+    fn record_if(&self, rel: &Bytes, generation: u64, ready: fn(&FileState) -> bool, rec: Record) {
+        let mut g = self.lock();
+        let Some(st) = g.files.get_mut(rel) else {
+            return;
+        };
+        if st.generation != generation || !ready(st) {
+            return;
+        }
         st.apply(&rec);
         g.pending.push(rec);
         g.since_compaction += 1;
@@ -314,20 +320,11 @@ impl CacheDir {
         if now != Some(stamp) {
             return;
         }
-        let mut g = self.lock();
-        let Some(st) = g.files.get_mut(rel) else {
-            return;
-        };
-        if st.generation != generation || st.verified.is_none() {
-            return;
-        }
         let rec = Record::Stamp {
             path: rel.clone(),
             stamp,
         };
-        st.apply(&rec);
-        g.pending.push(rec);
-        g.since_compaction += 1;
+        self.record_if(rel, generation, |st| st.verified.is_some(), rec);
     }
 
     /// `rel`'s verified local copy holds version `to` too: the server's file changed in
