@@ -26,6 +26,7 @@ ROOT=$PWD
 PG_SCALE=$scale real_trees "$data" src,pgdata
 
 w=$(mktemp -d /tmp/ferry-real.XXXXXX); mkdir -p "$w/mnt" "$w/dst"
+export FERRY_STATE_DIR=$w/state
 fd=""
 cleanup() {
     fusermount3 -u "$w/mnt" 2>/dev/null || umount -l "$w/mnt" 2>/dev/null || true

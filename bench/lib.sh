@@ -23,6 +23,8 @@ bench_cleanup() {
 
 bench_start() {
     work=$(mktemp -d "/tmp/$1.XXXXXX")
+    # Destinations' state (journal, status) in the work directory, removed with it.
+    export FERRY_STATE_DIR=$work/state
     trap bench_cleanup EXIT INT TERM
 }
 
@@ -111,6 +113,7 @@ ns_cleanup() {
 ns_start() {
     NS=ferrybench-$$
     WORK=$(mktemp -d /tmp/ferry-bench.XXXXXX)
+    export FERRY_STATE_DIR=$WORK/state
     mkdir -p "$WORK/mnt" "$WORK/logs"
     : > "$WORK/pids"
     trap ns_cleanup EXIT

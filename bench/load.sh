@@ -64,7 +64,7 @@ failed=$(grep -c failed "$work/results" || true)
 checked=0
 for i in 1 $((clients / 2)) "$clients"; do
     [ -d "$work/c$i" ] || continue
-    diff -r --no-dereference -x .ferry "$data/$dataset" "$work/c$i" >/dev/null || { echo "load.sh: client $i differs from the source" >&2; exit 1; }
+    diff -r --no-dereference "$data/$dataset" "$work/c$i" >/dev/null || { echo "load.sh: client $i differs from the source" >&2; exit 1; }
     checked=$((checked + 1))
 done
 report=$(

@@ -189,7 +189,7 @@ copy_once() {
     if [ -d "$DATA/$ds" ] && [ $no_links = 1 ]; then
         diff -r -x links "$DATA/$ds" "$WORK/dst/$ds" >/dev/null || die "$method: copy of $ds differs from the source"
     elif [ -d "$DATA/$ds" ]; then
-        diff -r --no-dereference -x .ferry "$DATA/$ds" "$WORK/dst/$ds" >/dev/null || die "$method: copy of $ds differs from the source"
+        diff -r --no-dereference "$DATA/$ds" "$WORK/dst/$ds" >/dev/null || die "$method: copy of $ds differs from the source"
     else
         cmp -s "$DATA/$ds" "$WORK/dst/$ds" || die "$method: copy of $ds differs from the source"
     fi

@@ -112,7 +112,7 @@ run_once() {
         return 0
     fi
     case "$m" in find|lsR) ;; *)
-        diff -r --no-dereference -x .ferry "$DATA/$t" "$WORK/dst/$t" >/dev/null \
+        diff -r --no-dereference "$DATA/$t" "$WORK/dst/$t" >/dev/null \
             || die "$m: the copy of $t differs from the source" ;;
     esac
     echo "$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.2f", z - a }')|$rss"

@@ -101,7 +101,7 @@ fn a_remount_reads_what_an_earlier_mount_stored() {
     }
     // The unmount flushed the state: every chunk is recorded for the file's version.
     {
-        let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+        let c = ferry_tests::open_cache(cache.path());
         let st = c.state(&bytes::Bytes::from_static(b"f.bin")).unwrap();
         assert!(st.complete(), "{st:?}");
     }
@@ -117,7 +117,7 @@ fn a_remount_reads_what_an_earlier_mount_stored() {
     std::thread::sleep(Duration::from_millis(1500));
     drop(mount);
     {
-        let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+        let c = ferry_tests::open_cache(cache.path());
         let st = c.state(&bytes::Bytes::from_static(b"f.bin")).unwrap();
         assert!(st.verified.is_some(), "{st:?}");
     }
@@ -153,7 +153,7 @@ fn a_cache_dir_that_fills_up_does_not_break_reads() {
     cmp(&src.path().join("big.bin"), &dst.path().join("big.bin"));
     drop(mount);
     // The state is still readable, and claims nothing that is not on disk.
-    let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+    let c = ferry_tests::open_cache(cache.path());
     if let Some(st) = c.state(&bytes::Bytes::from_static(b"big.bin")) {
         let local = std::fs::read(cache.path().join("big.bin")).unwrap();
         let want = std::fs::read(src.path().join("big.bin")).unwrap();
@@ -185,7 +185,10 @@ fn a_complete_verified_file_is_opened_with_passthrough() {
         .arg(dst.path()));
     cmp(&src.path().join("f.bin"), &dst.path().join("f.bin"));
     // Recorded complete, verified against the server's BLAKE3, recorded verified.
-    let c = ferry_cache::CacheDir::open(cache.path());
+    let c = ferry_cache::CacheDir::open(
+        cache.path(),
+        &ferry_cache::StateBase::new(ferry_tests::state_base()),
+    );
     assert!(c.is_err(), "the mount holds the cache directory's lock");
     std::thread::sleep(Duration::from_millis(3000));
     // The next open reads the local file in the kernel.
@@ -207,7 +210,7 @@ fn a_complete_verified_file_is_opened_with_passthrough() {
             "{line}\n{log}"
         );
     }
-    let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+    let c = ferry_tests::open_cache(cache.path());
     let st = c.state(&bytes::Bytes::from_static(b"f.bin")).unwrap();
     assert!(st.complete() && st.verified.is_some(), "{st:?}");
 }

@@ -212,15 +212,12 @@ fn pv_reading_a_file_renamed_over_never_exits_0_with_a_splice() {
 }
 
 fn status_json(dir: &Path) -> serde_json::Value {
-    let out = run(Command::new(bin("ferry"))
-        .arg("status")
-        .arg(dir)
-        .arg("--json"));
+    let out = run(ferry_tests::ferry().arg("status").arg(dir).arg("--json"));
     serde_json::from_str(&out).unwrap()
 }
 
 fn mirror(server: &TestServer, dir: &Path, extra: &[&str]) -> std::process::Output {
-    Command::new(bin("ferry"))
+    ferry_tests::ferry()
         .arg("mirror")
         .arg(&server.addr)
         .arg(dir)
@@ -515,6 +512,7 @@ fn ferry_status_answers_at_once_with_the_server_down() {
     let out = Command::new("timeout")
         .arg("20")
         .arg(bin("ferry"))
+        .env("FERRY_STATE_DIR", ferry_tests::state_base())
         .arg("status")
         .arg(m.path())
         .output()

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use ferry_tests::proxy::{Fault, FaultProxy};
 use ferry_tests::{
-    bin, is_root, require_fuse, run, status, wait_for, write_random, SmallTmpfs, TestMount,
-    TestServer,
+    is_root, require_fuse, run, status, wait_for, write_random, SmallTmpfs, TestMount, TestServer,
 };
 
 fn n(v: &serde_json::Value) -> u64 {
@@ -21,7 +20,7 @@ fn n(v: &serde_json::Value) -> u64 {
 /// `ferry mirror REMOTE DIR` with extra arguments; panics with its output unless it
 /// succeeds.
 fn mirror(remote: &str, dir: &Path, args: &[&str]) {
-    let out = Command::new(bin("ferry"))
+    let out = ferry_tests::ferry()
         .arg("mirror")
         .arg(remote)
         .arg(dir)
@@ -266,7 +265,7 @@ fn a_cache_disk_that_fills_during_the_mount_mirror_leaves_reads_working() {
     }
     drop(mount);
     // The state claims nothing that is not on disk.
-    let c = ferry_cache::CacheDir::open(Path::new(&cache_arg)).unwrap();
+    let c = ferry_tests::open_cache(Path::new(&cache_arg));
     for (rel, st) in c.all() {
         let name = String::from_utf8_lossy(&rel).to_string();
         let want = std::fs::read(src.path().join(&name)).unwrap();

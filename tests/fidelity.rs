@@ -91,7 +91,7 @@ fn owner(p: &Path) -> (u32, u32) {
 }
 
 fn mirror(addr: &str, dst: &Path, extra: &[&str]) {
-    run(Command::new(bin("ferry"))
+    run(ferry_tests::ferry()
         .arg("mirror")
         .arg(addr)
         .arg(dst)
@@ -162,7 +162,7 @@ fn mirror_as_root_copies_owners_by_name_by_number_or_as_told() {
 
 #[test]
 fn a_bad_chown_is_one_clear_line() {
-    let out = Command::new(bin("ferry"))
+    let out = ferry_tests::ferry()
         .args([
             "mirror",
             "127.0.0.1:1",
@@ -313,7 +313,7 @@ fn a_mirrored_postgresql_data_directory_starts_and_answers() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    run(Command::new(bin("ferry"))
+    run(ferry_tests::ferry()
         .arg("mirror")
         .arg(format!("{}:/pgdata", server.addr))
         .arg(&copy)
@@ -339,7 +339,7 @@ fn a_postgresql_data_directory_copied_by_the_mounts_background_mirror_starts() {
         &["--cache-dir", &cache_arg, "--mirror"],
     );
     // `ferry status --watch` returns once the background mirror is complete.
-    let out = Command::new(bin("ferry"))
+    let out = ferry_tests::ferry()
         .arg("status")
         .arg(mount.path())
         .args(["--watch", "--json"])
@@ -398,7 +398,7 @@ fn mirror_keeps_hard_links_and_a_rerun_finds_them_in_place() {
         vec![5u8; (2 << 20) + 17]
     );
     let status = || -> serde_json::Value {
-        serde_json::from_str(&run(Command::new(bin("ferry"))
+        serde_json::from_str(&run(ferry_tests::ferry()
             .arg("status")
             .arg(d)
             .arg("--json")))
@@ -489,7 +489,7 @@ fn a_sparse_file_gives_a_sparse_copy_and_its_holes_never_cross_the_wire() {
         b <= a + a / 10 + (64 << 10),
         "the copy allocates {b} bytes, the source {a}"
     );
-    let s: serde_json::Value = serde_json::from_str(&run(Command::new(bin("ferry"))
+    let s: serde_json::Value = serde_json::from_str(&run(ferry_tests::ferry()
         .arg("status")
         .arg(dst.path())
         .arg("--json")))
@@ -503,7 +503,7 @@ fn a_sparse_file_gives_a_sparse_copy_and_its_holes_never_cross_the_wire() {
 }
 
 fn mirror_output(addr: &str, dst: &Path, extra: &[&str]) -> String {
-    let out = Command::new(bin("ferry"))
+    let out = ferry_tests::ferry()
         .arg("mirror")
         .arg(addr)
         .arg(dst)
@@ -548,7 +548,7 @@ fn fifos_and_devices_are_copied_as_root_and_sockets_are_counted() {
     );
     assert!(!d.join("sock").exists(), "sockets are not copied");
     assert!(err.contains("1 special files not copied"), "{err}");
-    let s: serde_json::Value = serde_json::from_str(&run(Command::new(bin("ferry"))
+    let s: serde_json::Value = serde_json::from_str(&run(ferry_tests::ferry()
         .arg("status")
         .arg(d)
         .arg("--json")))

@@ -40,7 +40,7 @@ fn background_mount_returns_when_ready_and_exits_on_unmount() {
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let mnt_s = mnt.to_string_lossy().into_owned();
-    let status = Command::new(bin("ferry"))
+    let status = ferry_tests::ferry()
         .args(["mount", &server.addr, &mnt_s])
         .status()
         .unwrap();
@@ -123,7 +123,7 @@ fn unreachable_server_fails_fast_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     for fg in [false, true] {
         let start = Instant::now();
-        let mut cmd = Command::new(bin("ferry"));
+        let mut cmd = ferry_tests::ferry();
         cmd.args(["mount", &format!("127.0.0.1:{port}")])
             .arg(dir.path());
         if fg {
@@ -152,7 +152,7 @@ fn bad_arguments_get_one_line_errors() {
         ("host:/a/../b", "bad remote path"),
         ("", "missing host"),
     ] {
-        let out = Command::new(bin("ferry"))
+        let out = ferry_tests::ferry()
             .args(["mount", remote])
             .arg(dir.path())
             .output()
@@ -187,7 +187,7 @@ fn sub_path_mounts_only_that_directory() {
     assert_eq!(read_all(&mount.path().join("system01.dbf")), b"blocks");
     // A sub-path that does not exist is refused before mounting.
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(bin("ferry"))
+    let out = ferry_tests::ferry()
         .args(["mount", &format!("{}:/no/such", server.addr)])
         .arg(dir.path())
         .output()

@@ -131,6 +131,7 @@ fn ferry_mirror_draws_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
         dst.path().join("m").display()
     );
     let out = Command::new(script)
+        .env("FERRY_STATE_DIR", ferry_tests::state_base())
         .args(["-qefc", &cmd, "/dev/null"])
         .output()
         .unwrap();
@@ -142,7 +143,7 @@ fn ferry_mirror_draws_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
     assert!(tty.contains("MiB/s") || tty.contains("KiB/s"), "{tty}");
     // Not a terminal: no bar; a plain progress line every 5 s (this run takes about 7 s),
     // then the summary.
-    let plain = Command::new(bin("ferry"))
+    let plain = ferry_tests::ferry()
         .arg("mirror")
         .arg(&server.addr)
         .arg(dst.path().join("n"))

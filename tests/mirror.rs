@@ -7,10 +7,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ferry_tests::{bin, build_tree, run, walk, write_random, TestServer};
+use ferry_tests::{build_tree, run, walk, write_random, TestServer};
 
 fn mirror_cmd(server: &TestServer, dir: &Path, extra: &[&str]) -> Command {
-    let mut c = Command::new(bin("ferry"));
+    let mut c = ferry_tests::ferry();
     c.arg("mirror")
         .arg(&server.addr)
         .arg(dir)
@@ -20,10 +20,7 @@ fn mirror_cmd(server: &TestServer, dir: &Path, extra: &[&str]) -> Command {
 }
 
 fn status_json(dir: &Path) -> serde_json::Value {
-    let out = run(Command::new(bin("ferry"))
-        .arg("status")
-        .arg(dir)
-        .arg("--json"));
+    let out = run(ferry_tests::ferry().arg("status").arg(dir).arg("--json"));
     serde_json::from_str(&out).unwrap()
 }
 
@@ -32,14 +29,12 @@ fn status_json(dir: &Path) -> serde_json::Value {
 /// folder is not part of the copy.
 fn assert_same_tree(src: &Path, copy: &Path) {
     run(Command::new("diff")
-        .args(["-r", "--no-dereference", "--exclude=.ferry"])
+        .args(["-r", "--no-dereference"])
         .arg(src)
         .arg(copy));
     let want = walk(src);
-    let got: Vec<_> = walk(copy)
-        .into_iter()
-        .filter(|m| !m.rel.starts_with(".ferry"))
-        .collect();
+    // Exactly the source: ferry's state is kept outside the copy.
+    let got = walk(copy);
     assert_eq!(want.len(), got.len());
     for (w, g) in want.iter().zip(&got) {
         assert_eq!(
@@ -84,7 +79,7 @@ fn mirror_of_a_tree_equals_the_source_and_a_rerun_moves_nothing() {
     assert_eq!(s["bytes_done"].as_u64().unwrap(), total);
     assert_same_tree(src.path(), &copy);
     // The human report says so too.
-    let out = run(Command::new(bin("ferry")).arg("status").arg(&copy));
+    let out = run(ferry_tests::ferry().arg("status").arg(&copy));
     assert!(out.contains("complete"), "{out}");
 }
 
@@ -136,7 +131,7 @@ fn kill_9_mid_mirror_then_resume_refetches_no_completed_chunk() {
         // What the journal says is present must be on disk: the resumed run fetches
         // exactly the rest.
         let present: u64 = {
-            let c = ferry_cache::CacheDir::open(&copy).unwrap();
+            let c = ferry_tests::open_cache(&copy);
             c.all().iter().map(|(_, s)| s.present_bytes()).sum()
         };
         assert!(present < total);
@@ -186,7 +181,7 @@ fn a_busy_directory_and_a_bad_rate_get_one_line_errors() {
     write_random(&src.path().join("a"), 1000, 1);
     let dst = tempfile::tempdir().unwrap();
     let server = TestServer::start(src.path());
-    let _held = ferry_cache::CacheDir::open(dst.path()).unwrap();
+    let _held = ferry_tests::open_cache(dst.path());
     let out = mirror_cmd(&server, dst.path(), &[]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -199,13 +194,13 @@ fn a_busy_directory_and_a_bad_rate_get_one_line_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--bwlimit fast"));
 
-    let out = Command::new(bin("ferry"))
+    let out = ferry_tests::ferry()
         .arg("status")
         .arg(src.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no ferry state"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no ferry state was found for it"));
 }
 
 #[test]
@@ -237,7 +232,7 @@ fn a_cache_dir_that_fills_up_gives_a_clear_error_and_a_sound_state() {
         "{s}"
     );
     // The state opens, and claims nothing that is not on disk.
-    let c = ferry_cache::CacheDir::open(&copy).unwrap();
+    let c = ferry_tests::open_cache(&copy);
     for (rel, st) in c.all() {
         let name = String::from_utf8_lossy(&rel).into_owned();
         let want = std::fs::read(src.path().join(&name)).unwrap();

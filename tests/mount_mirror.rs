@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use ferry_tests::{
-    bin, is_root, require_fuse, run, status, wait_for, write_random, TestMount, TestServer,
+    is_root, require_fuse, run, status, wait_for, write_random, TestMount, TestServer,
 };
 
 fn source_tree(root: &Path) {
@@ -201,7 +201,7 @@ fn reads_during_a_running_mirror_are_correct_and_the_mirror_completes() {
         );
     }
     drop(mount);
-    let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+    let c = ferry_tests::open_cache(cache.path());
     let all = c.all();
     assert_eq!(all.len(), 43);
     for (rel, st) in all {
@@ -234,7 +234,7 @@ fn an_unmounted_mirror_resumes_at_the_next_mount() {
     let d = status(cache.path());
     assert_eq!(d["state"], "interrupted", "{d}");
     let kept: u64 = {
-        let c = ferry_cache::CacheDir::open(cache.path()).unwrap();
+        let c = ferry_tests::open_cache(cache.path());
         c.all().iter().map(|(_, s)| s.present_bytes()).sum()
     };
     assert!(kept >= 4 << 20, "only {kept} bytes recorded");
@@ -266,7 +266,7 @@ fn mirror_options_without_their_prerequisites_are_refused() {
         (&["--bwlimit", "10M"][..], "--mirror"),
     ] {
         let mnt = tempfile::tempdir().unwrap();
-        let out = Command::new(bin("ferry"))
+        let out = ferry_tests::ferry()
             .arg("mount")
             .arg("127.0.0.1:1")
             .arg(mnt.path())
@@ -282,7 +282,7 @@ fn mirror_options_without_their_prerequisites_are_refused() {
 #[test]
 fn status_of_a_plain_directory_says_what_to_give() {
     let d = tempfile::tempdir().unwrap();
-    let out = Command::new(bin("ferry"))
+    let out = ferry_tests::ferry()
         .arg("status")
         .arg(d.path())
         .output()
@@ -308,7 +308,7 @@ fn status_watch_follows_the_mount_mirror_to_the_end() {
         &["--cache-dir", &cache_arg, "--mirror", "--bwlimit", "10M"],
     );
     // Not a terminal: one JSON object per line, the last one complete; exit 0.
-    let out = Command::new(bin("ferry"))
+    let out = ferry_tests::ferry()
         .arg("status")
         .arg(mount.path())
         .args(["--watch", "--json"])

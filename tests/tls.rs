@@ -68,7 +68,7 @@ impl Pki {
 fn mount_fails(remote: &str, args: &[&str]) -> String {
     let mnt = tempfile::tempdir().unwrap();
     let t = Instant::now();
-    let out = Command::new(bin("ferry"))
+    let out = ferry_tests::ferry()
         .arg("mount")
         .arg(remote)
         .arg(mnt.path())

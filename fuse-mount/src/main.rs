@@ -27,7 +27,9 @@ fn main() {
     let r = match cli.command {
         Command::Mount(args) => cli::daemon::mount(args),
         Command::Mirror(args) => cli::mirror::mirror(args),
-        Command::Status(args) => cli::status::status(&args.path, args.json, args.watch),
+        Command::Status(args) => {
+            cli::status::status(&args.path, args.state_dir.as_deref(), args.json, args.watch)
+        }
     };
     if let Err(e) = r {
         eprintln!("ferry: {e:#}");

@@ -69,6 +69,9 @@ pub struct MountConfig {
     pub io_threads: usize,
     /// Local copy: chunks read through the mount are kept here and read locally later.
     pub cache_dir: Option<PathBuf>,
+    /// Where the local copy's state goes (`None`: the user's default,
+    /// [`ferry_cache::StateBase::default_for_user`]).
+    pub state_dir: Option<PathBuf>,
     /// Fill the local copy in the background with a mirror of the whole export.
     pub mirror: bool,
     /// Cap on the background mirror's transfer, bytes per second.
@@ -93,6 +96,7 @@ impl Default for MountConfig {
             read_ahead_kb: 8192,
             io_threads: 2,
             cache_dir: None,
+            state_dir: None,
             mirror: false,
             bwlimit: None,
             metrics: None,
@@ -167,6 +171,7 @@ impl MountSession {
             Some(dir) => Some(Local::open(
                 rt.handle(),
                 dir,
+                &ferry_cache::StateBase::choose(cfg.state_dir.as_deref())?,
                 &client,
                 cfg.fs.root.clone(),
                 chunk_size,

@@ -37,6 +37,40 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// The state directory (`FERRY_STATE_DIR`) of every `ferry` the tests start: one per
+/// test process, removed when it exits, so no test leaves state in /var/lib/ferry.
+pub fn state_base() -> &'static Path {
+    static BASE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    extern "C" fn remove() {
+        if let Some(p) = BASE.get() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+    BASE.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-test-state")
+            .tempdir()
+            .expect("state tempdir")
+            .keep();
+        // SAFETY: `remove` is an `extern "C" fn()` that touches only the OnceLock.
+        unsafe { libc::atexit(remove) };
+        dir
+    })
+}
+
+/// A `ferry` command with the tests' state directory ([`state_base`]).
+pub fn ferry() -> Command {
+    let mut c = Command::new(bin("ferry"));
+    c.env("FERRY_STATE_DIR", state_base());
+    c
+}
+
+/// Opens the state of the cache directory `root` as the `ferry` of [`ferry`] keeps it.
+pub fn open_cache(root: &Path) -> ferry_cache::CacheDir {
+    ferry_cache::CacheDir::open(root, &ferry_cache::StateBase::new(state_base()))
+        .expect("open cache directory")
+}
+
 /// Whether FUSE mounts can work here. Returns false (after printing why) when the test
 /// should skip; panics instead when `FERRY_REQUIRE_FUSE=1`.
 pub fn fuse_available() -> bool {
@@ -274,7 +308,7 @@ impl TestMount {
     pub fn mount_at(dir: tempfile::TempDir, remote: &str, args: &[&str]) -> TestMount {
         let mnt = dir.path().join("mnt");
         let log = dir.path().join("ferry.log");
-        let child = Command::new(bin("ferry"))
+        let child = ferry()
             .arg("mount")
             .arg(remote)
             .arg(&mnt)
@@ -530,7 +564,7 @@ impl Drop for SmallTmpfs {
 
 /// `ferry status PATH --json`, parsed (panics with ferry's message if it fails).
 pub fn status(path: &Path) -> serde_json::Value {
-    let out = Command::new(bin("ferry"))
+    let out = ferry()
         .arg("status")
         .arg(path)
         .arg("--json")

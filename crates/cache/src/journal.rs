@@ -1,4 +1,5 @@
-//! The journal: an append-only file of checksummed records, `DIR/.ferry/journal`.
+//! The journal: an append-only file of checksummed records, `journal` in a destination's
+//! state folder ([`crate::state::location`]).
 //!
 //! ```text
 //! file    = magic "FERRYJ01" record*
@@ -256,6 +257,15 @@ pub struct Journal {
     file: File,
     len: u64,
     pending: BytesMut,
+}
+
+/// Whether `path` is a ferry journal (begins with its magic).
+pub fn is_journal(path: &Path) -> bool {
+    let mut head = [0u8; 8];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok()
+        && &head == MAGIC
 }
 
 impl Journal {

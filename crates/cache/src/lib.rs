@@ -1,10 +1,11 @@
 //! ferry's local copy of an export.
 //!
 //! A cache directory holds the copy laid out exactly as the export (plain files, sparse
-//! while they fill; directories, symlinks, modes and nanosecond mtimes as the source) plus
-//! a state folder, `.ferry/`, whose journal records for every file the remote version the
-//! local bytes belong to, which chunks of it are present (durable on disk), and whether the
-//! whole file was verified against the server's BLAKE3.
+//! while they fill; directories, symlinks, modes and nanosecond mtimes as the source) and
+//! nothing else. Its state lives outside it, in a state folder ([`state::location`]:
+//! `/var/lib/ferry/NAME-HASH/` as root) whose journal records for every file the remote
+//! version the local bytes belong to, which chunks of it are present (durable on disk), and
+//! whether the whole file was verified against the server's BLAKE3.
 //!
 //! - [`background`]: the mirror's low-priority threads ([`background::run`]) and the
 //!   rule by which its CPU and disk work defers to demand reads ([`background::DemandGate`]).
@@ -30,13 +31,9 @@ pub mod syncer;
 pub use local::LocalCopy;
 pub use mirror::{Mirror, MirrorConfig, MirrorError, Owners};
 pub use progress::{Faults, MountStatus, Progress, SchedulerStatus, State, Status};
-pub use state::{CacheDir, FileState};
+pub use state::{find_state, CacheDir, FileState, StateBase};
 pub use supervisor::{MirrorPhase, MirrorSupervisor, MirrorTask};
 pub use syncer::Syncer;
-
-/// Name of the state folder inside a cache directory. An export entry of this name at the
-/// top level is not mirrored.
-pub const STATE_DIR: &str = ".ferry";
 
 /// BLAKE3 of the file at `path` (the local side of every verification), read past the
 /// page cache where possible ([`ferry_util::direct`]).

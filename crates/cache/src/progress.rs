@@ -1,5 +1,5 @@
 //! Progress counters of a mirror run ([`Progress`]) and the status `ferry status` shows
-//! ([`Status`], with its [`State`]): for a directory the file `DIR/.ferry/status.json`
+//! ([`Status`], with its [`State`]): for a directory the file `status.json` in its state folder
 //! (replaced in place about once a second), for a mount the JSON it serves at its root;
 //! the same status is the `--metrics` page ([`Status::to_prometheus`]).
 

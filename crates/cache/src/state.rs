@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -16,11 +17,13 @@ use bytes::Bytes;
 use ferry_proto::Version;
 
 use crate::journal::{Journal, Record};
-use crate::STATE_DIR;
 
 mod file;
+pub mod location;
 
 pub use file::{replay, FileState};
+pub use location::{find_state, StateBase};
+use location::{Owner, LEGACY_STATE_DIR};
 
 /// Errors opening a cache directory.
 #[derive(Debug, thiserror::Error)]
@@ -36,10 +39,21 @@ pub enum CacheError {
     /// Another process uses the directory.
     #[error("cache directory {0} is in use by another ferry process (its lock is held); stop it or choose another directory")]
     Locked(PathBuf),
+    /// No state base was given and this user has no default.
+    #[error("no directory for ferry's state: set HOME or XDG_STATE_HOME, or give --state-dir DIR")]
+    NoStateBase,
+    /// The destination holds state of an older ferry and the state folder holds state too.
+    #[error("{legacy} holds the state of an older ferry, and {folder} holds state for the same directory too: remove one of them (the copy is kept; the next run re-verifies it)")]
+    TwoStates {
+        /// The legacy state folder inside the destination.
+        legacy: PathBuf,
+        /// The state folder outside it.
+        folder: PathBuf,
+    },
 }
 
-/// A cache directory: the local copy plus its `.ferry/` state. One process at a time
-/// (an exclusive lock on `.ferry/lock`).
+/// A cache directory: the local copy, and its state in a folder outside it
+/// ([`location`]). One process at a time (an exclusive lock on the folder's `lock`).
 pub struct CacheDir {
     root: PathBuf,
     meta: PathBuf,
@@ -73,35 +87,104 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CacheError + '_ {
     }
 }
 
+/// Takes the exclusive lock of the state folder `meta` (of the destination `root`).
+fn lock_folder(meta: &Path, root: &Path) -> Result<std::fs::File, CacheError> {
+    let lock_path = meta.join("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io_err(&lock_path))?;
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(lock),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(CacheError::Locked(root.to_path_buf())),
+        Err(e) => Err(io_err(&lock_path)(e.into())),
+    }
+}
+
+/// Moves the state an older ferry kept in `legacy` (`DEST/.ferry/`) to the state folder
+/// `meta`, then removes `legacy`, so the destination holds exactly the source.
+fn migrate(legacy: &Path, meta: &Path, root: &Path) -> Result<(), CacheError> {
+    // An older ferry still running there holds this lock.
+    let _old = lock_folder(legacy, root)?;
+    let ours = meta.join("journal");
+    if std::fs::metadata(&ours).is_ok_and(|m| m.len() > 8) {
+        return Err(CacheError::TwoStates {
+            legacy: legacy.to_path_buf(),
+            folder: meta.to_path_buf(),
+        });
+    }
+    for f in ["journal", "status.json"] {
+        let from = legacy.join(f);
+        if from.is_file() {
+            let to = meta.join(f);
+            std::fs::copy(&from, &to).map_err(io_err(&from))?;
+            std::fs::File::open(&to)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err(&to))?;
+        }
+    }
+    std::fs::File::open(meta)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(meta))?;
+    std::fs::remove_dir_all(legacy).map_err(io_err(legacy))?;
+    tracing::info!(
+        "moved ferry's state out of the copy: {} → {}",
+        legacy.display(),
+        meta.display()
+    );
+    Ok(())
+}
+
 impl CacheDir {
-    /// Opens (creating if needed) the cache directory `root`, takes its lock and replays
-    /// its journal.
+    /// Opens (creating if needed) the cache directory `root` with its state folder in
+    /// `base`, takes its lock and replays its journal. State an older ferry kept inside
+    /// `root` (`.ferry/`) is moved to the state folder; state recorded for another
+    /// directory that stood at this path is set aside.
     ///
     /// # Errors
-    /// I/O errors; the directory is locked by another process.
-    pub fn open(root: &Path) -> Result<CacheDir, CacheError> {
+    /// I/O errors; the directory is locked by another process; state both inside and
+    /// outside the directory.
+    pub fn open(root: &Path, base: &StateBase) -> Result<CacheDir, CacheError> {
         std::fs::create_dir_all(root).map_err(io_err(root))?;
-        let meta = root.join(STATE_DIR);
-        std::fs::create_dir_all(&meta).map_err(io_err(&meta))?;
-        let lock_path = meta.join("lock");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io_err(&lock_path))?;
-        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(CacheError::Locked(root.to_path_buf()))
-            }
-            Err(e) => return Err(io_err(&lock_path)(e.into())),
+        let root = std::fs::canonicalize(root).map_err(io_err(root))?;
+        let meta = base.folder_for(&root);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&meta)
+            .map_err(io_err(&meta))?;
+        let lock = lock_folder(&meta, &root)?;
+        let legacy = root.join(LEGACY_STATE_DIR);
+        if crate::journal::is_journal(&legacy.join("journal")) {
+            migrate(&legacy, &meta, &root)?;
         }
+        let owner = Owner::of(&root).map_err(io_err(&root))?;
+        match Owner::read(&meta) {
+            Some(o) if o == owner => {}
+            Some(o) => {
+                tracing::warn!(
+                    "{}: its state belonged to another directory that stood at this path before (device {} inode {} born {}, now {} {} {}): starting afresh",
+                    root.display(), o.dev, o.ino, o.btime, owner.dev, owner.ino, owner.btime
+                );
+                for f in ["journal", "status.json"] {
+                    match std::fs::remove_file(meta.join(f)) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(io_err(&meta)(e))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            None => {}
+        }
+        owner.write(&meta).map_err(io_err(&meta))?;
         let jpath = meta.join("journal");
         let (journal, records) = Journal::open(&jpath).map_err(io_err(&jpath))?;
         let files = replay(&records);
         Ok(CacheDir {
-            root: root.to_path_buf(),
+            root,
             meta,
             inner: Mutex::new(Inner {
                 pending: Vec::new(),
@@ -478,7 +561,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = Bytes::from_static(b"x/y");
         {
-            let c = CacheDir::open(dir.path()).unwrap();
+            let c = CacheDir::open(
+                &dir.path().join("copy"),
+                &StateBase::new(dir.path().join("state")),
+            )
+            .unwrap();
             let g = c.begin(&p, v(5000), 1024);
             c.mark_present(&p, g, 0, 3);
             c.mark_present(&p, g + 1, 3, 2); // another generation: ignored
@@ -487,7 +574,11 @@ mod tests {
             c.commit().unwrap();
         }
         {
-            let c = CacheDir::open(dir.path()).unwrap();
+            let c = CacheDir::open(
+                &dir.path().join("copy"),
+                &StateBase::new(dir.path().join("state")),
+            )
+            .unwrap();
             let s = c.state(&p).unwrap();
             assert_eq!(s.present_count(), 3);
             c.mark_present(&p, s.generation, 3, 2);
@@ -498,7 +589,11 @@ mod tests {
             drop(g);
             c.compact_if_large().unwrap();
         }
-        let c = CacheDir::open(dir.path()).unwrap();
+        let c = CacheDir::open(
+            &dir.path().join("copy"),
+            &StateBase::new(dir.path().join("state")),
+        )
+        .unwrap();
         let s = c.state(&p).unwrap();
         assert!(s.complete());
         assert_eq!(s.verified, Some([9; 32]));
@@ -509,7 +604,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = Bytes::from_static(b"f");
         {
-            let c = CacheDir::open(dir.path()).unwrap();
+            let c = CacheDir::open(
+                &dir.path().join("copy"),
+                &StateBase::new(dir.path().join("state")),
+            )
+            .unwrap();
             let g = c.begin(&p, v(5000), 1024);
             c.mark_present(&p, g, 0, 2); // not committed before the compaction
             c.lock().since_compaction = 1_000_000;
@@ -519,7 +618,11 @@ mod tests {
             c.mark_verified(&p, g, [7; 32]);
             c.commit().unwrap();
         }
-        let c = CacheDir::open(dir.path()).unwrap();
+        let c = CacheDir::open(
+            &dir.path().join("copy"),
+            &StateBase::new(dir.path().join("state")),
+        )
+        .unwrap();
         let s = c.state(&p).unwrap();
         assert!(s.complete());
         assert_eq!(s.verified, Some([7; 32]));
@@ -528,7 +631,11 @@ mod tests {
     #[test]
     fn a_chunk_written_before_a_restart_is_not_recorded() {
         let dir = tempfile::tempdir().unwrap();
-        let c = CacheDir::open(dir.path()).unwrap();
+        let c = CacheDir::open(
+            &dir.path().join("copy"),
+            &StateBase::new(dir.path().join("state")),
+        )
+        .unwrap();
         let p = Bytes::from_static(b"f");
         let (_old, g1) = c.restart_file(&p, v(3000), 1024).unwrap();
         let (held, st) = c.open_current(&p, true).unwrap().unwrap();
@@ -547,8 +654,99 @@ mod tests {
     #[test]
     fn a_second_process_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let _a = CacheDir::open(dir.path()).unwrap();
-        let err = CacheDir::open(dir.path()).unwrap_err();
+        let _a = CacheDir::open(
+            &dir.path().join("copy"),
+            &StateBase::new(dir.path().join("state")),
+        )
+        .unwrap();
+        let err = CacheDir::open(
+            &dir.path().join("copy"),
+            &StateBase::new(dir.path().join("state")),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("in use by another ferry process"));
+    }
+
+    fn two(dir: &tempfile::TempDir) -> (PathBuf, StateBase) {
+        (
+            dir.path().join("copy"),
+            StateBase::new(dir.path().join("state")),
+        )
+    }
+
+    #[test]
+    fn the_state_lives_outside_the_copy_and_an_older_ferrys_is_moved_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, base) = two(&dir);
+        let p = Bytes::from_static(b"f");
+        // What an older ferry left: DIR/.ferry/{lock,journal,status.json}.
+        {
+            let c = CacheDir::open(&root, &base).unwrap();
+            let g = c.begin(&p, v(5000), 1024);
+            c.mark_present(&p, g, 0, 5);
+            c.commit().unwrap();
+            let legacy = root.join(LEGACY_STATE_DIR);
+            std::fs::create_dir(&legacy).unwrap();
+            for f in ["journal", "lock", "status.json"] {
+                let from = c.meta().join(f);
+                if from.exists() {
+                    std::fs::rename(from, legacy.join(f)).unwrap();
+                } else {
+                    std::fs::write(legacy.join(f), b"{}").unwrap();
+                }
+            }
+            assert!(!c.meta().starts_with(&root));
+        }
+        let c = CacheDir::open(&root, &base).unwrap();
+        assert!(c.state(&p).unwrap().complete(), "the journal came along");
+        assert!(c.meta().join("status.json").is_file());
+        assert!(!root.join(LEGACY_STATE_DIR).exists());
+        assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn state_inside_and_outside_at_once_is_refused_and_an_exported_ferry_folder_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, base) = two(&dir);
+        {
+            let c = CacheDir::open(&root, &base).unwrap();
+            c.begin(&Bytes::from_static(b"f"), v(1), 1024);
+            c.commit().unwrap();
+        }
+        // A `.ferry` folder that came from the export (no journal of ours): kept as is.
+        let legacy = root.join(LEGACY_STATE_DIR);
+        std::fs::create_dir(&legacy).unwrap();
+        std::fs::write(legacy.join("journal"), b"not ours").unwrap();
+        drop(CacheDir::open(&root, &base).unwrap());
+        assert_eq!(std::fs::read(legacy.join("journal")).unwrap(), b"not ours");
+        // An older ferry's state beside ours: refused, nothing removed.
+        std::fs::copy(
+            base.folder_for(&std::fs::canonicalize(&root).unwrap())
+                .join("journal"),
+            legacy.join("journal"),
+        )
+        .unwrap();
+        let err = CacheDir::open(&root, &base).unwrap_err().to_string();
+        assert!(err.contains("remove one of them"), "{err}");
+        assert!(legacy.join("journal").is_file());
+    }
+
+    #[test]
+    fn state_of_a_directory_removed_and_made_again_is_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, base) = two(&dir);
+        let p = Bytes::from_static(b"f");
+        {
+            let c = CacheDir::open(&root, &base).unwrap();
+            let g = c.begin(&p, v(5000), 1024);
+            c.mark_present(&p, g, 0, 5);
+            c.commit().unwrap();
+        }
+        assert!(CacheDir::open(&root, &base).unwrap().state(&p).is_some());
+        std::fs::remove_dir_all(&root).unwrap();
+        // Another directory at the same path (likely under the same inode number).
+        std::fs::create_dir(&root).unwrap();
+        let c = CacheDir::open(&root, &base).unwrap();
+        assert!(c.state(&p).is_none());
     }
 }

@@ -63,8 +63,13 @@ pub enum Command {
 pub struct MirrorArgs {
     /// Server and directory: HOST[:PORT][:/PATH] (default port 7070).
     pub remote: String,
-    /// Local directory to fill (created if missing; its state goes in DIR/.ferry/).
+    /// Local directory to fill (created if missing). It holds exactly the source: the
+    /// state (journal, status) goes in the state directory.
     pub dir: PathBuf,
+    /// Where the state of destinations goes, one folder per destination (default:
+    /// /var/lib/ferry as root, else $XDG_STATE_HOME/ferry or ~/.local/state/ferry).
+    #[arg(long, value_name = "DIR", env = "FERRY_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     #[command(flatten)]
     pub net: NetArgs,
     /// Files copied at once (each has a request in flight: many are needed to fill a
@@ -116,6 +121,10 @@ pub struct MirrorArgs {
 pub struct StatusArgs {
     /// A ferry mount point, or a directory filled by `ferry mirror` or `--cache-dir`.
     pub path: PathBuf,
+    /// The state directory the mirror was given (default: this user's, then
+    /// /var/lib/ferry).
+    #[arg(long, value_name = "DIR", env = "FERRY_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Machine-readable output: the status object (schema in docs/CONFIGURATION.md).
     #[arg(long)]
     pub json: bool,
@@ -169,9 +178,14 @@ pub struct MountArgs {
     pub log_file: Option<PathBuf>,
     /// Keep a local copy here: every chunk read through the mount is written into it, and
     /// read from it (not the network) afterwards, also after a remount. Same layout and
-    /// state as `ferry mirror` (DIR/.ferry/).
+    /// state as `ferry mirror`: DIR holds exactly the export, the state goes in the state
+    /// directory.
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Where the state of the local copy goes, one folder per cache directory (default:
+    /// /var/lib/ferry as root, else $XDG_STATE_HOME/ferry or ~/.local/state/ferry).
+    #[arg(long, value_name = "DIR", env = "FERRY_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Fill the local copy (--cache-dir) in the background with the whole export, while
     /// reads through the mount come first. Once a file is complete and verified, its opens
     /// are served from local disk. `ferry status MOUNTPOINT` shows the progress.

@@ -22,6 +22,7 @@ pub fn mirror_options(a: MirrorArgs) -> anyhow::Result<MirrorOptions> {
     Ok(MirrorOptions {
         target,
         dir: a.dir,
+        state: ferry_cache::StateBase::choose(a.state_dir.as_deref())?,
         client,
         engine: ferry_cache::MirrorConfig {
             files_in_flight: a.files,
@@ -185,6 +186,7 @@ pub fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
         threads: a.threads.max(1),
         read_ahead_kb: a.read_ahead_kb,
         cache_dir: a.cache_dir.clone(),
+        state_dir: a.state_dir.clone(),
         mirror: a.mirror,
         bwlimit: a.bwlimit,
         metrics: a.net.metrics,

@@ -33,6 +33,8 @@ pub struct MirrorOptions {
     pub target: Target,
     /// The local directory to fill.
     pub dir: PathBuf,
+    /// Where its state goes.
+    pub state: ferry_cache::StateBase,
     /// Connection settings.
     pub client: ClientConfig,
     /// Engine settings.
@@ -69,7 +71,7 @@ pub fn run(opts: MirrorOptions) -> anyhow::Result<()> {
 }
 
 async fn run_async(opts: MirrorOptions) -> anyhow::Result<()> {
-    let cache = Arc::new(CacheDir::open(&opts.dir)?);
+    let cache = Arc::new(CacheDir::open(&opts.dir, &opts.state)?);
     let client = Client::connect(ClientConfig {
         addr: opts.target.addr(),
         ..opts.client.clone()

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use ferry_cache::{State, Status, STATE_DIR};
+use ferry_cache::{find_state, State, Status};
 use ferry_util::human_bytes;
 
 use super::render::{progress_bar, progress_line, rate_eta_files};
@@ -52,17 +52,17 @@ fn mount_status(path: &Path) -> anyhow::Result<Option<Status>> {
 ///
 /// # Errors
 /// PATH is neither a ferry mount nor holds ferry state.
-fn read_status(path: &Path) -> anyhow::Result<Status> {
+fn read_status(path: &Path, state_dir: Option<&Path>) -> anyhow::Result<Status> {
     if let Some(s) = mount_status(path)? {
         return Ok(s);
     }
-    let meta = path.join(STATE_DIR);
-    if !meta.is_dir() {
+    let Some(meta) = find_state(path, state_dir) else {
         bail!(
-            "{} is not a ferry mount and holds no ferry state ({STATE_DIR}/ is missing): give a mount point or the directory of a `ferry mirror` or `--cache-dir`",
-            path.display()
+            "{} is not a ferry mount and no ferry state was found for it{}: give a mount point or the directory of a `ferry mirror` or `--cache-dir` (and its --state-dir if one was given)",
+            path.display(),
+            state_dir.map_or(String::new(), |d| format!(" in {}", d.display()))
         );
-    }
+    };
     let mut s = Status::read(&meta).with_context(|| {
         format!(
             "{}: no status yet (no mirror has run there)",
@@ -80,11 +80,16 @@ fn read_status(path: &Path) -> anyhow::Result<Status> {
 /// # Errors
 /// PATH is neither a ferry mount nor holds ferry state; with `--watch`, the mirror ended
 /// incomplete.
-pub fn status(path: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
+pub fn status(
+    path: &Path,
+    state_dir: Option<&Path>,
+    json: bool,
+    watch: bool,
+) -> anyhow::Result<()> {
     if watch {
-        return watch_status(path, json);
+        return watch_status(path, state_dir, json);
     }
-    let s = read_status(path)?;
+    let s = read_status(path, state_dir)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
@@ -96,7 +101,7 @@ pub fn status(path: &Path, json: bool, watch: bool) -> anyhow::Result<()> {
 /// Follows a running mirror (of a directory or a mount's `--mirror`) until it ends: a
 /// progress bar on a terminal, a line every 5 s otherwise (a JSON object per line with
 /// `--json`). Exit status 0 when it completed.
-fn watch_status(path: &Path, json: bool) -> anyhow::Result<()> {
+fn watch_status(path: &Path, state_dir: Option<&Path>, json: bool) -> anyhow::Result<()> {
     let bar = (!json && std::io::stdout().is_terminal()).then(|| {
         progress_bar(
             indicatif::ProgressDrawTarget::stdout(),
@@ -106,7 +111,7 @@ fn watch_status(path: &Path, json: bool) -> anyhow::Result<()> {
     // Long enough ago that the first status is printed at once.
     let mut last_line = std::time::Instant::now() - LINE_EVERY * 2;
     loop {
-        let s = read_status(path)?;
+        let s = read_status(path, state_dir)?;
         if s.state == State::Mounted {
             bail!(
                 "{} is a mount without --mirror: nothing to watch (`ferry status {}` shows its counters)",

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_cache::{CacheDir, LocalCopy, Syncer};
+use ferry_cache::{CacheDir, LocalCopy, StateBase, Syncer};
 use ferry_client::Client;
 use tracing::{info, warn};
 
@@ -40,11 +40,12 @@ impl Local {
     pub(crate) fn open(
         rt: &tokio::runtime::Handle,
         dir: &Path,
+        state: &StateBase,
         client: &Client,
         root: Bytes,
         chunk_size: u32,
     ) -> Result<Local, MountError> {
-        let cache = Arc::new(CacheDir::open(dir)?);
+        let cache = Arc::new(CacheDir::open(dir, state)?);
         let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel();
         for (rel, st) in cache.all() {
             if st.complete() && st.verified.is_none() {
@@ -65,7 +66,11 @@ impl Local {
         let copy = Arc::new(LocalCopy::new(cache, root, chunk_size, syncer.clone()));
         // Files completed through the mount are verified, then opened with passthrough.
         rt.spawn(copy.clone().verify_completed(client.background(), done_rx));
-        info!("local copy in {}", dir.display());
+        info!(
+            "local copy in {}, its state in {}",
+            dir.display(),
+            copy.cache().meta().display()
+        );
         Ok(Local {
             copy,
             syncer,

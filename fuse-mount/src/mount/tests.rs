@@ -175,8 +175,10 @@ fn the_background_mirror_completes_and_is_recorded() {
     let server = Server::start(src.path());
     let dir = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
     let cfg = MountConfig {
         cache_dir: Some(cache.path().to_path_buf()),
+        state_dir: Some(state.path().to_path_buf()),
         mirror: true,
         ..server.config(dir.path())
     };
@@ -197,6 +199,8 @@ fn the_background_mirror_completes_and_is_recorded() {
         std::fs::read(cache.path().join("d/a")).unwrap(),
         vec![7u8; 3 << 20]
     );
-    let recorded = ferry_cache::Status::read(&cache.path().join(ferry_cache::STATE_DIR)).unwrap();
+    let folder = ferry_cache::find_state(cache.path(), Some(state.path())).unwrap();
+    assert!(folder.starts_with(state.path()));
+    let recorded = ferry_cache::Status::read(&folder).unwrap();
     assert_eq!(recorded.state, ferry_cache::State::Complete);
 }

@@ -26,7 +26,6 @@ use super::file::copy_file;
 use super::metadata::{local_stamp, set_metadata};
 use super::{remote_path, Ctx};
 use crate::background;
-use crate::STATE_DIR;
 
 /// Runs of small files fetched at once ([`ferry_client::small_file_runs`]): with
 /// [`ferry_client::RUN_BYTES`] each, the most their contents hold in memory before they are
@@ -101,12 +100,6 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
             ctx.client.session().features & features::DIR_DATA != 0 && !known.contains(&rel);
         let mut in_runs = vec![false; entries.len()];
         for (i, (e, made)) in entries.iter().zip(made).enumerate() {
-            if is_state_dir(&rel, &e.name) {
-                ctx.progress.error(format!(
-                    "the export has a top-level entry named {STATE_DIR}, which a cache directory uses for its state: not mirrored"
-                ));
-                continue;
-            }
             let child = Bytes::from(join(&rel, &e.name));
             match e.attr.kind {
                 FileKind::Directory => {
@@ -214,7 +207,7 @@ async fn copy_run(
     }
     let mut jobs = tokio::task::JoinSet::new();
     for e in &entries[run.entries] {
-        if !is_small_file(e.attr.kind, e.attr.size) || is_state_dir(rel, &e.name) {
+        if !is_small_file(e.attr.kind, e.attr.size) {
             continue;
         }
         let data = got
@@ -234,14 +227,9 @@ async fn copy_run(
     while jobs.join_next().await.is_some() {}
 }
 
-/// Whether `name` in directory `rel` is the cache's state folder (top level only).
-fn is_state_dir(rel: &[u8], name: &[u8]) -> bool {
-    rel.is_empty() && name == STATE_DIR.as_bytes()
-}
-
 /// Creates the local directories of the subdirectories listed in `rel`, all in one step on
 /// the background threads, before anything is created in them. One result per entry: `None`
-/// for entries that are not directories (or the state folder).
+/// for entries that are not directories.
 async fn make_dirs(
     ctx: &Ctx,
     rel: &Bytes,
@@ -250,8 +238,7 @@ async fn make_dirs(
     let paths: Vec<Option<PathBuf>> = entries
         .iter()
         .map(|e| {
-            (e.attr.kind == FileKind::Directory && !is_state_dir(rel, &e.name))
-                .then(|| ctx.cache.local_path(&join(rel, &e.name)))
+            (e.attr.kind == FileKind::Directory).then(|| ctx.cache.local_path(&join(rel, &e.name)))
         })
         .collect();
     if paths.iter().all(Option::is_none) {
@@ -493,7 +480,6 @@ const DELETED_LISTED: usize = 1000;
 async fn delete_extras(ctx: &Ctx, rel: &Bytes, entries: &[DirEntry]) {
     let names: HashSet<Vec<u8>> = entries.iter().map(|e| e.name.to_vec()).collect();
     let dir = ctx.cache.local_path(rel);
-    let at_root = rel.is_empty();
     let gone = background::run(move || -> std::io::Result<Vec<(Vec<u8>, bool)>> {
         use std::os::unix::ffi::OsStrExt;
         let mut gone = Vec::new();
@@ -505,7 +491,7 @@ async fn delete_extras(ctx: &Ctx, rel: &Bytes, entries: &[DirEntry]) {
         for ent in rd {
             let ent = ent?;
             let name = ent.file_name().as_bytes().to_vec();
-            if names.contains(&name) || (at_root && name == STATE_DIR.as_bytes()) {
+            if names.contains(&name) {
                 continue;
             }
             let path = ent.path();
