@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used)] // tests may panic on setup failures
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -656,4 +656,218 @@ fn mirror_copies_xattrs_and_acls_and_drops_those_the_server_no_longer_has() {
     let none = tempfile::tempdir().unwrap();
     mirror(&server.addr, none.path(), &["--no-xattrs"]);
     assert!(!all_xattrs(&none.path().join("d/f")).contains("user."));
+}
+
+/// Lays out a 256 MiB sparse file at `p` with islands of data (at the start, mid-chunk,
+/// across a chunk boundary, at the very end).
+fn sparse_file(p: &Path) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::create(p).unwrap();
+    f.set_len(256 << 20).unwrap();
+    let island = |n: usize, seed: u8| -> Vec<u8> { (0..n).map(|i| (i as u8) ^ seed).collect() };
+    for (at, n, seed) in [
+        (0u64, 1 << 20, 1u8),
+        ((100 << 20) + 12345, 100_000, 2),
+        ((200 << 20) - 4096, 8192, 3),
+        ((256 << 20) - 5000, 5000, 4),
+    ] {
+        f.write_all_at(&island(n, seed), at).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
+/// `lseek(path, offset, whence)`: the offset, or the errno.
+fn seek(f: &std::fs::File, offset: i64, whence: i32) -> Result<i64, i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: lseek on a valid descriptor.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), offset, whence) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    } else {
+        Ok(r)
+    }
+}
+
+#[test]
+fn holes_through_the_mount_are_found_by_seek_read_without_the_network_and_kept_as_holes() {
+    ferry_tests::require_fuse!();
+    let export = tempfile::tempdir().unwrap();
+    let src = export.path().join("sparse.img");
+    sparse_file(&src);
+    let server = TestServer::start(export.path());
+    let cache = tempfile::tempdir().unwrap();
+    let cache_arg = cache.path().to_str().unwrap().to_string();
+    let m = TestMount::mount(&server.addr, &["--cache-dir", &cache_arg]);
+    let through = m.path().join("sparse.img");
+    let (a, b) = (
+        std::fs::File::open(&src).unwrap(),
+        std::fs::File::open(&through).unwrap(),
+    );
+    // SEEK_DATA and SEEK_HOLE land where they land on the source, everywhere that matters.
+    let mut probes = vec![0i64, 1, 4096, (1 << 20) - 1, 1 << 20, 100 << 20, 256 << 20];
+    for (at, n) in [
+        ((100 << 20) + 12345, 100_000),
+        ((200 << 20) - 4096, 8192),
+        ((256 << 20) - 5000, 5000),
+    ] {
+        probes.extend([at - 1, at, at + 1, at + n - 1, at + n, at + n + 1]);
+    }
+    for off in probes {
+        for whence in [libc::SEEK_DATA, libc::SEEK_HOLE] {
+            assert_eq!(
+                seek(&b, off, whence),
+                seek(&a, off, whence),
+                "lseek({off}, {whence})"
+            );
+        }
+    }
+    // Read through (every byte, holes included): the bytes are the source's, and the
+    // server sent only about the data.
+    run(Command::new("cmp").arg(&src).arg(&through));
+    let s = ferry_tests::status(&m.path());
+    let wire = s["mount"]["decoded_bytes"].as_u64().unwrap();
+    assert!(
+        wire <= 12 << 20,
+        "{wire} bytes fetched for ~1.1 MiB of data: {s}"
+    );
+    // The local copy the reads made is as sparse as the source.
+    let local = cache.path().join("sparse.img");
+    let allocated = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
+    assert!(ferry_tests::wait_for(Duration::from_secs(10), || {
+        ferry_tests::status(&m.path())["mount"]["files_verified_by_reads"].as_u64() == Some(1)
+    }));
+    run(Command::new("cmp").arg(&src).arg(&local));
+    let (sa, la) = (allocated(&src), allocated(&local));
+    assert!(
+        la <= sa + sa / 10 + (64 << 10),
+        "the local copy allocates {la} bytes, the source {sa}"
+    );
+}
+
+/// What two trees must agree on to be the same: for every path, its type, size, mode,
+/// owner, link count, mtime (not of symlinks), extended attributes and ACLs, and how much
+/// it allocates (within 10 % and 64 KiB).
+fn assert_same_tree(src: &Path, copy: &Path, how: &str) {
+    let want = ferry_tests::walk(src);
+    let got = ferry_tests::walk(copy);
+    let names = |w: &[ferry_tests::Meta]| w.iter().map(|m| m.rel.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&want), names(&got), "{how}: the names differ");
+    for m in &want {
+        let (a, b) = (src.join(&m.rel), copy.join(&m.rel));
+        let (ma, mb) = (
+            std::fs::symlink_metadata(&a).unwrap(),
+            std::fs::symlink_metadata(&b).unwrap(),
+        );
+        let what = format!("{how}: {}", m.rel.display());
+        assert_eq!(ma.file_type(), mb.file_type(), "{what}: type");
+        assert_eq!(ma.mode(), mb.mode(), "{what}: mode");
+        assert_eq!((ma.uid(), ma.gid()), (mb.uid(), mb.gid()), "{what}: owner");
+        if ma.is_file() {
+            assert_eq!(ma.len(), mb.len(), "{what}: size");
+            assert_eq!(ma.nlink(), mb.nlink(), "{what}: link count");
+            assert_eq!(ma.mtime(), mb.mtime(), "{what}: mtime");
+            let (x, y) = (ma.blocks() * 512, mb.blocks() * 512);
+            assert!(
+                y <= x + x / 10 + (64 << 10),
+                "{what}: allocates {y}, the source {x}"
+            );
+            run(Command::new("cmp").arg(&a).arg(&b));
+        }
+        if ma.is_file() || ma.is_dir() {
+            assert_eq!(all_xattrs(&a), all_xattrs(&b), "{what}: xattrs and ACLs");
+        } else if ma.file_type().is_symlink() {
+            assert_eq!(
+                std::fs::read_link(&a).unwrap(),
+                std::fs::read_link(&b).unwrap(),
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rsync_ahaxs_out_of_the_mount_and_ferry_mirror_each_give_the_source() {
+    ferry_tests::require_fuse!();
+    for tool in ["rsync", "setfacl", "setfattr", "getfattr"] {
+        if ferry_tests::which(tool).is_none() {
+            assert!(
+                std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
+                "{tool} is needed (scripts/prereqs.sh)"
+            );
+            eprintln!("skipped: {tool} missing");
+            return;
+        }
+    }
+    let export = tempfile::tempdir().unwrap();
+    let e = export.path().join("tree");
+    std::fs::create_dir_all(e.join("etc/conf.d")).unwrap();
+    std::fs::create_dir_all(e.join("data/base")).unwrap();
+    std::fs::write(e.join("etc/app.conf"), b"port = 5432\n").unwrap();
+    std::fs::write(e.join("etc/conf.d/secret"), b"token\n").unwrap();
+    std::fs::set_permissions(
+        e.join("etc/conf.d/secret"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::set_permissions(e.join("etc/conf.d"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    ferry_tests::write_random(&e.join("data/base/16384"), 3 << 20, 7);
+    std::fs::hard_link(e.join("data/base/16384"), e.join("data/base/linked")).unwrap();
+    sparse_file(&e.join("data/sparse.img"));
+    std::os::unix::fs::symlink("../etc/app.conf", e.join("data/conf")).unwrap();
+    run(Command::new("setfattr")
+        .args(["-n", "user.origin", "-v", "db1"])
+        .arg(e.join("data/base/16384")));
+    run(Command::new("setfattr")
+        .args(["-n", "user.empty"])
+        .arg(e.join("etc")));
+    run(Command::new("setfacl")
+        .args(["-m", "u:nobody:r,g:nogroup:rw,m:rw"])
+        .arg(e.join("etc/app.conf")));
+    run(Command::new("setfacl")
+        .args(["-d", "-m", "u:nobody:rx"])
+        .arg(e.join("data")));
+    if is_root() {
+        let (uid, gid) = nobody();
+        for p in ["etc/conf.d", "etc/conf.d/secret", "data/base/16384"] {
+            chown(&e.join(p), uid, gid);
+        }
+    }
+    for (i, p) in [
+        "etc/app.conf",
+        "etc/conf.d/secret",
+        "data/base/16384",
+        "data/sparse.img",
+    ]
+    .iter()
+    .enumerate()
+    {
+        ferry_tests::set_mtime(&e.join(p), 1_600_000_000 + i as i64, 123_456_789);
+    }
+    let server = TestServer::start(export.path());
+
+    let m = TestMount::mount(&server.addr, &[]);
+    let rs = tempfile::tempdir().unwrap();
+    run(Command::new("rsync")
+        .arg("-aHAXS")
+        .arg(m.path().join("tree"))
+        .arg(rs.path()));
+    assert_same_tree(&e, &rs.path().join("tree"), "rsync -aHAXS out of the mount");
+    let cp = tempfile::tempdir().unwrap();
+    run(Command::new("cp")
+        .arg("-a")
+        .arg(m.path().join("tree"))
+        .arg(cp.path()));
+    assert_eq!(
+        all_xattrs(&e.join("etc/app.conf")),
+        all_xattrs(&cp.path().join("tree/etc/app.conf")),
+        "cp -a keeps ACLs"
+    );
+    assert!(
+        run(Command::new("getfacl").arg(m.path().join("tree/etc/app.conf")))
+            .contains("group:nogroup:rw-")
+    );
+
+    let mi = tempfile::tempdir().unwrap();
+    mirror(&server.addr, mi.path(), &[]);
+    assert_same_tree(&e, &mi.path().join("tree"), "ferry mirror");
 }

@@ -27,6 +27,7 @@ mod inodes;
 mod listing;
 mod read;
 mod readdir;
+mod xattrs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -286,6 +287,24 @@ impl Fs {
             return Ok(target);
         }
         Ok(self.client.readlink(path).await?)
+    }
+
+    /// The extended attributes (and POSIX ACLs) of `ino`, as the server has them: asked for
+    /// a directory's entries at once, beside its listing.
+    ///
+    /// # Errors
+    /// ESTALE for an unknown inode; EIO when the server could not say.
+    pub async fn xattrs(&self, ino: u64) -> Result<Vec<(Bytes, Bytes)>, Error> {
+        let path = self.inodes.path_of(ino)?;
+        let (dir, name) = if ino == ROOT_INO {
+            (path, Bytes::new())
+        } else {
+            ferry_proto::name::split(&path)
+        };
+        self.dirs
+            .xattrs
+            .of(&self.client, &dir, &name, self.cfg.attr_ttl)
+            .await
     }
 
     /// Statistics of the export's file system.

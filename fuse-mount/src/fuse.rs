@@ -462,26 +462,68 @@ impl Filesystem for FerryFuse {
         size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        let value = match &self.status {
-            Some(f) if ino == INodeNo::ROOT && name == STATUS_XATTR => f(),
-            // The export's own extended attributes are not carried.
-            _ => return reply.error(Errno::ENODATA),
-        };
-        if size == 0 {
-            reply.size(value.len() as u32);
-        } else if (size as usize) < value.len() {
-            reply.error(Errno::ERANGE);
-        } else {
-            reply.data(&value);
+        if let Some(f) = self
+            .status
+            .as_ref()
+            .filter(|_| ino == INodeNo::ROOT && name == STATUS_XATTR)
+        {
+            return reply_xattr(reply, size, &f());
         }
+        let (fs, name) = (self.fs.clone(), name.as_bytes().to_vec());
+        self.rt.spawn(async move {
+            match fs.xattrs(ino.0).await {
+                Ok(all) => match all.iter().find(|(n, _)| n[..] == name[..]) {
+                    Some((_, v)) => reply_xattr(reply, size, v),
+                    None => reply.error(Errno::ENODATA),
+                },
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.xattrs(ino.0).await {
+                Ok(all) => {
+                    // Names, each ended by a NUL (the mount's own status is not listed).
+                    let mut names = Vec::new();
+                    for (n, _) in &all {
+                        names.extend_from_slice(n);
+                        names.push(0);
+                    }
+                    reply_xattr(reply, size, &names);
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: fuser::ReplyLseek,
+    ) {
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            // The kernel answers the other kinds itself.
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.seek(ino.0, fh.0, offset, data).await {
+                Ok(at) => reply.offset(at as i64),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -599,5 +641,17 @@ impl Filesystem for FerryFuse {
         reply: fuser::ReplyCreate,
     ) {
         reply.error(Errno::EROFS);
+    }
+}
+
+/// Answers a getxattr or listxattr: the size when asked with size 0, ERANGE when the
+/// caller's buffer is too small, else the bytes.
+fn reply_xattr(reply: fuser::ReplyXattr, size: u32, value: &[u8]) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if (size as usize) < value.len() {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
     }
 }

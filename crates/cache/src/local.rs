@@ -238,8 +238,8 @@ impl LocalCopy {
             }
         };
         // A write that lands on a file which has started over since is harmless: it goes to
-        // the old inode, and its record is refused (another generation).
-        ferry_util::direct::write_all_at(&file, data, index * u64::from(self.chunk_size))?;
+        // the old inode, and its record is refused (another generation). Zeros stay holes.
+        ferry_util::sparse::write_sparse(&file, data, index * u64::from(self.chunk_size))?;
         self.syncer
             .written(rel, key.version, generation, index, file);
         Ok(())

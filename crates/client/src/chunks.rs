@@ -30,6 +30,7 @@
 mod table;
 mod writeback;
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -79,6 +80,9 @@ pub trait ChunkBacking: Send + Sync + 'static {
 pub struct ChunkStats {
     /// Chunks fetched from the server.
     pub fetched: u64,
+    /// Chunks (and pieces of random reads) answered with zeros from a data map: wholly in
+    /// a hole of a sparse file, never fetched.
+    pub holes: u64,
     /// Chunks read from the local copy.
     pub local: u64,
     /// `get` calls answered by a chunk present or already in flight.
@@ -96,6 +100,7 @@ pub struct ChunkStats {
 #[derive(Default)]
 struct Counters {
     fetched: AtomicU64,
+    holes: AtomicU64,
     local: AtomicU64,
     shared: AtomicU64,
     evicted: AtomicU64,
@@ -117,6 +122,31 @@ pub struct ChunkStore {
     backing: Option<Arc<dyn ChunkBacking>>,
     /// Present with `backing`.
     write_back: Option<WriteBack>,
+    /// Data maps of sparse files ([`ChunkStore::set_data_map`]).
+    maps: Mutex<DataMaps>,
+}
+
+/// Data maps by file id: the version mapped and its data extents; at most
+/// [`DATA_MAPS_HELD`], the oldest leaving first.
+#[derive(Default)]
+struct DataMaps {
+    by_id: HashMap<u64, (Version, Extents)>,
+    order: VecDeque<u64>,
+}
+
+/// A data map's data extents `(offset, length)`, sorted.
+pub type Extents = Arc<Vec<(u64, u64)>>;
+
+/// Data maps held at most.
+const DATA_MAPS_HELD: usize = 1024;
+
+/// Zeros for chunks in holes, shared (never written: it stays in untouched zero pages).
+static ZEROS: [u8; ferry_proto::MAX_CHUNK_SIZE as usize] =
+    [0; ferry_proto::MAX_CHUNK_SIZE as usize];
+
+/// `len` zeros without allocating.
+fn zeros(len: usize) -> Bytes {
+    Bytes::from_static(&ZEROS[..len])
 }
 
 impl std::fmt::Debug for ChunkStore {
@@ -156,7 +186,41 @@ impl ChunkStore {
             counters: Counters::default(),
             backing,
             write_back,
+            maps: Mutex::new(DataMaps::default()),
         })
+    }
+
+    /// Records the data map of `key`'s file (sorted data extents; the rest is holes) for
+    /// `version`: while it is `key`'s version, chunks and ranges wholly in a hole are zeros
+    /// made here, never fetched (and reach the local copy as holes).
+    pub fn set_data_map(&self, key: &FileKey, version: Version, extents: Vec<(u64, u64)>) {
+        let mut m = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if m.by_id
+            .insert(key.id, (version, Arc::new(extents)))
+            .is_none()
+        {
+            m.order.push_back(key.id);
+        }
+        while m.order.len() > DATA_MAPS_HELD {
+            if let Some(old) = m.order.pop_front() {
+                m.by_id.remove(&old);
+            }
+        }
+    }
+
+    /// The data map held for `key`'s version, if any.
+    pub fn data_map(&self, key: &FileKey) -> Option<Extents> {
+        let m = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        m.by_id
+            .get(&key.id)
+            .filter(|(v, _)| *v == key.version)
+            .map(|(_, e)| e.clone())
+    }
+
+    /// Whether `offset..offset + len` of `key` lies wholly in a hole of its data map.
+    fn in_hole(&self, key: &FileKey, offset: u64, len: u64) -> bool {
+        self.data_map(key)
+            .is_some_and(|e| !ferry_proto::extents::holds_data(&e, offset, len))
     }
 
     /// The local copy behind the store, if any.
@@ -174,6 +238,7 @@ impl ChunkStore {
         let c = &self.counters;
         ChunkStats {
             fetched: c.fetched.load(Ordering::Relaxed),
+            holes: c.holes.load(Ordering::Relaxed),
             local: c.local.load(Ordering::Relaxed),
             shared: c.shared.load(Ordering::Relaxed),
             evicted: c.evicted.load(Ordering::Relaxed),
@@ -263,6 +328,12 @@ impl ChunkStore {
                     }
                 }
                 let offset = index * self.chunk_size;
+                if self.in_hole(key, offset, slot.len as u64) {
+                    bump(&self.counters.holes, 1);
+                    let data = zeros(slot.len);
+                    self.store_local(key, offset, &data, key.version);
+                    return Ok((data, key.version));
+                }
                 if let Some(mut parts) =
                     self.load_local(key, offset, offset + slot.len as u64).await
                 {
@@ -338,7 +409,14 @@ impl ChunkStore {
         if version != key.version || offset % self.chunk_size != 0 || data.len() as u64 != whole {
             return;
         }
-        w.offer(key.clone(), offset / self.chunk_size, data.clone());
+        // Zeros of a hole are written as a hole: they weigh little in the queue.
+        let hole = data.as_ptr() == ZEROS.as_ptr();
+        let weight = if hole {
+            writeback::HOLE_WEIGHT
+        } else {
+            data.len()
+        };
+        w.offer(key.clone(), offset / self.chunk_size, data.clone(), weight);
     }
 
     /// Exactly the bytes `offset..end` of `key`, outside the store (a random read): from
@@ -365,7 +443,13 @@ impl ChunkStore {
             let len = (end - pos).min(cs - pos % cs);
             let client = self.client.clone();
             let path = key.path.clone();
-            let task = tokio::spawn(async move { client.read(path, pos, len as u32).await });
+            let task = if self.in_hole(key, pos, len) {
+                bump(&self.counters.holes, 1);
+                let done = (zeros(len as usize), key.version);
+                tokio::spawn(async move { Ok(done) })
+            } else {
+                tokio::spawn(async move { client.read(path, pos, len as u32).await })
+            };
             tasks.push((pos, len, task));
             pos += len;
         }

@@ -15,6 +15,7 @@
 //! - [`preamble`]: the 8 bytes each side sends first, before TLS and frames.
 //! - [`auth`]: token proofs and certificate fingerprints.
 //! - [`attr`]: file attributes and file versions as they travel.
+//! - [`extents`]: questions about a data map (does a range hold data, SEEK_DATA, SEEK_HOLE).
 //! - [`payload`]: read payloads: lz4 or raw, and the xxh3-64 checksum of the decoded bytes.
 //! - [`name`]: which names and paths a peer may send.
 //! - [`status`]: protocol status codes (never raw errno numbers).
@@ -26,6 +27,7 @@ pub mod attr;
 pub mod auth;
 pub mod class;
 mod codec;
+pub mod extents;
 pub mod frame;
 pub mod handshake;
 pub mod message;

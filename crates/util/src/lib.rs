@@ -12,6 +12,7 @@
 //!   bounded queue (the mirror's work, ferryd's background reads).
 //! - [`direct`]: direct I/O for the local copy's bulk data (written and read back past the
 //!   page cache, which belongs to readers).
+//! - [`sparse`]: sparse writes (holes punched, all-zero blocks left unallocated).
 //! - [`human`]: [`human_bytes`], sizes as people read them in logs and progress lines.
 
 pub mod background;
@@ -20,6 +21,7 @@ pub mod human;
 pub mod metrics;
 pub mod priority;
 pub mod process;
+pub mod sparse;
 pub mod task;
 
 pub use human::human_bytes;

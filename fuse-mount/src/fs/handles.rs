@@ -30,6 +30,12 @@ fn unreachable(e: &ferry_client::ClientError) -> bool {
     matches!(e, E::Timeout(_) | E::ConnectionLost | E::Unreachable { .. })
 }
 
+/// Whether a file has at least a chunk's worth of bytes not allocated on the server:
+/// then its data map is worth a round trip (holes are then never fetched).
+fn looks_sparse(attr: &ferry_proto::Attr, chunk_size: u64) -> bool {
+    attr.blocks.saturating_mul(512).saturating_add(chunk_size) <= attr.size
+}
+
 /// One open file.
 pub(super) struct Handle {
     pub(super) key: FileKey,
@@ -216,6 +222,9 @@ impl Fs {
             passthrough && local.is_none()
         };
         if local.is_none() {
+            if looks_sparse(&attr, self.store.chunk_size()) && self.client.live_streams() > 0 {
+                self.map_holes(&key).await;
+            }
             self.pipeline_next_files(ino, &key).await;
         }
         Ok(Opened {
@@ -226,6 +235,61 @@ impl Fs {
             version,
             attr_changed,
         })
+    }
+
+    /// Fetches the data map of `key`'s file unless held: then its holes are never fetched
+    /// (the chunk store makes their zeros) and `lseek` finds them. Returns the map, if the
+    /// server gave one for `key`'s version.
+    async fn map_holes(&self, key: &FileKey) -> Option<Arc<Vec<(u64, u64)>>> {
+        if let Some(m) = self.store.data_map(key) {
+            return Some(m);
+        }
+        match self.client.data_map(key.path.clone()).await {
+            Ok(Some((version, extents))) => {
+                self.store.set_data_map(key, version, extents);
+                self.store.data_map(key)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                debug!(
+                    "/{}: data map: {e}; its holes are read as data",
+                    String::from_utf8_lossy(&key.path)
+                );
+                None
+            }
+        }
+    }
+
+    /// `lseek(SEEK_DATA)` (`data`) or `lseek(SEEK_HOLE)` from `offset` in open file `fh` of
+    /// inode `ino`, answered from the file's data map (fetched if the file looks sparse and
+    /// no map is held); a file that does not look sparse is all data, as on a file system
+    /// without holes.
+    ///
+    /// # Errors
+    /// ENXIO past the end (or no data after `offset`); EBADF for an unknown handle.
+    pub async fn seek(&self, ino: u64, fh: u64, offset: u64, data: bool) -> Result<u64, Error> {
+        let h = self
+            .handles
+            .get(fh)
+            .ok_or_else(|| Error::errno(libc::EBADF, "unknown file handle"))?;
+        let size = h.key.version.size;
+        let sparse = self
+            .inodes
+            .path_and_attr(ino)
+            .is_ok_and(|(_, a, _)| looks_sparse(&a, self.store.chunk_size()));
+        let map = match self.store.data_map(&h.key) {
+            Some(m) => Some(m),
+            None if sparse => self.map_holes(&h.key).await,
+            None => None,
+        };
+        let all = [(0, size)];
+        let extents = map.as_deref().map_or(&all[..], Vec::as_slice);
+        let at = if data {
+            ferry_proto::extents::seek_data(extents, size, offset)
+        } else {
+            ferry_proto::extents::seek_hole(extents, size, offset)
+        };
+        at.ok_or_else(|| Error::errno(libc::ENXIO, "no data past this offset"))
     }
 
     /// Counts an open the kernel took in passthrough mode.

@@ -312,6 +312,8 @@ pub(super) struct Dirs {
     links: Arc<Mutex<Links>>,
     /// Attributes of files in large directories, asked ahead of their opens.
     stats: Arc<Mutex<StatsAhead>>,
+    /// Extended attributes by directory, asked for beside each listing.
+    pub(super) xattrs: Arc<super::xattrs::Xattrs>,
 }
 
 /// Files stat'ed ahead in a large directory ([`Fs::stat_ahead`]), at most this many held.
@@ -347,6 +349,7 @@ struct Lister {
     last_open: Arc<Mutex<Option<Instant>>>,
     pending: Arc<Mutex<PendingData>>,
     links: Arc<Mutex<Links>>,
+    xattrs: Arc<super::xattrs::Xattrs>,
 }
 
 /// The chunk store's key of entry `name` of directory `dir`.
@@ -368,6 +371,9 @@ async fn fetch_listing(
     reading: bool,
 ) -> Result<Vec<DirEntry>, ClientError> {
     let (client, store) = (&l.client, &l.store);
+    // The extended attributes of the directory's entries come beside its listing, so
+    // `ls -l` or `cp -a` does not wait a round trip for them.
+    l.xattrs.ahead(client, &path, l.ttl);
     let entries = client.read_dir(path.clone()).await?;
     // Not reading yet (a walk that only lists, or a copy before its first open): the
     // files wait in the pending queue, taken up once files are opened.
@@ -898,6 +904,8 @@ impl Fs {
         if a.by_path.remove(parent_path).is_some() {
             a.order.retain(|p| p != parent_path);
         }
+        drop(a);
+        self.dirs.xattrs.forget(parent_path);
     }
 
     /// Attributes of `path` the server gave less than `max_age` ago, asked ahead of its
@@ -1037,6 +1045,7 @@ impl Fs {
             last_open: self.dirs.last_open.clone(),
             pending: self.dirs.pending.clone(),
             links: self.dirs.links.clone(),
+            xattrs: self.dirs.xattrs.clone(),
         }
     }
 

@@ -20,6 +20,8 @@ use super::verify;
 use super::{remote_path, Ctx, UNIT};
 use crate::background;
 use ferry_client::SmallFile;
+use ferry_proto::extents::holds_data;
+use ferry_util::sparse::{punch_hole, write_sparse};
 
 pub(super) async fn copy_file_once(
     ctx: &Arc<Ctx>,
@@ -350,97 +352,4 @@ pub(super) async fn write_queued<T: Send + 'static>(
         .await
         .map_err(std::io::Error::other)?;
     background::run(write).await?
-}
-
-/// Whether any of `extents` (sorted data extents `(offset, length)`) overlaps
-/// `offset..offset + len`.
-fn holds_data(extents: &[(u64, u64)], offset: u64, len: u64) -> bool {
-    // The first extent ending after `offset`.
-    let i = extents.partition_point(|&(o, l)| o + l <= offset);
-    extents
-        .get(i)
-        .is_some_and(|&(o, _)| o < offset.saturating_add(len))
-}
-
-/// Makes `offset..offset + len` of `file` a hole (reads give zeros, nothing allocated).
-/// A file system without hole punching gets zeros written instead.
-fn punch_hole(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
-    use rustix::fs::FallocateFlags;
-    match rustix::fs::fallocate(
-        file,
-        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-        offset,
-        len,
-    ) {
-        Ok(()) => Ok(()),
-        Err(rustix::io::Errno::OPNOTSUPP) => {
-            ferry_util::direct::write_all_at(file, &vec![0u8; len as usize], offset)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Block size of sparse writes: all-zero blocks of it stay holes.
-const SPARSE_BLOCK: usize = 4096;
-
-/// Writes `data` at `offset` of a sparse file: the range is made a hole first, then only
-/// the runs of blocks that are not all zero are written, so zeros take no space (as
-/// `cp --sparse=always` does).
-fn write_sparse(file: &std::fs::File, data: &[u8], offset: u64) -> std::io::Result<()> {
-    punch_hole(file, offset, data.len() as u64)?;
-    let mut at = 0;
-    while at < data.len() {
-        let zero = |b: &[u8]| b.iter().all(|&x| x == 0);
-        let block = |i: usize| &data[i..(i + SPARSE_BLOCK).min(data.len())];
-        if zero(block(at)) {
-            at += SPARSE_BLOCK;
-            continue;
-        }
-        let start = at;
-        while at < data.len() && !zero(block(at)) {
-            at += SPARSE_BLOCK;
-        }
-        let end = at.min(data.len());
-        ferry_util::direct::write_all_at(file, &data[start..end], offset + start as u64)?;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn holds_data_finds_overlaps_only() {
-        let ex = [(0, 10), (100, 50), (1000, 1)];
-        assert!(holds_data(&ex, 0, 1));
-        assert!(holds_data(&ex, 5, 100));
-        assert!(!holds_data(&ex, 10, 90));
-        assert!(holds_data(&ex, 149, 1));
-        assert!(!holds_data(&ex, 150, 850));
-        assert!(holds_data(&ex, 999, 5));
-        assert!(!holds_data(&ex, 1001, 1 << 30));
-        assert!(!holds_data(&[], 0, 1 << 30));
-    }
-
-    #[test]
-    fn sparse_writes_leave_zero_blocks_unallocated() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.path().join("s"))
-            .unwrap();
-        f.set_len(1 << 20).unwrap();
-        let mut data = vec![0u8; 1 << 20];
-        data[5000] = 1;
-        data[(1 << 20) - 1] = 2;
-        write_sparse(&f, &data, 0).unwrap();
-        assert_eq!(std::fs::read(dir.path().join("s")).unwrap(), data);
-        // Two blocks of data, the rest holes (allowing the file system some slack).
-        assert!(f.metadata().unwrap().blocks() * 512 <= 64 << 10);
-    }
 }

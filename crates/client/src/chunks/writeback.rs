@@ -30,7 +30,13 @@ struct Job {
     key: FileKey,
     index: u64,
     data: Bytes,
+    /// What it counts against the queue's budget.
+    weight: usize,
 }
+
+/// What a chunk of zeros from a data map weighs in the queue: it is written as a hole (a
+/// punch, no data), so it costs the disk little.
+pub(crate) const HOLE_WEIGHT: usize = 4096;
 
 #[derive(Default)]
 struct Queue {
@@ -92,16 +98,21 @@ impl WriteBack {
 
     /// Queues chunk `index` of `key` for storing. Returns false, and counts a skip, when it
     /// does not fit in the budget.
-    pub(crate) fn offer(&self, key: FileKey, index: u64, data: Bytes) -> bool {
+    pub(crate) fn offer(&self, key: FileKey, index: u64, data: Bytes, weight: usize) -> bool {
         let s = &self.shared;
         let mut q = s.lock();
-        if q.bytes + data.len() > s.budget {
+        if q.bytes + weight > s.budget {
             drop(q);
             s.skipped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        q.bytes += data.len();
-        q.jobs.push_back(Job { key, index, data });
+        q.bytes += weight;
+        q.jobs.push_back(Job {
+            key,
+            index,
+            data,
+            weight,
+        });
         drop(q);
         s.work.notify_one();
         true
@@ -162,7 +173,7 @@ fn writer(s: &Shared) {
             );
         }
         let mut q = s.lock();
-        q.bytes -= job.data.len();
+        q.bytes -= job.weight;
         if q.bytes == 0 {
             s.idle.notify_all();
         }
@@ -220,7 +231,7 @@ mod tests {
         let wb = WriteBack::start(backing.clone(), 350, 1);
         let mut accepted = Vec::new();
         for i in 0..10 {
-            if wb.offer(key(), i, Bytes::from(vec![0u8; 100])) {
+            if wb.offer(key(), i, Bytes::from(vec![0u8; 100]), 100) {
                 accepted.push(i);
             }
             assert!(wb.queued() <= 350);
@@ -234,7 +245,7 @@ mod tests {
         wb.flush();
         assert_eq!(wb.queued(), 0);
         // Room again once written.
-        assert!(wb.offer(key(), 20, Bytes::from(vec![0u8; 100])));
+        assert!(wb.offer(key(), 20, Bytes::from(vec![0u8; 100]), 100));
         go.send(()).unwrap();
         wb.flush();
         let stored = backing.stored.lock().unwrap_or_else(|e| e.into_inner());
@@ -249,7 +260,7 @@ mod tests {
             stored: Mutex::new(Vec::new()),
         });
         let wb = WriteBack::start(backing, 50, 2);
-        assert!(!wb.offer(key(), 0, Bytes::from(vec![0u8; 51])));
+        assert!(!wb.offer(key(), 0, Bytes::from(vec![0u8; 51]), 51));
         assert_eq!(wb.skipped(), 1);
         wb.flush();
     }
