@@ -161,6 +161,46 @@ fn mirror_as_root_copies_owners_by_name_by_number_or_as_told() {
 }
 
 #[test]
+fn the_mount_shows_owners_by_number_or_with_idmap_names_by_name() {
+    ferry_tests::require_fuse!();
+    if !root_or_skip("owners on the server") {
+        return;
+    }
+    let export = tempfile::tempdir().unwrap();
+    let e = export.path();
+    std::fs::create_dir(e.join("d")).unwrap();
+    std::fs::write(e.join("d/named"), b"nobody's").unwrap();
+    std::fs::write(e.join("d/unnamed"), b"no one's").unwrap();
+    chown(&e.join("d/named"), 1234, 1234);
+    chown(&e.join("d/unnamed"), 4242, 4343);
+    let server = NsServer::start(
+        e,
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:1234:1234:nobody:/:/bin/false\n",
+        "root:x:0:\nnogroup:x:1234:\n",
+    );
+    let plain = TestMount::mount(&server.addr, &[]);
+    assert_eq!(owner(&plain.path().join("d/named")), (1234, 1234));
+    let named = TestMount::mount(&server.addr, &["-o", "idmap=names"]);
+    let m = named.path();
+    // Through a listing (ls -l: readdirplus) and through a lookup of its own.
+    let listed: Vec<_> = std::fs::read_dir(m.join("d"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name(), owner(&e.path()))
+        })
+        .collect();
+    assert!(listed.contains(&("named".into(), nobody())), "{listed:?}");
+    assert_eq!(owner(&m.join("d/named")), nobody(), "mapped by name");
+    assert_eq!(
+        owner(&m.join("d/unnamed")),
+        (4242, 4343),
+        "no name: by number"
+    );
+    assert_eq!(owner(&m), (0, 0));
+}
+
+#[test]
 fn a_bad_chown_is_one_clear_line() {
     let out = ferry_tests::ferry()
         .args([

@@ -72,6 +72,9 @@ pub struct FsConfig {
     pub open_ttl: Duration,
     /// A handle reads one version only: any change on the server fails its reads (EIO).
     pub strict: bool,
+    /// Show owners and groups mapped by name (`-o idmap=names`): the server names its
+    /// ids, each name is looked up here; otherwise the server's numbers.
+    pub idmap_names: bool,
 }
 
 impl Default for FsConfig {
@@ -84,6 +87,7 @@ impl Default for FsConfig {
             passthrough: false,
             open_ttl: OPEN_TTL,
             strict: false,
+            idmap_names: false,
         }
     }
 }
@@ -135,9 +139,9 @@ impl Fs {
             client,
             store,
             inodes: InodeTable::new(cfg.root.clone(), root_attr),
+            dirs: Dirs::new(cfg.idmap_names),
             cfg,
             handles: Handles::default(),
-            dirs: Dirs::default(),
             next_fh: AtomicU64::new(1),
         }
     }
@@ -181,7 +185,30 @@ impl Fs {
             Some(found) => found,
             None => (self.client.stat(path.clone()).await?, Instant::now()),
         };
-        Ok((self.inodes.remember(path, attr, fetched), attr))
+        Ok((
+            self.inodes.remember(path, attr, fetched),
+            self.shown(attr).await,
+        ))
+    }
+
+    /// `attr` as the kernel is shown it: owners mapped by name with `-o idmap=names`
+    /// (learning the names of ids not met yet: one request), else as the server has them.
+    async fn shown(&self, attr: Attr) -> Attr {
+        match &self.dirs.ids {
+            Some(ids) => {
+                ids.learn(&self.client, std::iter::once(&attr)).await;
+                ids.map(attr)
+            }
+            None => attr,
+        }
+    }
+
+    /// As [`Fs::shown`], for attributes whose owners were learned already (a listing's).
+    fn shown_now(&self, attr: &Attr) -> Attr {
+        match &self.dirs.ids {
+            Some(ids) => ids.map(*attr),
+            None => *attr,
+        }
     }
 
     /// The kernel dropped `n` references to `ino`. At none left, the inode is gone (its
@@ -216,11 +243,11 @@ impl Fs {
                 String::from_utf8_lossy(&path),
                 fetched.elapsed()
             );
-            return Ok(known);
+            return Ok(self.shown_now(&known));
         }
         let attr = self.client.stat(path.clone()).await?;
         self.refreshed(ino, &path, attr, Instant::now())?;
-        Ok(attr)
+        Ok(self.shown(attr).await)
     }
 
     /// Records `attr`, reported at `fetched`, as `ino`'s (at `path`); returns the version

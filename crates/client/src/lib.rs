@@ -20,6 +20,7 @@
 
 pub mod chunks;
 pub mod error;
+pub mod ids;
 pub mod pool;
 pub mod prefetch;
 mod runs;

@@ -160,6 +160,11 @@ pub struct MountArgs {
     /// open fails its reads with EIO (for copies where any change must be noticed).
     #[arg(long)]
     pub strict: bool,
+    /// Owners as the mount shows them: `none`, the server's numbers; `names`, mapped by
+    /// name like tar and rsync (a user or group the server names is shown as the local one
+    /// of that name; names unknown here keep their numbers).
+    #[arg(long, value_name = "MAP", default_value = "none", value_parser = ["none", "names"])]
+    pub idmap: String,
     /// Allow other users (e.g. postgres, oracle) to use the mount. Non-root users need
     /// `user_allow_other` in /etc/fuse.conf.
     #[arg(long)]

@@ -175,6 +175,7 @@ pub fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
             attr_ttl: Duration::from_secs_f64(a.attr_timeout),
             open_ttl: Duration::from_secs_f64(a.open_timeout),
             strict: a.strict,
+            idmap_names: a.idmap == "names",
             chunk_memory: a.chunk_memory.max(1) << 20,
             prefetch: PrefetchConfig {
                 max_window,

@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ferry_client::ids::NameMap;
 use ferry_client::{
     is_small_file, small_file_runs, ChunkStore, Client, ClientError, FileKey, ListedEntry,
     SMALL_FILE_MAX,
@@ -300,7 +301,6 @@ impl DirsAhead {
 }
 
 /// The directory state of a mount (three mutexes, never held together).
-#[derive(Default)]
 pub(super) struct Dirs {
     /// Open directory handles and the listing each serves.
     open: Mutex<HashMap<u64, Arc<Vec<DirItem>>>>,
@@ -314,6 +314,24 @@ pub(super) struct Dirs {
     stats: Arc<Mutex<StatsAhead>>,
     /// Extended attributes by directory, asked for beside each listing.
     pub(super) xattrs: Arc<super::xattrs::Xattrs>,
+    /// Owners by name (`-o idmap=names`), learned with each listing.
+    pub(super) ids: Option<Arc<NameMap>>,
+}
+
+impl Dirs {
+    pub(super) fn new(idmap_names: bool) -> Dirs {
+        Dirs {
+            open: Mutex::default(),
+            listings: Arc::default(),
+            ahead: Arc::default(),
+            last_open: Arc::default(),
+            pending: Arc::default(),
+            links: Arc::default(),
+            stats: Arc::default(),
+            xattrs: Arc::default(),
+            ids: idmap_names.then(|| Arc::new(NameMap::new())),
+        }
+    }
 }
 
 /// Files stat'ed ahead in a large directory ([`Fs::stat_ahead`]), at most this many held.
@@ -350,6 +368,7 @@ struct Lister {
     pending: Arc<Mutex<PendingData>>,
     links: Arc<Mutex<Links>>,
     xattrs: Arc<super::xattrs::Xattrs>,
+    ids: Option<Arc<NameMap>>,
 }
 
 /// The chunk store's key of entry `name` of directory `dir`.
@@ -375,6 +394,10 @@ async fn fetch_listing(
     // `ls -l` or `cp -a` does not wait a round trip for them.
     l.xattrs.ahead(client, &path, l.ttl);
     let entries = client.read_dir(path.clone()).await?;
+    if let Some(ids) = &l.ids {
+        // Owners not met yet are named before the listing is used (one request).
+        ids.learn(client, entries.iter().map(|e| &e.attr)).await;
+    }
     // Not reading yet (a walk that only lists, or a copy before its first open): the
     // files wait in the pending queue, taken up once files are opened.
     let stopped = if reading {
@@ -710,6 +733,9 @@ impl Lister {
         tokio::spawn(async move {
             let started = Instant::now();
             let got = me.client.read_dir(path.clone()).await;
+            if let (Some(ids), Ok(entries)) = (&me.ids, &got) {
+                ids.learn(&me.client, entries.iter().map(|e| &e.attr)).await;
+            }
             let mut ls = lock(&me.listings);
             let Some(l) = ls.by_dir.get_mut(&parent) else {
                 return;
@@ -1046,6 +1072,7 @@ impl Fs {
             pending: self.dirs.pending.clone(),
             links: self.dirs.links.clone(),
             xattrs: self.dirs.xattrs.clone(),
+            ids: self.dirs.ids.clone(),
         }
     }
 

@@ -134,7 +134,7 @@ impl Fs {
                         continue;
                     };
                     let child = self.inodes.remember(path, item.attr, item.listed);
-                    let full = reply.add(child, next, &item.name, &item.attr);
+                    let full = reply.add(child, next, &item.name, &self.shown_now(&item.attr));
                     if full {
                         // Not sent: the kernel holds no reference for it.
                         self.forget(child, 1);
