@@ -540,6 +540,27 @@ fn a_sparse_file_gives_a_sparse_copy_and_its_holes_never_cross_the_wire() {
         "{fetched} bytes fetched for ~3.2 MiB of data: {s}"
     );
     assert_eq!(s["files_verified"].as_u64(), Some(1), "{s}");
+    // A byte written into a hole of the copy (the copy is verified without reading its
+    // holes: the sparse hash still sees it) is found by --checksum and fetched again.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+        f.write_all_at(b"x", 500 << 20).unwrap();
+    }
+    assert!(!Command::new("cmp")
+        .arg(&src)
+        .arg(&copy)
+        .output()
+        .unwrap()
+        .status
+        .success());
+    mirror(&server.addr, dst.path(), &["--checksum"]);
+    run(Command::new("cmp").arg(&src).arg(&copy));
+    let (a, b) = (allocated(&src), allocated(&copy));
+    assert!(
+        b <= a + a / 10 + (64 << 10),
+        "after the refetch the copy allocates {b} bytes, the source {a}"
+    );
 }
 
 fn mirror_output(addr: &str, dst: &Path, extra: &[&str]) -> String {

@@ -273,6 +273,13 @@ where
         {
             break Err(ConnError::Protocol("DirXattrs needs the XATTRS feature"));
         }
+        if matches!(request, Request::HashSparse { .. })
+            && welcome.features & features::HASH_SPARSE == 0
+        {
+            break Err(ConnError::Protocol(
+                "HashSparse needs the HASH_SPARSE feature",
+            ));
+        }
         let permit = match inflight.clone().acquire_owned().await {
             Ok(p) => p,
             Err(_) => break Ok(()),

@@ -685,6 +685,32 @@ pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u
     ))
 }
 
+/// The sparse hash of `file` ([`ferry_util::sparse::hash_sparse`]: its holes are not read)
+/// and the version it belongs to, as [`hash_file`] checks it.
+///
+/// # Errors
+/// `Io` on read errors; `Busy` when the file kept changing.
+pub fn hash_file_sparse(file: &File, attr: Attr) -> Result<(Version, [u8; 32]), OpError> {
+    let mut before = attr;
+    for _ in 0..3 {
+        let h = ferry_util::sparse::hash_sparse(file, before.size);
+        let after = attr_of(
+            &fstatx(file.as_fd()).map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
+        );
+        match h {
+            Ok(h) if after.version() == before.version() => return Ok((after.version(), h)),
+            Err(e) if after.version() == before.version() => {
+                return Err(OpError::new(Status::Io, format!("read: {e}")))
+            }
+            _ => before = after,
+        }
+    }
+    Err(OpError::new(
+        Status::Busy,
+        "file kept changing while being hashed",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

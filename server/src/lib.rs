@@ -249,23 +249,27 @@ pub fn fuzz_serve(export: &std::path::Path, input: &[u8]) {
     });
 }
 
-/// Recently computed whole-file hashes, least recently inserted dropped first.
+/// Recently computed whole-file hashes, by path and kind (sparse or not) and version,
+/// least recently inserted dropped first.
 #[derive(Default)]
 pub(crate) struct HashCache {
-    map: std::collections::HashMap<(bytes::Bytes, ferry_proto::Version), [u8; 32]>,
-    order: std::collections::VecDeque<(bytes::Bytes, ferry_proto::Version)>,
+    map: std::collections::HashMap<(HashKey, ferry_proto::Version), [u8; 32]>,
+    order: std::collections::VecDeque<(HashKey, ferry_proto::Version)>,
 }
+
+/// A file's path, and whether its hash is the sparse one.
+pub(crate) type HashKey = (bytes::Bytes, bool);
 
 impl HashCache {
     const KEEP: usize = 4096;
 
-    pub(crate) fn get(&self, path: &bytes::Bytes, v: ferry_proto::Version) -> Option<[u8; 32]> {
-        self.map.get(&(path.clone(), v)).copied()
+    pub(crate) fn get(&self, key: &HashKey, v: ferry_proto::Version) -> Option<[u8; 32]> {
+        self.map.get(&(key.clone(), v)).copied()
     }
 
-    pub(crate) fn insert(&mut self, path: bytes::Bytes, v: ferry_proto::Version, h: [u8; 32]) {
-        if self.map.insert((path.clone(), v), h).is_none() {
-            self.order.push_back((path, v));
+    pub(crate) fn insert(&mut self, key: HashKey, v: ferry_proto::Version, h: [u8; 32]) {
+        if self.map.insert((key.clone(), v), h).is_none() {
+            self.order.push_back((key, v));
             while self.order.len() > Self::KEEP {
                 if let Some(k) = self.order.pop_front() {
                     self.map.remove(&k);

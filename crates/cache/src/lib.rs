@@ -35,6 +35,29 @@ pub use state::{find_state, CacheDir, FileState, StateBase};
 pub use supervisor::{MirrorPhase, MirrorSupervisor, MirrorTask};
 pub use syncer::Syncer;
 
+/// Whether a local file (`meta`) is verified with the sparse hash: it leaves at least
+/// [`ferry_proto::extents::SPARSE_SLACK`] unallocated and the server can
+/// ([`ferry_client::Client::hash_of`]); both ends then skip its holes. The choice is made
+/// from the local file, so a later check of the same file makes it again.
+pub fn sparse_hash_for(client: &ferry_client::Client, meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    client.can_hash_sparse() && ferry_proto::extents::looks_sparse(meta.blocks() * 512, meta.len())
+}
+
+/// The local side of a verification: [`hash_file`], or with `sparse` the sparse hash
+/// ([`ferry_util::sparse::hash_sparse`]).
+///
+/// # Errors
+/// The file cannot be opened or read.
+pub fn hash_local(path: &std::path::Path, sparse: bool) -> std::io::Result<[u8; 32]> {
+    if !sparse {
+        return hash_file(path);
+    }
+    let f = std::fs::File::open(path)?;
+    let size = f.metadata()?.len();
+    ferry_util::sparse::hash_sparse(&f, size)
+}
+
 /// BLAKE3 of the file at `path` (the local side of every verification), read past the
 /// page cache where possible ([`ferry_util::direct`]).
 ///

@@ -104,6 +104,9 @@ impl LocalCopy {
         while let Some((rel, version, generation)) = completed.recv().await {
             let remote = crate::mirror::remote_path(&self.root, &rel);
             let local = self.cache.local_path(&rel);
+            // A sparse copy is hashed without reading its holes, on both ends.
+            let sparse =
+                std::fs::metadata(&local).is_ok_and(|m| crate::sparse_hash_for(&client, &m));
             let gate = crate::background::DemandGate::client(&client);
             let mine = tokio::spawn(async move {
                 gate.wait().await;
@@ -111,11 +114,11 @@ impl LocalCopy {
                 crate::background::run_long(move || {
                     let m = std::fs::symlink_metadata(&local)?;
                     let stamp = crate::mirror::metadata::stamp_of(&m);
-                    crate::hash_file(&local).map(|h| (h, stamp))
+                    crate::hash_local(&local, sparse).map(|h| (h, stamp))
                 })
                 .await
             });
-            let theirs = client.hash(remote).await;
+            let theirs = client.hash_of(remote, sparse).await;
             let (mine, stamp) = match mine.await {
                 Ok(Ok(Ok(h))) => h,
                 Ok(Ok(Err(e))) => {

@@ -3,6 +3,16 @@
 //! without I/O: whether a range holds data, and where `lseek(SEEK_DATA)` and
 //! `lseek(SEEK_HOLE)` land.
 
+/// How many bytes a file must leave unallocated to count as sparse ([`looks_sparse`]).
+pub const SPARSE_SLACK: u64 = 1 << 20;
+
+/// Whether a file of `size` bytes that allocates `allocated` bytes is worth treating as
+/// sparse (its data map asked for, its holes skipped when hashed): at least
+/// [`SPARSE_SLACK`] of it is not allocated.
+pub fn looks_sparse(allocated: u64, size: u64) -> bool {
+    allocated.saturating_add(SPARSE_SLACK) <= size
+}
+
 /// Whether any of `extents` overlaps `offset..offset + len`.
 pub fn holds_data(extents: &[(u64, u64)], offset: u64, len: u64) -> bool {
     // The first extent ending after `offset`.

@@ -80,9 +80,12 @@ pub mod features {
     /// The server answers [`crate::Request::DirXattrs`]: extended attributes (and POSIX
     /// ACLs) of a directory's entries.
     pub const XATTRS: u64 = 1 << 7;
+    /// The server answers [`crate::Request::HashSparse`]: a file's hash computed without
+    /// reading its holes.
+    pub const HASH_SPARSE: u64 = 1 << 8;
     /// Every feature this crate knows.
     pub const ALL: u64 =
-        LZ4 | HASH | READ_HASH | PRIORITY | DIR_DATA | ID_NAMES | DATA_MAP | XATTRS;
+        LZ4 | HASH | READ_HASH | PRIORITY | DIR_DATA | ID_NAMES | DATA_MAP | XATTRS | HASH_SPARSE;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

@@ -43,6 +43,7 @@ const K_READDIR_DATA: u8 = 0x17;
 const K_ID_NAMES: u8 = 0x18;
 const K_DATA_MAP: u8 = 0x19;
 const K_DIR_XATTRS: u8 = 0x1a;
+const K_HASH_SPARSE: u8 = 0x1b;
 /// A success response's kind is its request's kind with this bit set.
 const RESPONSE_BIT: u8 = 0x80;
 // Success response kinds, named so that `match` sees them as constants: a duplicate arm is
@@ -59,6 +60,7 @@ const K_DIR_DATA: u8 = K_READDIR_DATA | RESPONSE_BIT;
 const K_ID_NAMES_DATA: u8 = K_ID_NAMES | RESPONSE_BIT;
 const K_DATA_MAP_DATA: u8 = K_DATA_MAP | RESPONSE_BIT;
 const K_DIR_XATTRS_DATA: u8 = K_DIR_XATTRS | RESPONSE_BIT;
+const K_HASH_SPARSE_DATA: u8 = K_HASH_SPARSE | RESPONSE_BIT;
 /// In a Read response's encoding byte: the whole file's BLAKE3 follows the checksum.
 const FILE_HASH_FLAG: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
@@ -190,6 +192,14 @@ pub enum Request {
     /// BLAKE3 of a whole regular file, to verify a complete copy (requires the HASH
     /// feature). Answer: [`Response::Hash`].
     Hash {
+        /// The file.
+        path: Bytes,
+    },
+    /// The sparse hash of a whole regular file (requires the HASH_SPARSE feature): BLAKE3
+    /// of its contents in a form that does not depend on its holes, computed without
+    /// reading them (defined in PROTOCOL.md §7.14; `ferry_util::sparse::hash_sparse`).
+    /// Answer: [`Response::HashSparse`].
+    HashSparse {
         /// The file.
         path: Bytes,
     },
@@ -431,6 +441,8 @@ pub enum Response {
     StatFs(StatFs),
     /// Answer to [`Request::Hash`].
     Hash(FileHash),
+    /// Answer to [`Request::HashSparse`] (the same fields as [`Response::Hash`]).
+    HashSparse(FileHash),
     /// Answer to [`Request::IdNames`]: one entry per id asked about, in the same order.
     IdNames(Vec<IdName>),
     /// Answer to [`Request::DataMap`].
@@ -586,6 +598,7 @@ impl Request {
             Request::ReadLink { .. } => K_READLINK,
             Request::StatFs => K_STATFS,
             Request::Hash { .. } => K_HASH,
+            Request::HashSparse { .. } => K_HASH_SPARSE,
             Request::ReadDirData { .. } => K_READDIR_DATA,
             Request::IdNames { .. } => K_ID_NAMES,
             Request::DataMap { .. } => K_DATA_MAP,
@@ -601,6 +614,7 @@ impl Request {
             Request::Stat { path }
             | Request::ReadLink { path }
             | Request::Hash { path }
+            | Request::HashSparse { path }
             | Request::DirXattrs { path } => put_bytes16(&mut b, path),
             Request::ReadDir {
                 path,
@@ -669,6 +683,9 @@ impl Request {
                 path: get_bytes16(&mut b, "path")?,
             },
             K_HASH => Request::Hash {
+                path: get_bytes16(&mut b, "path")?,
+            },
+            K_HASH_SPARSE => Request::HashSparse {
                 path: get_bytes16(&mut b, "path")?,
             },
             K_READDIR => Request::ReadDir {
@@ -800,6 +817,7 @@ impl Response {
             Response::Link(_) => K_LINK,
             Response::StatFs(_) => K_STATFS_DATA,
             Response::Hash(_) => K_HASH_DATA,
+            Response::HashSparse(_) => K_HASH_SPARSE_DATA,
             Response::IdNames(_) => K_ID_NAMES_DATA,
             Response::DataMap(_) => K_DATA_MAP_DATA,
             Response::DirXattrs(_) => K_DIR_XATTRS_DATA,
@@ -873,7 +891,7 @@ impl Response {
                     b.put_u32(v);
                 }
             }
-            Response::Hash(h) => {
+            Response::Hash(h) | Response::HashSparse(h) => {
                 h.version.encode(&mut b);
                 b.put_slice(&h.blake3);
             }
@@ -1006,6 +1024,10 @@ impl Response {
                 frsize: get_u32(&mut b, "statfs")?,
             }),
             K_HASH_DATA => Response::Hash(FileHash {
+                version: Version::decode(&mut b)?,
+                blake3: get_array(&mut b, "blake3")?,
+            }),
+            K_HASH_SPARSE_DATA => Response::HashSparse(FileHash {
                 version: Version::decode(&mut b)?,
                 blake3: get_array(&mut b, "blake3")?,
             }),

@@ -76,6 +76,7 @@ fn request() -> impl Strategy<Value = Request> {
         bytes16().prop_map(|path| Request::Stat { path }),
         bytes16().prop_map(|path| Request::ReadLink { path }),
         bytes16().prop_map(|path| Request::Hash { path }),
+        bytes16().prop_map(|path| Request::HashSparse { path }),
         (bytes16(), any::<u64>(), any::<u32>()).prop_map(|(path, cookie, max_entries)| {
             Request::ReadDir {
                 path,
@@ -237,6 +238,10 @@ fn response() -> impl Strategy<Value = Response> {
             })),
         bytes16().prop_map(Response::Link),
         (attr(), any::<[u8; 32]>()).prop_map(|(a, blake3)| Response::Hash(FileHash {
+            version: a.version(),
+            blake3
+        })),
+        (attr(), any::<[u8; 32]>()).prop_map(|(a, blake3)| Response::HashSparse(FileHash {
             version: a.version(),
             blake3
         })),

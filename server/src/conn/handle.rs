@@ -97,6 +97,55 @@ async fn blocking_as<T: Send + 'static>(
         .unwrap_or_else(|e| Err(OpError::new(Status::Io, format!("worker failed: {e}"))))
 }
 
+/// Answers Hash (`sparse` false: BLAKE3 of every byte) or HashSparse (the sparse hash, holes
+/// not read), from the cache of recent hashes when it holds this version's.
+async fn hash(
+    shared: &Arc<Shared>,
+    sh: Arc<Shared>,
+    path: bytes::Bytes,
+    sparse: bool,
+    chunk_size: u32,
+) -> Result<Response, OpError> {
+    // At most two files hashed at once; the wait is bounded by the client's own request
+    // timeout.
+    let Ok(_slot) = shared.hash_slots.clone().acquire_owned().await else {
+        return Ok(error_response(OpError::new(Status::Busy, "server busy")));
+    };
+    blocking_as(Class::Background, move || {
+        let (file, attr) = sh.export.open_file(&path)?;
+        let key = (path, sparse);
+        let cached = sh
+            .hashes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key, attr.version());
+        if let Some(blake3) = cached {
+            return Ok(FileHash {
+                version: attr.version(),
+                blake3,
+            });
+        }
+        let (version, blake3) = if sparse {
+            export::hash_file_sparse(&file, attr)?
+        } else {
+            export::hash_file(&file, attr, chunk_size as usize)?
+        };
+        sh.hashes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, version, blake3);
+        Ok(FileHash { version, blake3 })
+    })
+    .await
+    .map(|h| {
+        if sparse {
+            Response::HashSparse(h)
+        } else {
+            Response::Hash(h)
+        }
+    })
+}
+
 /// Takes what a read of `len` bytes holds until its response is written: for a background
 /// read one of the connection's background slots, then `read_units(len)` of the
 /// connection's share of the budget and of the server-wide budget. `Err`: the answer to
@@ -155,35 +204,8 @@ pub(crate) async fn handle(
         Request::StatFs => blocking(move || sh.export.statfs())
             .await
             .map(Response::StatFs),
-        Request::Hash { path } => {
-            // At most two files hashed at once; the wait is bounded by the client's own
-            // request timeout.
-            let Ok(_slot) = shared.hash_slots.clone().acquire_owned().await else {
-                return error_response(OpError::new(Status::Busy, "server busy"));
-            };
-            blocking_as(Class::Background, move || {
-                let (file, attr) = sh.export.open_file(&path)?;
-                let cached = sh
-                    .hashes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&path, attr.version());
-                if let Some(blake3) = cached {
-                    return Ok(FileHash {
-                        version: attr.version(),
-                        blake3,
-                    });
-                }
-                let (version, blake3) = export::hash_file(&file, attr, chunk_size as usize)?;
-                sh.hashes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(path, version, blake3);
-                Ok(FileHash { version, blake3 })
-            })
-            .await
-            .map(Response::Hash)
-        }
+        Request::Hash { path } => hash(shared, sh, path, false, chunk_size).await,
+        Request::HashSparse { path } => hash(shared, sh, path, true, chunk_size).await,
         Request::IdNames { ids } => blocking(move || Ok(crate::names::names(&ids)))
             .await
             .map(Response::IdNames),

@@ -275,8 +275,15 @@ async fn recheck_verified(
             .fetch_add(attr.size, Ordering::Relaxed);
         return Ok(FileOutcome::Done);
     }
+    // A sparse copy is hashed without reading its holes (the kind of hash it was verified
+    // with, chosen from the local file then as now).
+    let sparse = crate::sparse_hash_for(&ctx.client, &m);
     let expected = if ctx.cfg.checksum && attr.size > 0 {
-        match ctx.client.hash(remote_path(&ctx.root, rel)).await {
+        match ctx
+            .client
+            .hash_of(remote_path(&ctx.root, rel), sparse)
+            .await
+        {
             Ok(h) if h.version == attr.version() => h.blake3,
             Ok(_) => return Ok(FileOutcome::Changed(None)),
             Err(e) => {
@@ -291,7 +298,7 @@ async fn recheck_verified(
     let local = ctx.cache.local_path(rel);
     let gate = ctx.gate.clone();
     gate.wait().await;
-    let mine = background::run_long(move || crate::hash_file(&local)).await??;
+    let mine = background::run_long(move || crate::hash_local(&local, sparse)).await??;
     if mine != expected {
         tracing::warn!(
             "/{}: the local copy is not the one verified (changed locally?): fetching it again",
@@ -323,10 +330,16 @@ async fn rebase_if_ctime_only(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::
     if !st.complete() || !st.version.differs_in_ctime_only(&version) {
         return Ok(());
     }
+    let sparse = std::fs::metadata(ctx.cache.local_path(rel))
+        .is_ok_and(|m| crate::sparse_hash_for(&ctx.client, &m));
     let theirs = if attr.size == 0 {
         *blake3::hash(b"").as_bytes()
     } else {
-        match ctx.client.hash(remote_path(&ctx.root, rel)).await {
+        match ctx
+            .client
+            .hash_of(remote_path(&ctx.root, rel), sparse)
+            .await
+        {
             Ok(h) if h.version == version => h.blake3,
             _ => return Ok(()),
         }

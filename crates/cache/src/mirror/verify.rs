@@ -59,15 +59,18 @@ pub(super) async fn written(
 ) -> Verdict {
     let version = attr.version();
     let local = ctx.cache.local_path(rel);
+    // A sparse copy is hashed without reading its holes, on both ends.
+    let sparse = whole_file_hash.is_none()
+        && std::fs::metadata(&local).is_ok_and(|m| crate::sparse_hash_for(&ctx.client, &m));
     let gate = ctx.gate.clone();
     let local_hash = tokio::spawn(async move {
         gate.wait().await;
-        crate::background::run_long(move || crate::hash_file(&local)).await
+        crate::background::run_long(move || crate::hash_local(&local, sparse)).await
     });
     let server = if attr.size == 0 || whole_file_hash.is_some() {
         None
     } else {
-        Some(ctx.client.hash(remote.clone()).await)
+        Some(ctx.client.hash_of(remote.clone(), sparse).await)
     };
     let local_hash = match local_hash.await {
         Ok(Ok(Ok(h))) => h,

@@ -50,6 +50,27 @@ impl Client {
         }
     }
 
+    /// The server's hash of regular file `path`: the sparse hash (its holes not read, see
+    /// `ferry_util::sparse::hash_sparse`) when `sparse` and the server can, else the
+    /// BLAKE3 of all its bytes.
+    ///
+    /// # Errors
+    /// As [`Client::hash`].
+    pub async fn hash_of(&self, path: Bytes, sparse: bool) -> Result<FileHash, ClientError> {
+        if !(sparse && self.can_hash_sparse()) {
+            return self.hash(path).await;
+        }
+        match self.call(Request::HashSparse { path }).await? {
+            Response::HashSparse(h) => Ok(h),
+            r => Err(unexpected(&r)),
+        }
+    }
+
+    /// Whether the server answers HashSparse.
+    pub fn can_hash_sparse(&self) -> bool {
+        self.session().features & features::HASH_SPARSE != 0
+    }
+
     /// The names of `ids` on the server, in order (an empty name: none there). More than
     /// [`ferry_proto::MAX_ID_NAMES`] ids are asked in several requests.
     ///
