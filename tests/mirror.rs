@@ -204,13 +204,17 @@ fn a_busy_directory_and_a_bad_rate_get_one_line_errors() {
 }
 
 #[test]
-fn a_cache_dir_that_fills_up_gives_a_clear_error_and_a_sound_state() {
+fn a_disk_too_small_gets_the_files_that_fit_and_a_clear_report_of_the_rest() {
     if !ferry_tests::is_root() {
         eprintln!("skipped: needs root to mount a small tmpfs");
         return;
     }
     let src = tempfile::tempdir().unwrap();
-    write_random(&src.path().join("big.bin"), 6_000_000, 21);
+    // 3 MiB of room: the two 1.2 MB files fit, the 6 MB one does not (it comes first in
+    // name order, and must not take the room of the others).
+    write_random(&src.path().join("a-big.bin"), 6_000_000, 21);
+    write_random(&src.path().join("b-fits.bin"), 1_200_000, 23);
+    write_random(&src.path().join("c-fits.bin"), 1_200_000, 24);
     write_random(&src.path().join("small"), 1000, 22);
     let dst = ferry_tests::SmallTmpfs::mount("3m");
     let copy = dst.path().join("copy");
@@ -218,19 +222,28 @@ fn a_cache_dir_that_fills_up_gives_a_clear_error_and_a_sound_state() {
     let out = mirror_cmd(&server, &copy, &[]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("No space left on device"), "{err}");
+    assert!(
+        err.contains("/a-big.bin: not copied: it needs 5.7 MiB and")
+            && err.contains("free some space and run again"),
+        "{err}"
+    );
     assert!(
         err.lines().last().unwrap().contains("mirror incomplete"),
         "{err}"
     );
-    // The status says so, although the disk is full.
+    for f in ["b-fits.bin", "c-fits.bin", "small"] {
+        assert_eq!(
+            std::fs::read(copy.join(f)).unwrap(),
+            std::fs::read(src.path().join(f)).unwrap(),
+            "{f} fits and is copied"
+        );
+    }
+    assert!(!copy.join("a-big.bin").exists(), "nothing of it written");
+    // The status says so.
     let s = status_json(&copy);
     assert_eq!(s["state"], "incomplete", "{s}");
-    assert!(s["error_count"].as_u64().unwrap() >= 1);
-    assert!(
-        s["errors"][0].as_str().unwrap().contains("No space left"),
-        "{s}"
-    );
+    assert_eq!(s["error_count"].as_u64(), Some(1), "{s}");
+    assert_eq!(s["files_verified"].as_u64(), Some(3), "{s}");
     // The state opens, and claims nothing that is not on disk.
     let c = ferry_tests::open_cache(&copy);
     for (rel, st) in c.all() {

@@ -45,6 +45,7 @@ mod file;
 pub(crate) mod metadata;
 mod owners;
 mod small;
+mod space;
 mod verify;
 mod walk;
 mod xattrs;
@@ -202,6 +203,8 @@ struct Ctx {
     owners: owners::OwnerMap,
     /// The server's extended attributes, per directory.
     xattrs: xattrs::XattrMap,
+    /// Free space on the copy's file system, reserved by the files in flight.
+    space: Arc<space::Space>,
 }
 
 /// Units of the chunk memory semaphore.
@@ -308,6 +311,7 @@ impl Mirror {
             limiter: self.cfg.bwlimit.map(Limiter::new),
             owners: owners::OwnerMap::new(self.cfg.owners),
             xattrs: xattrs::XattrMap::default(),
+            space: space::Space::new(self.cache.root().to_path_buf()),
         });
         // Ends with the run, also when the run is dropped (a mount stopping its mirror).
         let status = StatusWriter::start(

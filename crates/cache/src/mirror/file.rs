@@ -38,6 +38,20 @@ pub(super) async fn copy_file(
     mut listed: Option<ferry_client::SmallFile>,
 ) {
     let name = format!("/{}", String::from_utf8_lossy(&rel));
+    // Started only when it fits on the disk beside the files in flight (else reported,
+    // nothing written).
+    let _room = match ctx.space.reserve(space_needed(ctx, &rel, &attr)).await {
+        Ok(r) => r,
+        Err(no) => {
+            ctx.progress.error(format!(
+                "{name}: not copied: it needs {} and {} is free on {} (free some space and run again)",
+                ferry_util::human::human_bytes(no.need),
+                ferry_util::human::human_bytes(no.avail),
+                ctx.cache.root().display()
+            ));
+            return;
+        }
+    };
     let mut counted_total = attr.size;
     for attempt in 0..4 {
         if attempt > 0 && attr.size != counted_total {
@@ -114,6 +128,24 @@ pub(super) async fn copy_file(
     ctx.progress.error(format!(
         "{name}: kept changing or failing verification; giving up for this run"
     ));
+}
+
+/// The bytes copying `rel` at `attr` will allocate: what the server's file allocates (at
+/// most its size rounded up to a block; a sparse file needs its data only), less the chunks
+/// the copy holds of that version already (a resume).
+fn space_needed(ctx: &Ctx, rel: &Bytes, attr: &Attr) -> u64 {
+    let block = 4096;
+    let alloc = attr
+        .size
+        .div_ceil(block)
+        .saturating_mul(block)
+        .min(attr.blocks.saturating_mul(512).max(attr.size.min(block)));
+    let held = ctx
+        .cache
+        .state(rel)
+        .filter(|s| s.version == attr.version())
+        .map_or(0, |s| s.present_bytes());
+    alloc.saturating_sub(held)
 }
 
 /// Opens the local file for `rel` at `attr`'s version: reuses it when the state says it
