@@ -875,6 +875,7 @@ fn rsync_ahaxs_out_of_the_mount_and_ferry_mirror_each_give_the_source() {
     std::fs::hard_link(e.join("data/base/16384"), e.join("data/base/linked")).unwrap();
     sparse_file(&e.join("data/sparse.img"));
     std::os::unix::fs::symlink("../etc/app.conf", e.join("data/conf")).unwrap();
+    run(Command::new("mkfifo").arg(e.join("data/pipe")));
     run(Command::new("setfattr")
         .args(["-n", "user.origin", "-v", "db1"])
         .arg(e.join("data/base/16384")));
