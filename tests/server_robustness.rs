@@ -615,3 +615,242 @@ fn with_priority_every_class_is_accepted_and_answered_with_the_right_bytes() {
         buf.extend_from_slice(&tmp[..n]);
     }
 }
+
+/// ferryd's resident memory, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// Pipelines `n` requests made by `req(i)` on a handshaken raw connection, reading nothing.
+fn pipeline(addr: &str, n: u32, req: impl Fn(u32) -> ferry_proto::Request) -> TcpStream {
+    let (mut s, _) = handshaken(addr);
+    let mut out = bytes::BytesMut::new();
+    for i in 0..n {
+        req(i).encode(i + 1, &mut out);
+    }
+    s.write_all(&out).unwrap();
+    s
+}
+
+/// `ferry mirror ADDR DST --quiet` given at most `secs` seconds (`timeout`): its output.
+fn mirror_within(secs: u32, addr: &str, dst: &std::path::Path) -> std::process::Output {
+    std::process::Command::new("timeout")
+        .arg(secs.to_string())
+        .arg(ferry_tests::bin("ferry"))
+        .env("FERRY_STATE_DIR", ferry_tests::state_base())
+        .args(["mirror", addr])
+        .arg(dst)
+        .arg("--quiet")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn connections_that_never_read_their_responses_hold_their_share_only_and_are_closed() {
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("big"), 64 << 20, 1);
+    write_random(&src.path().join("honest.bin"), 48 << 20, 2);
+    // Twice the old freeze (60 s write timeout) would be needed if the stuck connections
+    // could hold the whole budget.
+    let server = TestServer::start_with(src.path(), &["--memory-budget", "32"]);
+    let read = |i: u32| ferry_proto::Request::Read {
+        path: bytes::Bytes::from_static(b"big"),
+        offset: u64::from(i % 64) << 20,
+        len: 1 << 20,
+        allow_lz4: false,
+        class: ferry_proto::Class::Demand,
+    };
+    let mut stuck: Vec<TcpStream> = (0..4).map(|_| pipeline(&server.addr, 64, read)).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // An honest client copies its file meanwhile.
+    let dst = tempfile::tempdir().unwrap();
+    let out = mirror_within(40, &server.addr, dst.path());
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log_text()
+    );
+    assert_eq!(
+        read_all(&dst.path().join("honest.bin")),
+        read_all(&src.path().join("honest.bin"))
+    );
+    // The stuck connections sit on their shares of a budget in demand: closed (after 5 s
+    // of not reading), well before the 60 s write timeout.
+    assert!(
+        ferry_tests::wait_for(Duration::from_secs(20), || server
+            .log_text()
+            .contains("stopped reading its responses")),
+        "{}",
+        server.log_text()
+    );
+    let mem = rss(server.pid());
+    assert!(mem < 200 << 20, "ferryd holds {} MiB", mem >> 20);
+    // Closed: reading one of them ends (after what the server had sent).
+    stuck[0]
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut sink = vec![];
+    let ended = match stuck[0].read_to_end(&mut sink) {
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(ended, "still open after {} bytes", sink.len());
+}
+
+#[test]
+fn pipelined_directory_pages_count_against_the_memory_budget() {
+    let src = tempfile::tempdir().unwrap();
+    let d = src.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    for i in 0..3000 {
+        std::fs::write(d.join(format!("{i:05}-{}", "n".repeat(200))), b"").unwrap();
+    }
+    let server = TestServer::start_with(src.path(), &["--memory-budget", "32"]);
+    let list = |_| ferry_proto::Request::ReadDir {
+        path: bytes::Bytes::from_static(b"d"),
+        cookie: 0,
+        max_entries: 4096,
+    };
+    // 20 connections × 64 pages of ~1 MiB, none read: over a GiB if pages were not counted.
+    let _hogs: Vec<TcpStream> = (0..20).map(|_| pipeline(&server.addr, 64, list)).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let mem = rss(server.pid());
+    assert!(mem < 250 << 20, "ferryd holds {} MiB", mem >> 20);
+    // Everyone else is still served.
+    let (mut s, mut buf) = handshaken(&server.addr);
+    let r = ask(
+        &mut s,
+        &mut buf,
+        1,
+        &ferry_proto::Request::Stat {
+            path: bytes::Bytes::from_static(b"d"),
+        },
+    );
+    assert!(matches!(r, ferry_proto::Response::Attr(_)), "{r:?}");
+}
+
+#[test]
+fn a_request_frame_longer_than_any_legal_request_closes_the_connection_at_once() {
+    let src = tempfile::tempdir().unwrap();
+    let server = TestServer::start(src.path());
+    let (mut s, _) = handshaken(&server.addr);
+    // A Read frame announcing 1 MiB (within the negotiated frame limit, which bounds
+    // responses), then the first 8 KiB of it.
+    let mut f = vec![];
+    f.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    f.push(0x13);
+    f.extend_from_slice(&7u32.to_be_bytes());
+    f.extend_from_slice(&[0u8; 8192]);
+    let _ = s.write_all(&f);
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = vec![];
+    let closed = match s.read_to_end(&mut rest) {
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(closed, "the connection stays open, buffering the frame");
+    assert!(
+        ferry_tests::wait_for(Duration::from_secs(5), || server
+            .log_text()
+            .contains("exceeds the maximum")),
+        "{}",
+        server.log_text()
+    );
+}
+
+#[test]
+fn silent_sockets_from_one_address_do_not_lock_honest_clients_out() {
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f"), 3 << 20, 5);
+    let server = TestServer::start_with(src.path(), &["--max-connections", "64"]);
+    // 200 sockets from 127.0.0.2 that never say anything, reopened as the server drops
+    // them, for as long as the honest client runs.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr: std::net::SocketAddr = server.addr.parse().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            rt.block_on(async move {
+                let mut held = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    held.retain(|s: &tokio::net::TcpStream| {
+                        let mut b = [0u8; 1];
+                        !matches!(s.try_read(&mut b), Ok(0))
+                    });
+                    while held.len() < 200 {
+                        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+                        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+                        match sock.connect(addr).await {
+                            Ok(s) => held.push(s),
+                            Err(_) => break,
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let dst = tempfile::tempdir().unwrap();
+    let out = mirror_within(30, &server.addr, dst.path());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flood.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log_text()
+    );
+    assert_eq!(
+        read_all(&dst.path().join("f")),
+        read_all(&src.path().join("f"))
+    );
+}
+
+#[test]
+fn a_client_name_with_control_characters_is_logged_escaped() {
+    let src = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(src.path(), &["-v"]);
+    let name = b"evil\n2026-11-24T00:00:00Z  WARN forged line\x1b]0;owned\x07\x1b[31m";
+    let mut body = vec![];
+    body.extend_from_slice(&ferry_proto::PROTOCOL_VERSION.to_be_bytes());
+    body.extend_from_slice(&ferry_proto::features::LZ4.to_be_bytes());
+    body.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    body.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    body.extend_from_slice(name);
+    let mut bytes = preamble().to_vec();
+    bytes.extend_from_slice(&((body.len() + 5) as u32).to_be_bytes());
+    bytes.push(0x01);
+    bytes.extend_from_slice(&0u32.to_be_bytes());
+    bytes.extend_from_slice(&body);
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    s.write_all(&bytes).unwrap();
+    let mut pre = [0u8; 8];
+    s.read_exact(&mut pre).unwrap();
+    assert!(
+        ferry_tests::wait_for(Duration::from_secs(5), || server
+            .log_text()
+            .contains("evil")),
+        "{}",
+        server.log_text()
+    );
+    let log = server.log_text();
+    assert!(log.contains(r"evil\n2026"), "{log}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WARN forged") && !l.contains("evil")),
+        "{log}"
+    );
+    assert!(!log.contains('\x1b') && !log.contains('\x07'), "{log:?}");
+}

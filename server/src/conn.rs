@@ -76,13 +76,14 @@ pub enum ConnError {
     /// The client's token proof was wrong.
     #[error("authentication failed: wrong token")]
     AuthFailed,
+    /// The client stopped reading responses while holding memory other clients wait for.
+    #[error("closed: the client stopped reading its responses while others waited for the memory they hold")]
+    Stalled,
 }
 
-/// Budget units (4 KiB) one read of `len` bytes holds: the raw buffer and the worst-case
-/// compressed copy.
-pub(crate) fn read_units(len: u32) -> u32 {
-    (2 * len as usize).div_ceil(4096).max(1) as u32
-}
+/// A connection that holds memory while the budget is in demand, and whose client has taken
+/// no response byte for this long, is closed: it sits on its share ([`crate::budget`]).
+pub(crate) const STALL_UNDER_CONTENTION: Duration = Duration::from_secs(5);
 
 /// Reads one frame, buffering at most `max` bytes of it.
 async fn read_frame<R: AsyncRead + Unpin>(
@@ -115,8 +116,16 @@ async fn read_frame<R: AsyncRead + Unpin>(
 pub(crate) async fn serve_tcp(
     mut tcp: tokio::net::TcpStream,
     shared: Arc<Shared>,
+    handshake: crate::InHandshake,
 ) -> Result<(), ConnError> {
-    let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
+    // Under pressure (many handshakes in progress: perhaps silent sockets), each gets a
+    // fifth of the time: honest clients finish in milliseconds.
+    let limit = if handshake.under_pressure() {
+        shared.config.handshake_timeout / 5
+    } else {
+        shared.config.handshake_timeout
+    };
+    let deadline = tokio::time::Instant::now() + limit;
     if let Err(e) = writer::limit_unsent(&tcp) {
         debug!("TCP_NOTSENT_LOWAT not set: {e}");
     }
@@ -125,7 +134,7 @@ pub(crate) async fn serve_tcp(
         .map_err(|_| ConnError::HandshakeTimeout)??;
     match transport {
         None => Ok(()),
-        Some(Transport::Plain) => serve(tcp, shared, deadline).await,
+        Some(Transport::Plain) => serve(tcp, shared, deadline, Some(handshake)).await,
         Some(Transport::Tls) => {
             let Some(tls) = shared.config.tls.clone() else {
                 return Err(ConnError::Protocol("TLS accepted without a configuration"));
@@ -135,9 +144,22 @@ pub(crate) async fn serve_tcp(
                     .await
                     .map_err(|_| ConnError::HandshakeTimeout)?
                     .map_err(ConnError::Tls)?;
-            serve(stream, shared, deadline).await
+            serve(stream, shared, deadline, Some(handshake)).await
         }
     }
+}
+
+/// Answers a connection the server has no room for with a `Busy` refusal (after its
+/// preamble, read within a second, so the answer is not lost to a reset) and closes it.
+pub(crate) async fn refuse_busy(mut tcp: tokio::net::TcpStream) {
+    let answer = async {
+        let mut pre = [0u8; PREAMBLE_LEN];
+        tcp.read_exact(&mut pre).await?;
+        tcp.write_all(&preamble::server_preamble(Err(Refusal::Busy)))
+            .await?;
+        tcp.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
 }
 
 /// Reads the client's preamble and answers it: the transport to go on with, or `None`
@@ -170,11 +192,15 @@ pub(crate) async fn serve<S>(
     stream: S,
     shared: Arc<Shared>,
     deadline: tokio::time::Instant,
+    place: Option<crate::InHandshake>,
 ) -> Result<(), ConnError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
+    // No legal request is longer than this, whatever the frame limit: a client announcing
+    // more is refused at once rather than buffered.
+    let request_limit = ferry_proto::MAX_REQUEST_FRAME;
     // The handshake's buffer carries on: a client may pipeline requests right behind its
     // Hello, and those bytes must not be lost.
     let mut buf = BytesMut::with_capacity(64 * 1024);
@@ -184,11 +210,17 @@ where
     let Some(welcome) = welcome else {
         return Ok(());
     };
+    // Authenticated: its place among the handshakes goes to the next client.
+    drop(place);
 
     let (tx, rx) = mpsc::channel::<Outgoing>(welcome.max_inflight as usize);
     let sh = shared.clone();
+    let blocked = writer::Blocked::new();
     let mut writer = tokio::spawn(writer::write_loop(
-        wr,
+        writer::Watched {
+            inner: wr,
+            blocked: blocked.clone(),
+        },
         rx,
         shared.config.write_timeout,
         move |class: Class, n| {
@@ -197,23 +229,32 @@ where
     ));
     let mut writer_ended = false;
     let inflight = Arc::new(Semaphore::new(welcome.max_inflight as usize));
-    // A quarter of the server's read budget per connection (at least one maximal read).
-    let share = (shared.read_budget_units / 4).max(read_units(welcome.chunk_size));
     let session = Arc::new(Session {
         features: welcome.features,
         chunk_size: welcome.chunk_size,
         max_frame: welcome.max_frame,
-        budget: Arc::new(Semaphore::new(share as usize)),
+        account: shared.budget.account(),
         background: Arc::new(Semaphore::new(handle::BACKGROUND_READS)),
     });
     let mut shutdown = shared.shutdown.clone();
     let idle = shared.config.idle_timeout;
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    let mut idle_at = tokio::time::Instant::now() + idle;
     let result = loop {
         let frame = tokio::select! {
-            f = read_frame(&mut rd, &mut buf, welcome.max_frame) => Some(f),
+            f = read_frame(&mut rd, &mut buf, request_limit) => Some(f),
             _ = shutdown.changed() => break Ok(()),
+            _ = check.tick() => {
+                // Sitting on its share while others wait: closed, its memory freed.
+                if blocked.waiting_for() > STALL_UNDER_CONTENTION
+                    && session.account.stalled_holder()
+                {
+                    break Err(ConnError::Stalled);
+                }
+                continue;
+            }
             // read_frame keeps partial frames in `buf`: cancelling it loses nothing.
-            _ = tokio::time::sleep(idle) => None,
+            _ = tokio::time::sleep_until(idle_at) => None,
             // The writer only ends early on a socket error or a stalled client: then the
             // whole connection goes, freeing its slot and buffers.
             w = &mut writer => {
@@ -230,8 +271,10 @@ where
                 debug!("closing a connection idle for {} s", idle.as_secs());
                 break Ok(());
             }
+            idle_at = tokio::time::Instant::now() + idle;
             continue;
         };
+        idle_at = tokio::time::Instant::now() + idle;
         let frame = match frame {
             Ok(Some(f)) => f,
             Ok(None) => break Ok(()),
@@ -273,6 +316,9 @@ where
         {
             break Err(ConnError::Protocol("DirXattrs needs the XATTRS feature"));
         }
+        if matches!(request, Request::Hash { .. }) && welcome.features & features::HASH == 0 {
+            break Err(ConnError::Protocol("Hash needs the HASH feature"));
+        }
         if matches!(request, Request::HashSparse { .. })
             && welcome.features & features::HASH_SPARSE == 0
         {
@@ -290,9 +336,12 @@ where
         shared.stats.requests.fetch_add(1, Relaxed);
         shared.stats.inflight.fetch_add(1, Relaxed);
         tokio::spawn(async move {
-            let mut permits = vec![permit];
+            let mut held = handle::Held {
+                slots: vec![permit],
+                bytes: None,
+            };
             let class = handle::request_class(&request);
-            let response = handle::handle(&shared, &session, request, &mut permits).await;
+            let response = handle::handle(&shared, &session, request, &mut held).await;
             let st = &shared.stats;
             match &response {
                 Response::Read(r) => {
@@ -323,13 +372,18 @@ where
             } else {
                 class
             };
+            drop(response);
+            // Held from now on: the encoded response.
+            if let Some(h) = &mut held.bytes {
+                h.shrink((head.len() + tail.len()) as u64);
+            }
             // A send error means the writer is gone: the connection is closing anyway.
             let _ = tx
                 .send(Outgoing {
                     class,
                     head,
                     tail,
-                    _permits: permits,
+                    _held: held,
                 })
                 .await;
         });
@@ -399,7 +453,9 @@ where
             Ok(None) => {}
             Ok(Some(accepted)) => {
                 debug!(
-                    client = %accepted.client_name,
+                    // Sent before authentication: escaped, so it cannot forge log lines or
+                    // reach the operator's terminal as escape sequences.
+                    client = %accepted.client_name.escape_debug(),
                     chunk_size = accepted.welcome.chunk_size,
                     "handshake"
                 );

@@ -9,6 +9,7 @@
 //!
 //! The binary (`src/main.rs`) only parses arguments, owns the runtime and signals.
 
+mod budget;
 mod conn;
 pub mod export;
 mod names;
@@ -37,11 +38,17 @@ pub struct ServerConfig {
     pub chunk_size: u32,
     /// Requests one connection may have in flight.
     pub max_inflight: u32,
-    /// Connections served at once; more wait in the accept queue.
+    /// Connections served at once; more are refused with `Busy` (the client retries).
     pub max_connections: usize,
+    /// Connections that have not finished their handshake (preamble, TLS, Hello, token) at
+    /// once; more are refused with `Busy`.
+    pub max_handshakes: usize,
+    /// The same, from one source address.
+    pub max_handshakes_per_address: usize,
     /// Bytes of file data the server may hold in buffers across all connections.
     pub memory_budget: usize,
-    /// Time a client has to complete the preamble and handshake.
+    /// Time a client has to complete the preamble and handshake (a fifth of it while more
+    /// than half of `max_handshakes` are in progress).
     pub handshake_timeout: Duration,
     /// A response (or flush) not written within this time closes the connection (a
     /// client that stops reading must not hold buffers forever).
@@ -67,6 +74,8 @@ impl Default for ServerConfig {
             chunk_size: ferry_proto::DEFAULT_CHUNK_SIZE,
             max_inflight: 64,
             max_connections: 512,
+            max_handshakes: 64,
+            max_handshakes_per_address: 16,
             memory_budget: 48 << 20,
             handshake_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(60),
@@ -83,10 +92,9 @@ pub(crate) struct Shared {
     pub(crate) config: ServerConfig,
     pub(crate) export: Export,
     pub(crate) instance_id: [u8; 16],
-    /// Units of 4 KiB of read buffers.
-    pub(crate) read_budget: Arc<Semaphore>,
-    /// Total units of `read_budget`.
-    pub(crate) read_budget_units: u32,
+    /// Every byte of responses computed and not yet written, shared fairly between the
+    /// connections ([`budget`]).
+    pub(crate) budget: Arc<budget::Budget>,
     pub(crate) shutdown: watch::Receiver<bool>,
     /// Whole-file hashes computed, by path and version (a mirror asks once per file).
     pub(crate) hashes: std::sync::Mutex<HashCache>,
@@ -109,6 +117,8 @@ pub(crate) struct Stats {
     pub(crate) auth_failures: AtomicU64,
     pub(crate) tls_failures: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
+    pub(crate) stalled_closes: AtomicU64,
+    pub(crate) busy_refusals: AtomicU64,
     /// Response bytes written (whole frames), indexed by the class's wire value.
     pub(crate) written: [AtomicU64; 3],
 }
@@ -138,6 +148,21 @@ impl Shared {
             "server_inflight_requests",
             "Requests being served now.",
             g(&s.inflight) as f64,
+        )
+        .gauge(
+            "server_budget_used_bytes",
+            "Bytes of the memory budget reserved or held by responses now.",
+            self.budget.used() as f64,
+        )
+        .counter(
+            "server_busy_refusals_total",
+            "Connections refused with Busy: the connection or handshake limits were reached.",
+            g(&s.busy_refusals),
+        )
+        .counter(
+            "server_stalled_closes_total",
+            "Connections closed for sitting on memory others waited for (their client stopped reading).",
+            g(&s.stalled_closes),
         )
         .counter(
             "server_chunks_total",
@@ -191,11 +216,8 @@ impl Shared {
         let mut instance_id = [0u8; 16];
         rustix::rand::getrandom(&mut instance_id, rustix::rand::GetRandomFlags::empty())
             .map_err(std::io::Error::from)?;
-        // The floor keeps one maximal read always possible (same rounding as conn.rs).
-        let units = (config.memory_budget / 4096).max(conn::read_units(config.chunk_size) as usize);
         Ok(Arc::new(Shared {
-            read_budget: Arc::new(Semaphore::new(units)),
-            read_budget_units: units as u32,
+            budget: budget::Budget::new(config.memory_budget as u64),
             export,
             instance_id,
             shutdown,
@@ -231,7 +253,7 @@ pub fn fuzz_serve(export: &std::path::Path, input: &[u8]) {
         };
         let (client, server) = tokio::io::duplex(256 << 10);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        let serve = conn::serve(server, shared, deadline);
+        let serve = conn::serve(server, shared, deadline, None);
         let feed = async move {
             let (mut r, mut w) = tokio::io::split(client);
             let write = async {
@@ -279,6 +301,77 @@ impl HashCache {
     }
 }
 
+/// Handshakes in progress, in all and per source address.
+#[derive(Debug)]
+pub(crate) struct Handshakes {
+    max: usize,
+    per_address: usize,
+    inner: std::sync::Mutex<(usize, std::collections::HashMap<std::net::IpAddr, usize>)>,
+}
+
+/// One handshake's place; given back when it ends (or the connection does).
+#[derive(Debug)]
+pub(crate) struct InHandshake {
+    handshakes: Arc<Handshakes>,
+    ip: std::net::IpAddr,
+}
+
+impl Handshakes {
+    fn new(max: usize, per_address: usize) -> Handshakes {
+        Handshakes {
+            max: max.max(1),
+            per_address: per_address.max(1),
+            inner: std::sync::Mutex::default(),
+        }
+    }
+
+    fn enter(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<InHandshake> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, by_ip) = &mut *g;
+        let mine = by_ip.entry(ip).or_default();
+        if *total >= self.max || *mine >= self.per_address {
+            return None;
+        }
+        *mine += 1;
+        *total += 1;
+        Some(InHandshake {
+            handshakes: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl InHandshake {
+    /// Whether more than half the handshake places are taken: handshakes then get a
+    /// shorter deadline.
+    pub(crate) fn under_pressure(&self) -> bool {
+        let g = self
+            .handshakes
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        g.0 * 2 > self.handshakes.max
+    }
+}
+
+impl Drop for InHandshake {
+    fn drop(&mut self) {
+        let mut g = self
+            .handshakes
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (total, by_ip) = &mut *g;
+        *total -= 1;
+        if let Some(n) = by_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                by_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// Serves `listener` until `shutdown` completes, then stops accepting, lets in-flight
 /// responses go out (up to a few seconds) and returns.
 ///
@@ -307,13 +400,13 @@ pub async fn run(
         None => None,
     };
     let limit = Arc::new(Semaphore::new(shared.config.max_connections));
+    let handshakes = Arc::new(Handshakes::new(
+        shared.config.max_handshakes,
+        shared.config.max_handshakes_per_address,
+    ));
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            p = limit.clone().acquire_owned() => p.map_err(std::io::Error::other)?,
-            _ = &mut shutdown => break,
-        };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
@@ -327,6 +420,19 @@ pub async fn run(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        // A place among the connections and among the handshakes in progress (also per
+        // address), or a `Busy` refusal at once: silent sockets cannot queue honest
+        // clients out, and a full server says so.
+        let admitted = limit
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .zip(handshakes.enter(peer.ip()));
+        let Some((permit, handshake)) = admitted else {
+            shared.stats.busy_refusals.fetch_add(1, Relaxed);
+            tasks.spawn(conn::refuse_busy(stream));
+            continue;
+        };
         let shared = shared.clone();
         let span = tracing::info_span!("conn", %peer);
         tasks.spawn(
@@ -334,13 +440,14 @@ pub async fn run(
                 let st = &shared.stats;
                 st.connections.fetch_add(1, Relaxed);
                 st.connections_open.fetch_add(1, Relaxed);
-                match conn::serve_tcp(stream, shared.clone()).await {
+                match conn::serve_tcp(stream, shared.clone(), handshake).await {
                     Ok(()) => tracing::debug!("closed"),
                     Err(ConnError::Io(e)) => tracing::debug!("closed: {e}"),
                     Err(e) => {
                         match e {
                             ConnError::AuthFailed => st.auth_failures.fetch_add(1, Relaxed),
                             ConnError::Tls(_) => st.tls_failures.fetch_add(1, Relaxed),
+                            ConnError::Stalled => st.stalled_closes.fetch_add(1, Relaxed),
                             _ => st.protocol_errors.fetch_add(1, Relaxed),
                         };
                         warn!("closed connection: {e}")

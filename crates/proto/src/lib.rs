@@ -45,7 +45,7 @@ pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
 pub use message::{
     AuthMethod, AuthOk, AuthProof, DataEntry, DataMap, DataPage, DirEntry, DirPage, EntryXattrs,
     FileData, FileHash, Handshake, Hello, Id, IdName, ReadData, Request, Response, StatFs, Welcome,
-    MAX_DATA_EXTENTS, MAX_DIR_XATTR_BYTES, MAX_ID_NAMES,
+    MAX_DATA_EXTENTS, MAX_DIR_XATTR_BYTES, MAX_ID_NAMES, MAX_REQUEST_FRAME,
 };
 pub use payload::{Encoding, PayloadError};
 pub use status::Status;

@@ -279,6 +279,16 @@ pub struct DataMap {
 /// Most ids one [`Request::IdNames`] may ask about.
 pub const MAX_ID_NAMES: usize = 1024;
 
+/// The largest length field of a legal request frame (after the handshake): an IdNames of
+/// [`MAX_ID_NAMES`] ids, or a ReadDirData of the longest path. A server need never buffer
+/// more of a request than this, whatever the negotiated frame limit (which bounds
+/// responses).
+pub const MAX_REQUEST_FRAME: u32 = {
+    let ids = 5 + 2 + 5 * MAX_ID_NAMES;
+    let path = 5 + 19 + crate::name::MAX_PATH_LEN;
+    (if ids > path { ids } else { path }) as u32
+};
+
 /// A user or a group id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Id {

@@ -3,11 +3,12 @@
 //!
 //! A *name* is one directory entry: non-empty, at most [`MAX_NAME_LEN`] bytes, no `/`, no
 //! NUL, not `.` or `..`. A *path* is names joined by single `/`, relative to the export
-//! root, at most [`MAX_PATH_LEN`] bytes; the empty path is the root itself.
+//! root, shorter than [`MAX_PATH_LEN`] bytes; the empty path is the root itself.
 
 /// Longest name accepted (Linux `NAME_MAX`).
 pub const MAX_NAME_LEN: usize = 255;
-/// Longest path accepted (Linux `PATH_MAX`).
+/// Linux `PATH_MAX`, which counts the terminating NUL: paths must be shorter (at most
+/// 4095 bytes).
 pub const MAX_PATH_LEN: usize = 4096;
 
 /// Why a name or path was refused.
@@ -49,7 +50,8 @@ pub fn validate_path(path: &[u8]) -> Result<(), NameError> {
     if path.is_empty() {
         return Ok(());
     }
-    if path.len() > MAX_PATH_LEN {
+    // PATH_MAX counts the terminating NUL: 4096 bytes is already too long for the kernel.
+    if path.len() >= MAX_PATH_LEN {
         return Err(NameError::TooLong);
     }
     path.split(|&b| b == b'/').try_for_each(validate_name)
@@ -110,6 +112,22 @@ mod tests {
         assert_eq!(validate_path(b"a//b"), Err(NameError::Empty));
         assert_eq!(validate_path(b"a/"), Err(NameError::Empty));
         assert_eq!(validate_path(&[b'a'; 4097]), Err(NameError::TooLong));
+        // Valid names joined: 4095 bytes pass, 4096 (PATH_MAX with its NUL) do not.
+        let path = |len: usize| {
+            let mut p: Vec<u8> = std::iter::repeat_n(b"a/".as_slice(), len / 2 + 1)
+                .flatten()
+                .copied()
+                .collect();
+            p.truncate(len);
+            if p.last() == Some(&b'/') {
+                p.pop();
+                p.push(b'b');
+            }
+            p
+        };
+        assert_eq!((path(4095).len(), path(4096).len()), (4095, 4096));
+        assert_eq!(validate_path(&path(4095)), Ok(()));
+        assert_eq!(validate_path(&path(4096)), Err(NameError::TooLong));
         assert_eq!(join(b"", b"a"), b"a");
         assert_eq!(join(b"a", b"b"), b"a/b");
     }

@@ -47,6 +47,9 @@ pub enum Refusal {
     TlsUnavailable,
     /// The client's preamble version is not spoken by this server.
     VersionUnsupported,
+    /// The server has no room for another connection now (connections, or handshakes in
+    /// progress, at their limit): retry later, with backoff.
+    Busy,
 }
 
 impl Refusal {
@@ -55,6 +58,7 @@ impl Refusal {
             Refusal::TlsRequired => 1,
             Refusal::TlsUnavailable => 2,
             Refusal::VersionUnsupported => 3,
+            Refusal::Busy => 4,
         }
     }
 }
@@ -65,6 +69,7 @@ impl std::fmt::Display for Refusal {
             Refusal::TlsRequired => "the server requires TLS (add --tls-fingerprint SHA256:… or --ca FILE)",
             Refusal::TlsUnavailable => "the server does not offer TLS (drop --tls, or start ferryd with --tls-cert/--tls-key)",
             Refusal::VersionUnsupported => "the server does not speak this preamble version (upgrade ferry or ferryd)",
+            Refusal::Busy => "the server is busy (its connections or handshakes in progress are at their limit): retry later",
         })
     }
 }
@@ -152,6 +157,7 @@ pub fn parse_server_preamble(
         let refusal = match bytes[7] {
             1 => Refusal::TlsRequired,
             2 => Refusal::TlsUnavailable,
+            4 => Refusal::Busy,
             _ => Refusal::VersionUnsupported,
         };
         return Err(PreambleError::Refused(refusal));
@@ -177,6 +183,7 @@ mod tests {
             Refusal::TlsRequired,
             Refusal::TlsUnavailable,
             Refusal::VersionUnsupported,
+            Refusal::Busy,
         ] {
             assert_eq!(
                 parse_server_preamble(&server_preamble(Err(r)), Transport::Tls),

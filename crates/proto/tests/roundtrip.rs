@@ -446,3 +446,39 @@ fn the_worked_examples_of_protocol_md_are_what_the_encoders_produce() {
     got.extend_from_slice(&tail);
     assert_eq!(got.to_vec(), doc_dump("### 13.5 Read of `a`", 1), "§13.5");
 }
+
+/// The largest legal requests fit in [`ferry_proto::MAX_REQUEST_FRAME`], which a server
+/// buffers at most of a request.
+#[test]
+fn the_largest_legal_requests_fit_the_request_frame_limit() {
+    use ferry_proto::{Class, Id, MAX_ID_NAMES, MAX_REQUEST_FRAME};
+    let path = Bytes::from(vec![b'a'; ferry_proto::name::MAX_PATH_LEN - 1]);
+    let ids = (0..MAX_ID_NAMES as u32).map(Id::User).collect();
+    for req in [
+        Request::IdNames { ids },
+        Request::ReadDirData {
+            path: path.clone(),
+            cookie: u64::MAX,
+            max_entries: u32::MAX,
+            max_file: u32::MAX,
+            allow_lz4: true,
+            class: Class::Background,
+        },
+        Request::Read {
+            path: path.clone(),
+            offset: u64::MAX,
+            len: u32::MAX,
+            allow_lz4: true,
+            class: Class::Demand,
+        },
+        Request::HashSparse { path },
+    ] {
+        let mut buf = BytesMut::new();
+        req.encode(1, &mut buf);
+        assert!(
+            Frame::check(&buf, MAX_REQUEST_FRAME).is_ok(),
+            "{} bytes",
+            buf.len()
+        );
+    }
+}

@@ -28,7 +28,12 @@ pub fn init_logging_at(verbose: u8, file: Option<&PathBuf>, quiet: &str) -> anyh
                 .with_writer(std::sync::Mutex::new(f))
                 .init();
         }
-        None => b.with_writer(std::io::stderr).init(),
+        None => {
+            use std::io::IsTerminal;
+            b.with_ansi(std::io::stderr().is_terminal())
+                .with_writer(std::io::stderr)
+                .init();
+        }
     }
     // A panic in a FUSE or runtime thread ends the mount; in daemon mode stderr goes
     // nowhere, so it is logged where the operator looks.

@@ -1,13 +1,15 @@
 //! Executing one request: the export call on the blocking pool, under the read limits.
 //!
-//! Every request runs in its own task holding the connection's in-flight permit. A Read
-//! also takes, in this order and until its response has been written:
+//! Every request runs in its own task holding the connection's in-flight permit. It also
+//! takes, in this order and until its response has been written ([`Held`]):
 //! 1. for a background read, one of the connection's [`BACKGROUND_READS`] background slots,
 //!    so a connection's background reads never hold more than that many places in the
 //!    blocking pool or the memory budget: demand and prediction reads of the same
 //!    connection (and of everyone else) do not queue behind a mirror's reads there;
-//! 2. `read_units(len)` of the connection's share of the memory budget;
-//! 3. the same units of the server-wide budget.
+//! 2. the bound of its response ([`response_bound`]: for a Read twice its length, raw
+//!    and compressed; for a directory page its most entries) from the connection's account
+//!    in the server's memory budget, shared fairly ([`crate::budget`]); once the response
+//!    is encoded the reservation shrinks to its size.
 //!
 //! Hashes take one of two server-wide hash slots (each reads a whole file).
 //!
@@ -24,7 +26,6 @@ use ferry_proto::{features, payload, Class, FileHash, ReadData, Request, Respons
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 
-use super::read_units;
 use crate::export::{self, OpError};
 use crate::Shared;
 
@@ -53,8 +54,8 @@ pub(crate) struct Session {
     pub(crate) chunk_size: u32,
     /// The negotiated frame limit.
     pub(crate) max_frame: u32,
-    /// This connection's share of the read budget, in 4 KiB units.
-    pub(crate) budget: Arc<Semaphore>,
+    /// This connection's account in the server's memory budget.
+    pub(crate) account: Arc<crate::budget::Account>,
     /// Slots for background reads ([`BACKGROUND_READS`]).
     pub(crate) background: Arc<Semaphore>,
 }
@@ -146,20 +147,62 @@ async fn hash(
     })
 }
 
-/// Takes what a read of `len` bytes holds until its response is written: for a background
-/// read one of the connection's background slots, then `read_units(len)` of the
-/// connection's share of the budget and of the server-wide budget. `Err`: the answer to
-/// send instead (never, as these semaphores are never closed).
-async fn take_read_permits(
-    shared: &Arc<Shared>,
+/// What a response holds until it has been written: its in-flight slot (and, for a
+/// background read, its background slot), and its bytes of the memory budget.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    pub(crate) slots: Vec<OwnedSemaphorePermit>,
+    pub(crate) bytes: Option<crate::budget::Hold>,
+}
+
+/// The most bytes the response to `request` may buffer (encoded, plus for reads the raw
+/// buffer beside the compressed one), reserved before it is computed.
+fn response_bound(request: &Request, session: &Session) -> u64 {
+    let frame = u64::from(session.max_frame);
+    let bound = match request {
+        Request::Read { len, .. } => 2 * u64::from(*len),
+        Request::ReadDirData { .. } => 2 * dir_data_page(session) as u64,
+        Request::ReadDir { max_entries, .. } => {
+            (64 + dir_page_entries(session, *max_entries) * export::MAX_DIRENT_WIRE_LEN) as u64
+        }
+        // Names and values up to the limit, and their framing (6 bytes an attribute at
+        // most as many as a byte each).
+        Request::DirXattrs { .. } => 2 * ferry_proto::MAX_DIR_XATTR_BYTES as u64 + 4096,
+        Request::DataMap { .. } => 64 + 16 * ferry_proto::MAX_DATA_EXTENTS as u64,
+        Request::IdNames { ids } => 8 + 262 * ids.len() as u64,
+        // The hash's read buffer while it runs.
+        Request::Hash { .. } | Request::HashSparse { .. } => {
+            u64::from(session.chunk_size).max(1 << 20)
+        }
+        Request::Stat { .. } | Request::ReadLink { .. } | Request::StatFs | Request::Ping => 8192,
+    };
+    bound.min(2 * frame).max(64)
+}
+
+/// Bytes of contents a ReadDirData page holds at most.
+fn dir_data_page(session: &Session) -> usize {
+    (session.max_frame as usize - 64).min(DIR_DATA_PAGE as usize)
+}
+
+/// Entries a directory page holds at most, for a request of `max_entries`.
+fn dir_page_entries(session: &Session, max_entries: u32) -> usize {
+    let fit = (session.max_frame as usize - 64) / export::MAX_DIRENT_WIRE_LEN;
+    (max_entries as usize).clamp(1, MAX_DIR_PAGE.min(fit))
+}
+
+/// Takes what a request holds until its response is written: for a background read one
+/// of the connection's background slots, then the bound of its response
+/// ([`response_bound`]) from the connection's account of the memory budget (which waits
+/// while the connection is over its fair share or the budget is used up). `Err`: the
+/// answer to send instead (never, as these semaphores are never closed).
+async fn take_permits(
     session: &Session,
-    class: Class,
-    len: u32,
-    permits: &mut Vec<OwnedSemaphorePermit>,
+    request: &Request,
+    held: &mut Held,
 ) -> Result<(), Response> {
     let busy = || error_response(OpError::new(Status::Busy, "server busy"));
-    if class == Class::Background {
-        permits.push(
+    if request_class(request) == Class::Background {
+        held.slots.push(
             session
                 .background
                 .clone()
@@ -168,31 +211,31 @@ async fn take_read_permits(
                 .map_err(|_| busy())?,
         );
     }
-    let units = read_units(len);
-    // First this connection's share, then the server-wide budget: one client that stops
-    // reading can hold at most its share until the write timeout.
-    for budget in [&session.budget, &shared.read_budget] {
-        permits.push(
-            budget
-                .clone()
-                .acquire_many_owned(units)
-                .await
-                .map_err(|_| busy())?,
-        );
-    }
+    held.bytes = Some(session.account.take(response_bound(request, session)).await);
     Ok(())
 }
 
-/// Serves `request`; the permits it takes (budget, background slot) are added to `permits`,
+/// Serves `request`; what it takes (budget, background slot) is added to `held`,
 /// to be released once the response is written.
 pub(crate) async fn handle(
     shared: &Arc<Shared>,
     session: &Session,
     request: Request,
-    permits: &mut Vec<OwnedSemaphorePermit>,
+    held: &mut Held,
 ) -> Response {
     let sh = shared.clone();
     let chunk_size = session.chunk_size;
+    if let Request::Read { len, .. } = &request {
+        if *len > chunk_size {
+            return Response::Error {
+                status: Status::TooLarge,
+                message: format!("read of {len} bytes exceeds the chunk size {chunk_size}"),
+            };
+        }
+    }
+    if let Err(r) = take_permits(session, &request, held).await {
+        return r;
+    }
     let result = match request {
         Request::Ping => Ok(Response::Pong),
         Request::Stat { path } => blocking(move || sh.export.stat(&path))
@@ -227,8 +270,7 @@ pub(crate) async fn handle(
             cookie,
             max_entries,
         } => {
-            let fit = (session.max_frame as usize - 64) / export::MAX_DIRENT_WIRE_LEN;
-            let n = (max_entries as usize).clamp(1, MAX_DIR_PAGE.min(fit));
+            let n = dir_page_entries(session, max_entries);
             blocking(move || sh.export.read_dir(&path, cookie, n))
                 .await
                 .map(Response::DirPage)
@@ -241,16 +283,10 @@ pub(crate) async fn handle(
             allow_lz4,
             class,
         } => {
-            // A page holds up to DIR_DATA_PAGE bytes of contents: it takes the budget (and,
-            // in the background, the slot) of a read of that many.
-            let max_bytes = (session.max_frame as usize - 64).min(DIR_DATA_PAGE as usize);
-            if let Err(r) =
-                take_read_permits(shared, session, class, max_bytes as u32, permits).await
-            {
-                return r;
-            }
-            let fit = (session.max_frame as usize - 64) / export::MAX_DIRENT_WIRE_LEN;
-            let n = (max_entries as usize).clamp(1, MAX_DIR_PAGE.min(fit));
+            // A page holds up to DIR_DATA_PAGE bytes of contents (its budget was taken as
+            // for a read of that many).
+            let max_bytes = dir_data_page(session);
+            let n = dir_page_entries(session, max_entries);
             let max_file = u64::from(max_file.min(chunk_size));
             let allow = session.features & features::LZ4 != 0 && allow_lz4;
             let page = export::DataPageLimits {
@@ -271,15 +307,6 @@ pub(crate) async fn handle(
             allow_lz4,
             class,
         } => {
-            if len > chunk_size {
-                return Response::Error {
-                    status: Status::TooLarge,
-                    message: format!("read of {len} bytes exceeds the chunk size {chunk_size}"),
-                };
-            }
-            if let Err(r) = take_read_permits(shared, session, class, len, permits).await {
-                return r;
-            }
             let allow = session.features & features::LZ4 != 0 && allow_lz4;
             let read_hash = session.features & features::READ_HASH != 0;
             blocking_as(class, move || {

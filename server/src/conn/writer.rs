@@ -32,7 +32,6 @@ use bytes::{Bytes, BytesMut};
 use ferry_proto::Class;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc::{self, error::TryRecvError};
-use tokio::sync::OwnedSemaphorePermit;
 
 /// Unsent bytes the kernel may hold per socket before it stops taking more
 /// (`TCP_NOTSENT_LOWAT`): about 1 ms at 1 Gbit/s. Beyond it a write waits until the
@@ -70,6 +69,79 @@ pub(crate) fn limit_unsent(tcp: &tokio::net::TcpStream) -> io::Result<()> {
     }
 }
 
+/// Whether the writer is waiting for the socket to take bytes, and since when: a client
+/// that stops reading leaves it waiting.
+#[derive(Debug)]
+pub(crate) struct Blocked {
+    start: std::time::Instant,
+    /// Milliseconds after `start` the current wait began (+1); 0: not waiting.
+    since: std::sync::atomic::AtomicU64,
+}
+
+impl Blocked {
+    pub(crate) fn new() -> std::sync::Arc<Blocked> {
+        std::sync::Arc::new(Blocked {
+            start: std::time::Instant::now(),
+            since: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64 + 1
+    }
+
+    fn set(&self, waiting: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !waiting {
+            self.since.store(0, Relaxed);
+        } else if self.since.load(Relaxed) == 0 {
+            self.since.store(self.now(), Relaxed);
+        }
+    }
+
+    /// How long the writer has been waiting for the socket (zero when it is not).
+    pub(crate) fn waiting_for(&self) -> Duration {
+        match self.since.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            t => Duration::from_millis(self.now().saturating_sub(t)),
+        }
+    }
+}
+
+/// The socket's write half, noting in [`Blocked`] when it makes the writer wait.
+pub(crate) struct Watched<W> {
+    pub(crate) inner: W,
+    pub(crate) blocked: std::sync::Arc<Blocked>,
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Watched<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.blocked.set(r.is_pending());
+        r
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.blocked.set(r.is_pending());
+        r
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// One encoded response on its way to the socket.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
@@ -81,7 +153,7 @@ pub(crate) struct Outgoing {
     /// A Read's payload (empty for others), written straight from its buffer.
     pub(crate) tail: Bytes,
     /// Held only to be released (dropped) once the response has been written.
-    pub(crate) _permits: Vec<OwnedSemaphorePermit>,
+    pub(crate) _held: super::handle::Held,
 }
 
 /// Responses waiting to be written: one FIFO per class, the most urgent class first.
@@ -192,7 +264,10 @@ mod tests {
             class,
             head,
             tail,
-            _permits: vec![sem.clone().try_acquire_owned().unwrap()],
+            _held: super::super::handle::Held {
+                slots: vec![sem.clone().try_acquire_owned().unwrap()],
+                bytes: None,
+            },
         }
     }
 

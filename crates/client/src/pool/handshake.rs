@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use ferry_proto::handshake::{ClientAuth, ClientHandshake, ClientParams};
-use ferry_proto::preamble::{self, Transport, PREAMBLE_LEN};
+use ferry_proto::preamble::{self, Refusal, Transport, PREAMBLE_LEN};
 use ferry_proto::{features, Welcome};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -38,11 +38,34 @@ pub(super) struct Opened {
     pub(super) leftover: BytesMut,
 }
 
-/// Connects to `cfg.addr` and completes the preamble, TLS and the handshake.
+/// Connects to `cfg.addr` and completes the preamble, TLS and the handshake. A server that
+/// answers `Busy` (no room for another connection now) is asked again with backoff (50 ms,
+/// doubling to 2 s) for as long as the connect timeout leaves time.
 ///
 /// # Errors
-/// Each step's failure as its own [`ClientError`] variant.
+/// Each step's failure as its own [`ClientError`] variant; the `Busy` refusal when the
+/// server stayed busy.
 pub(super) async fn open_stream(cfg: &ClientConfig) -> Result<Opened, ClientError> {
+    let give_up = tokio::time::Instant::now() + cfg.connect_timeout.mul_f64(0.9);
+    let mut wait = std::time::Duration::from_millis(50);
+    loop {
+        match open_stream_once(cfg).await {
+            Err(ClientError::Preamble {
+                source: ferry_proto::preamble::PreambleError::Refused(Refusal::Busy),
+                ..
+            }) if tokio::time::Instant::now() + wait < give_up => {
+                tracing::debug!("{}: server busy, asking again in {wait:?}", cfg.addr);
+                // Jittered, so clients refused together do not come back together.
+                let jitter = u64::from(std::process::id() ^ wait.subsec_nanos()) % 50;
+                tokio::time::sleep(wait + std::time::Duration::from_millis(jitter)).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(2));
+            }
+            r => return r,
+        }
+    }
+}
+
+async fn open_stream_once(cfg: &ClientConfig) -> Result<Opened, ClientError> {
     let addr = &cfg.addr;
     let io_err = |e: io::Error| ClientError::HandshakeIo {
         addr: addr.clone(),

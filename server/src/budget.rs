@@ -1,0 +1,330 @@
+//! The server's memory budget, shared fairly between connections.
+//!
+//! Every response is buffered between the moment it is computed and the moment its last
+//! byte is written: file reads, directory pages, extended attributes, data maps, all of it.
+//! Each request reserves a bound of what its response may hold before it is computed
+//! ([`Account::take`]), the reservation shrinks to the encoded response once it is known
+//! ([`Hold::shrink`]), and it is given back when the response has been written.
+//!
+//! Fairness: the budget is split between the connections that use it (holding bytes or
+//! waiting for some). A connection may hold at most its fair share — the budget over the
+//! number of such connections and one more (room for the next to turn up) — except that one holding nothing may always take one
+//! request's worth while the budget has room, so every connection progresses. A
+//! connection whose client stops reading therefore holds at most its share, the others
+//! go on with the rest; and such a connection is closed once it has sat on its bytes for
+//! a while with the budget in demand (`conn.rs`, [`Account::stalled_holder`]).
+//!
+//! Waiters are served in arrival order, skipping those held back by their own share
+//! (which do not block the others); the first one held back by the budget itself stops the
+//! round, so a large request is not starved by a stream of small ones.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+/// The budget of the whole server.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    total: u64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    used: u64,
+    /// Per connection: bytes held and requests waiting.
+    accounts: HashMap<u64, Use>,
+    /// Accounts holding bytes or waiting.
+    active: usize,
+    next_id: u64,
+    waiters: VecDeque<Waiter>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Use {
+    held: u64,
+    waiting: usize,
+}
+
+impl Use {
+    fn active(self) -> bool {
+        self.held > 0 || self.waiting > 0
+    }
+}
+
+#[derive(Debug)]
+struct Waiter {
+    account: u64,
+    bytes: u64,
+    tx: oneshot::Sender<()>,
+}
+
+/// One connection's use of the budget.
+#[derive(Debug)]
+pub(crate) struct Account {
+    budget: Arc<Budget>,
+    id: u64,
+}
+
+/// Bytes held by one response; given back on drop.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    account: Arc<Account>,
+    bytes: u64,
+}
+
+impl Budget {
+    /// A budget of `total` bytes.
+    pub(crate) fn new(total: u64) -> Arc<Budget> {
+        Arc::new(Budget {
+            total,
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new connection's account.
+    pub(crate) fn account(self: &Arc<Self>) -> Arc<Account> {
+        let mut g = self.lock();
+        g.next_id += 1;
+        let id = g.next_id;
+        g.accounts.insert(id, Use::default());
+        Arc::new(Account {
+            budget: self.clone(),
+            id,
+        })
+    }
+
+    /// Bytes held now, in all.
+    pub(crate) fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// Whether the budget is in demand: a request waits for room, or more than half of it
+    /// is held.
+    pub(crate) fn pressed(&self) -> bool {
+        let g = self.lock();
+        !g.waiters.is_empty() || g.used.saturating_mul(2) > self.total
+    }
+
+    /// The fair share of one active account: the budget over the active accounts and one
+    /// more, so a connection that turns up finds room at once even when the others hold
+    /// all they may.
+    fn share(&self, g: &Inner) -> u64 {
+        self.total / (g.active as u64 + 1)
+    }
+
+    /// Whether `bytes` more fit for `account`: `Err(true)` when its share holds it back,
+    /// `Err(false)` when the budget does.
+    fn fits(&self, g: &Inner, account: u64, bytes: u64) -> Result<(), bool> {
+        let held = g.accounts.get(&account).map_or(0, |u| u.held);
+        if held > 0 && held + bytes > self.share(g) {
+            return Err(true);
+        }
+        if g.used + bytes > self.total && g.used > 0 {
+            return Err(false);
+        }
+        Ok(())
+    }
+
+    fn change(g: &mut Inner, account: u64, f: impl FnOnce(&mut Use)) {
+        let Some(u) = g.accounts.get_mut(&account) else {
+            return;
+        };
+        let before = u.active();
+        f(u);
+        let after = u.active();
+        match (before, after) {
+            (false, true) => g.active += 1,
+            (true, false) => g.active -= 1,
+            _ => {}
+        }
+    }
+
+    /// Grants waiters in order while the budget has room (see the module docs).
+    fn dispatch(&self, g: &mut Inner) {
+        let mut i = 0;
+        while i < g.waiters.len() {
+            let (account, bytes) = (g.waiters[i].account, g.waiters[i].bytes);
+            match self.fits(g, account, bytes) {
+                Err(true) => i += 1,
+                Err(false) => break,
+                Ok(()) => {
+                    let w = g.waiters.remove(i).expect("index in range");
+                    Self::change(g, account, |u| u.waiting -= 1);
+                    if w.tx.send(()).is_ok() {
+                        g.used += bytes;
+                        Self::change(g, account, |u| u.held += bytes);
+                    }
+                }
+            }
+        }
+    }
+
+    fn release(&self, account: u64, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let mut g = self.lock();
+        g.used -= bytes;
+        Self::change(&mut g, account, |u| u.held -= bytes);
+        self.dispatch(&mut g);
+    }
+}
+
+impl Account {
+    /// Reserves `bytes` for one response, waiting for room (see the module docs).
+    pub(crate) async fn take(self: &Arc<Self>, bytes: u64) -> Hold {
+        let b = &self.budget;
+        let rx = {
+            let mut g = b.lock();
+            if g.waiters.is_empty() && b.fits(&g, self.id, bytes).is_ok() {
+                g.used += bytes;
+                Budget::change(&mut g, self.id, |u| u.held += bytes);
+                return Hold {
+                    account: self.clone(),
+                    bytes,
+                };
+            }
+            let (tx, rx) = oneshot::channel();
+            g.waiters.push_back(Waiter {
+                account: self.id,
+                bytes,
+                tx,
+            });
+            Budget::change(&mut g, self.id, |u| u.waiting += 1);
+            b.dispatch(&mut g);
+            rx
+        };
+        // The sender is only dropped with the budget, which outlives every account.
+        let _ = rx.await;
+        Hold {
+            account: self.clone(),
+            bytes,
+        }
+    }
+
+    /// Bytes this connection holds.
+    pub(crate) fn held(&self) -> u64 {
+        let g = self.budget.lock();
+        g.accounts.get(&self.id).map_or(0, |u| u.held)
+    }
+
+    /// Whether this connection holds bytes while the budget is in demand
+    /// ([`Budget::pressed`]): if its client has also stopped reading, it is sitting on its
+    /// share.
+    pub(crate) fn stalled_holder(&self) -> bool {
+        self.held() > 0 && self.budget.pressed()
+    }
+}
+
+impl Drop for Account {
+    fn drop(&mut self) {
+        let mut g = self.budget.lock();
+        if let Some(u) = g.accounts.remove(&self.id) {
+            if u.active() {
+                g.active -= 1;
+            }
+        }
+        // Its waiters (if any) were dropped with their tasks: skipped by the next round.
+        g.waiters.retain(|w| w.account != self.id);
+        self.budget.dispatch(&mut g);
+    }
+}
+
+impl Hold {
+    /// Bytes held.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Gives back all but `bytes` (the response turned out smaller than reserved).
+    pub(crate) fn shrink(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            self.account
+                .budget
+                .release(self.account.id, self.bytes - bytes);
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.account.budget.release(self.account.id, self.bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn pending(f: &mut (impl std::future::Future + Unpin)) -> bool {
+        tokio::time::timeout(Duration::from_millis(30), f)
+            .await
+            .is_err()
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_holds_its_share_cannot_take_the_others() {
+        let b = Budget::new(1200);
+        let (stuck, honest) = (b.account(), b.account());
+        let h0 = honest.take(100).await;
+        // Two connections active: a share is 1200 / 3 = 400.
+        let s1 = stuck.take(400).await;
+        let mut s2 = Box::pin(stuck.take(100));
+        assert!(pending(&mut s2).await, "over its share");
+        // The honest one passes the stuck waiter: it is within its share and there is room.
+        let h1 = honest.take(300).await;
+        assert_eq!(b.used(), 800);
+        let mut h2 = Box::pin(honest.take(100));
+        assert!(pending(&mut h2).await, "over its own share now");
+        drop(h0);
+        let _h2 = h2.await;
+        assert_eq!(b.used(), 800);
+        // The stuck connection's response was written: its waiter goes.
+        drop(s1);
+        let _s2 = s2.await;
+        assert_eq!(b.used(), 500);
+        drop(h1);
+        assert_eq!(b.used(), 200);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_may_always_take_one_request_and_shrinks_give_back() {
+        let b = Budget::new(100);
+        let a = b.account();
+        // Larger than the whole budget: allowed when nothing else is held.
+        let mut big = a.take(300).await;
+        assert_eq!(b.used(), 300);
+        big.shrink(40);
+        assert_eq!((b.used(), big.bytes()), (40, 40));
+        let other = b.account();
+        let c = other.take(60).await;
+        assert_eq!(b.used(), 100);
+        drop((big, c));
+        assert_eq!(b.used(), 0);
+        assert_eq!(b.lock().active, 0);
+    }
+
+    #[tokio::test]
+    async fn waiters_of_a_closed_connection_are_forgotten() {
+        let b = Budget::new(100);
+        let (a, c) = (b.account(), b.account());
+        let h = a.take(100).await;
+        let mut w = Box::pin(c.take(50));
+        assert!(pending(&mut w).await);
+        drop(w);
+        drop(c);
+        drop(h);
+        assert_eq!(b.used(), 0);
+        assert!(b.lock().waiters.is_empty());
+        assert_eq!(b.lock().active, 0);
+    }
+}
