@@ -343,7 +343,11 @@ fn traversal_attempts_are_refused_and_nothing_outside_the_export_is_read() {
     std::os::unix::fs::symlink(outside.path().join("secret"), src.path().join("a/out")).unwrap();
     std::os::unix::fs::symlink("../..", src.path().join("a/up")).unwrap();
     let server = TestServer::start(src.path());
-    let (mut s, mut buf) = handshaken(&server.addr);
+    // Hash needs its feature in the session (without it the request closes the connection).
+    let (mut s, mut buf, _) = handshaken_with(
+        &server.addr,
+        ferry_proto::features::LZ4 | ferry_proto::features::HASH,
+    );
     let long_name = "x".repeat(4096);
     let long_path = vec!["d"; 2100].join("/");
     let secret_path = outside.path().join("secret");
