@@ -10,7 +10,7 @@
 # Reports each honest client's rate against its fair share (its rate when the honest
 # clients are alone, less what the slow clients legitimately take, split evenly), the slow
 # clients' rates, and ferryd's peak resident memory in each pattern (VmHWM of a fresh ferryd
-# per pattern). Defaults: H=16, S=16, K=8, C=512.
+# per pattern; --max-connections 2C). Defaults: H=16, S=16, K=8, C=512.
 #
 #   bench/hostile.sh [--honest H] [--slow S] [--stuck K] [--connections C] [--out FILE]
 #
@@ -78,7 +78,9 @@ peak() { awk '/VmHWM/ { printf "%d", $2 / 1024 }' "/proc/$ferryd_pid/status"; }
 restart_ferryd() {
     [ -n "$ferryd_pid" ] && { kill "$ferryd_pid"; wait "$ferryd_pid" 2>/dev/null || true; }
     rm -f "$work/port"
-    bench_ferryd "$data"
+    # Room for every connection of the crowded pattern: this measures sharing, not the
+    # connection limit (a full server answers "busy", which clients retry).
+    bench_ferryd "$data" --max-connections $((conns * 2))
 }
 
 report=()

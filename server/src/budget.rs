@@ -7,7 +7,9 @@
 //! ([`Hold::shrink`]), and it is given back when the response has been written.
 //!
 //! Fairness: the budget is split between the connections that use it (holding bytes or
-//! waiting for some). A connection may hold at most its fair share — the budget over the
+//! waiting for some). A connection whose client is not taking its responses (its writer
+//! waits for the socket) gets nothing more while it holds anything: memory goes to those
+//! that drain, and one that stops reading keeps only what it held when it stopped. A connection may hold at most its fair share — the budget over the
 //! number of such connections and one more (room for the next to turn up) — except that one holding nothing may always take one
 //! request's worth while the budget has room, so every connection progresses. A
 //! connection whose client stops reading therefore holds at most its share, the others
@@ -41,14 +43,26 @@ struct Inner {
     waiters: VecDeque<Waiter>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct Use {
     held: u64,
     waiting: usize,
+    /// Whether the connection's client is not taking its responses now (its writer waits
+    /// for the socket): then it gets nothing more while it holds anything.
+    stalled: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Use {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Use")
+            .field("held", &self.held)
+            .field("waiting", &self.waiting)
+            .finish()
+    }
 }
 
 impl Use {
-    fn active(self) -> bool {
+    fn active(&self) -> bool {
         self.held > 0 || self.waiting > 0
     }
 }
@@ -88,11 +102,28 @@ impl Budget {
     }
 
     /// A new connection's account.
+    #[cfg(test)]
     pub(crate) fn account(self: &Arc<Self>) -> Arc<Account> {
+        self.account_draining(|| false)
+    }
+
+    /// A new connection's account; `stalled` says whether its client is not taking its
+    /// responses now (then, while it holds anything, it gets nothing more: a connection
+    /// does not compute ahead of a client that does not read).
+    pub(crate) fn account_draining(
+        self: &Arc<Self>,
+        stalled: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> Arc<Account> {
         let mut g = self.lock();
         g.next_id += 1;
         let id = g.next_id;
-        g.accounts.insert(id, Use::default());
+        g.accounts.insert(
+            id,
+            Use {
+                stalled: Some(Arc::new(stalled)),
+                ..Use::default()
+            },
+        );
         Arc::new(Account {
             budget: self.clone(),
             id,
@@ -121,8 +152,10 @@ impl Budget {
     /// Whether `bytes` more fit for `account`: `Err(true)` when its share holds it back,
     /// `Err(false)` when the budget does.
     fn fits(&self, g: &Inner, account: u64, bytes: u64) -> Result<(), bool> {
-        let held = g.accounts.get(&account).map_or(0, |u| u.held);
-        if held > 0 && held + bytes > self.share(g) {
+        let (held, stalled) = g.accounts.get(&account).map_or((0, false), |u| {
+            (u.held, u.stalled.as_ref().is_some_and(|f| f()))
+        });
+        if held > 0 && (stalled || held + bytes > self.share(g)) {
             return Err(true);
         }
         if g.used + bytes > self.total && g.used > 0 {
@@ -212,6 +245,16 @@ impl Account {
     pub(crate) fn held(&self) -> u64 {
         let g = self.budget.lock();
         g.accounts.get(&self.id).map_or(0, |u| u.held)
+    }
+
+    /// Whether this connection holds more than its fair share now (others turned up since
+    /// it took its bytes) while the budget is in demand.
+    pub(crate) fn over_share(&self) -> bool {
+        let b = &self.budget;
+        let g = b.lock();
+        let held = g.accounts.get(&self.id).map_or(0, |u| u.held);
+        let pressed = !g.waiters.is_empty() || g.used.saturating_mul(2) > b.total;
+        pressed && held > b.share(&g)
     }
 
     /// Whether this connection holds bytes while the budget is in demand
@@ -326,5 +369,49 @@ mod tests {
         assert_eq!(b.used(), 0);
         assert!(b.lock().waiters.is_empty());
         assert_eq!(b.lock().active, 0);
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_client_does_not_read_gets_nothing_more() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let b = Budget::new(1000);
+        let stalled = Arc::new(AtomicBool::new(false));
+        let s = stalled.clone();
+        let a = b.account_draining(move || s.load(Ordering::Relaxed));
+        let first = a.take(100).await;
+        stalled.store(true, Ordering::Relaxed);
+        let mut more = Box::pin(a.take(100));
+        assert!(pending(&mut more).await, "not reading: nothing more");
+        // Its client reads again; the next release anywhere lets it go on.
+        stalled.store(false, Ordering::Relaxed);
+        let other = b.account();
+        drop(other.take(10).await);
+        let _more = more.await;
+        drop(first);
+        assert_eq!(b.used(), 100);
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_took_its_share_alone_is_over_it_once_others_come() {
+        let b = Budget::new(1000);
+        let early = b.account();
+        // Alone, its share is 500.
+        let _held = [early.take(250).await, early.take(250).await];
+        assert!(!early.over_share());
+        // Three more wait for room: shares are 1000 / 5 = 200 now, and the budget is in
+        // demand.
+        let others: Vec<_> = (0..3).map(|_| b.account()).collect();
+        let _h: Vec<_> = futures_take(&others).await;
+        let mut w = Box::pin(others[0].take(400));
+        assert!(pending(&mut w).await);
+        assert!(early.over_share());
+    }
+
+    async fn futures_take(accounts: &[Arc<Account>]) -> Vec<Hold> {
+        let mut out = Vec::new();
+        for a in accounts {
+            out.push(a.take(100).await);
+        }
+        out
     }
 }

@@ -85,6 +85,10 @@ pub enum ConnError {
 /// no response byte for this long, is closed: it sits on its share ([`crate::budget`]).
 pub(crate) const STALL_UNDER_CONTENTION: Duration = Duration::from_secs(5);
 
+/// The same for a connection holding more than its share now (it took it before others
+/// came): it keeps what others need, so it goes sooner.
+pub(crate) const STALL_OVER_SHARE: Duration = Duration::from_secs(2);
+
 /// Reads one frame, buffering at most `max` bytes of it.
 async fn read_frame<R: AsyncRead + Unpin>(
     rd: &mut R,
@@ -233,12 +237,17 @@ where
         features: welcome.features,
         chunk_size: welcome.chunk_size,
         max_frame: welcome.max_frame,
-        account: shared.budget.account(),
+        account: {
+            let blocked = blocked.clone();
+            shared
+                .budget
+                .account_draining(move || blocked.waiting_for() > Duration::from_millis(100))
+        },
         background: Arc::new(Semaphore::new(handle::BACKGROUND_READS)),
     });
     let mut shutdown = shared.shutdown.clone();
     let idle = shared.config.idle_timeout;
-    let mut check = tokio::time::interval(Duration::from_secs(1));
+    let mut check = tokio::time::interval(Duration::from_millis(250));
     let mut idle_at = tokio::time::Instant::now() + idle;
     let result = loop {
         let frame = tokio::select! {
@@ -246,8 +255,9 @@ where
             _ = shutdown.changed() => break Ok(()),
             _ = check.tick() => {
                 // Sitting on its share while others wait: closed, its memory freed.
-                if blocked.waiting_for() > STALL_UNDER_CONTENTION
-                    && session.account.stalled_holder()
+                let waiting = blocked.waiting_for();
+                if (waiting > STALL_OVER_SHARE && session.account.over_share())
+                    || (waiting > STALL_UNDER_CONTENTION && session.account.stalled_holder())
                 {
                     break Err(ConnError::Stalled);
                 }
@@ -389,7 +399,10 @@ where
         });
     };
     drop(tx);
-    if !writer_ended {
+    if matches!(result, Err(ConnError::Stalled)) {
+        // Its client does not read: what it holds goes now, not after a drain.
+        writer.abort();
+    } else if !writer_ended {
         // Let responses already being computed go out before closing, briefly.
         match tokio::time::timeout(Duration::from_secs(5), &mut writer).await {
             Ok(Ok(Err(e))) => debug!("writer ended: {e}"),

@@ -164,7 +164,7 @@ impl CacheDir {
         match Owner::read(&meta) {
             Some(o) if o == owner => {}
             Some(o) => {
-                tracing::warn!(
+                tracing::info!(
                     "{}: its state belonged to another directory that stood at this path before (device {} inode {} born {}, now {} {} {}): starting afresh",
                     root.display(), o.dev, o.ino, o.btime, owner.dev, owner.ino, owner.btime
                 );
