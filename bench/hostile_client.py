@@ -26,9 +26,19 @@ def frame(kind, rid, body):
     return struct.pack(">IBI", len(body) + 5, kind, rid) + body
 
 
-def hello():
-    body = struct.pack(">HQI", 2, 0, CHUNK) + struct.pack(">H", 5) + b"bench"
+def hello(name):
+    n = name.encode()
+    body = struct.pack(">HQI", 2, 0, CHUNK) + struct.pack(">H", len(n)) + n
     return frame(0x01, 0, body)
+
+
+_seq = [0]
+
+
+def next_name():
+    # Each connection a client of its own (the server shares memory per client too).
+    _seq[0] += 1
+    return f"bench {_seq[0]} {time.monotonic_ns()}"
 
 
 def read_req(rid, path, offset):
@@ -52,7 +62,7 @@ def connect(addr, handshake=True):
     s = socket.create_connection((host, int(port)))
     if not handshake:
         return s
-    s.sendall(b"FERRY\x01\x00\x00" + hello())
+    s.sendall(b"FERRY\x01\x00\x00" + hello(next_name()))
     pre = recv_exact(s, 8)
     if pre[6] == 0xFF:
         raise ConnectionError(f"refused, code {pre[7]}")

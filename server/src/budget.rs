@@ -6,15 +6,18 @@
 //! ([`Account::take`]), the reservation shrinks to the encoded response once it is known
 //! ([`Hold::shrink`]), and it is given back when the response has been written.
 //!
-//! Fairness: the budget is split between the connections that use it (holding bytes or
-//! waiting for some). A connection whose client is not taking its responses (its writer
-//! waits for the socket) gets nothing more while it holds anything: memory goes to those
-//! that drain, and one that stops reading keeps only what it held when it stopped. A connection may hold at most its fair share — the budget over the
-//! number of such connections and one more (room for the next to turn up) — except that one holding nothing may always take one
-//! request's worth while the budget has room, so every connection progresses. A
-//! connection whose client stops reading therefore holds at most its share, the others
-//! go on with the rest; and such a connection is closed once it has sat on its bytes for
-//! a while with the budget in demand (`conn.rs`, [`Account::stalled_holder`]).
+//! Fairness: the budget is split between the clients that use it (a client is a source
+//! address and the name its Hello gave: ferry names all streams of one process alike), and
+//! a client's share between its connections that use it (holding bytes or waiting for
+//! some). A client may hold at most its fair share — the budget over the active clients and
+//! one more (room for the next to turn up) — and a connection its client's share over the
+//! client's active connections, except that one holding nothing may always take one
+//! request's worth while the budget has room, so every connection progresses. A connection
+//! whose client is not taking its responses (its writer waits for the socket) gets nothing
+//! more while it holds anything: memory goes to those that drain, and one that stops reading
+//! keeps at most what it held when it stopped, the others going on with the rest; such a
+//! connection is closed once it has sat on its bytes for a while with the budget in demand
+//! (`conn.rs`, [`Account::over_share`], [`Account::stalled_holder`]).
 //!
 //! Waiters are served in arrival order, skipping those held back by their own share
 //! (which do not block the others); the first one held back by the budget itself stops the
@@ -37,14 +40,24 @@ struct Inner {
     used: u64,
     /// Per connection: bytes held and requests waiting.
     accounts: HashMap<u64, Use>,
+    /// Per client: its active connections and the bytes they hold.
+    clients: HashMap<u64, Client>,
     /// Accounts holding bytes or waiting.
     active: usize,
     next_id: u64,
     waiters: VecDeque<Waiter>,
 }
 
+#[derive(Debug, Default, Clone, Copy)]
+struct Client {
+    active: usize,
+    held: u64,
+}
+
 #[derive(Default, Clone)]
 struct Use {
+    /// The client the connection belongs to.
+    client: u64,
     held: u64,
     waiting: usize,
     /// Whether the connection's client is not taking its responses now (its writer waits
@@ -101,10 +114,11 @@ impl Budget {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new connection's account.
+    /// A new connection's account, its own client.
     #[cfg(test)]
     pub(crate) fn account(self: &Arc<Self>) -> Arc<Account> {
-        self.account_draining(|| false)
+        let id = self.lock().next_id + 1;
+        self.account_draining(u64::MAX - id, || false)
     }
 
     /// A new connection's account; `stalled` says whether its client is not taking its
@@ -112,6 +126,7 @@ impl Budget {
     /// does not compute ahead of a client that does not read).
     pub(crate) fn account_draining(
         self: &Arc<Self>,
+        client: u64,
         stalled: impl Fn() -> bool + Send + Sync + 'static,
     ) -> Arc<Account> {
         let mut g = self.lock();
@@ -120,6 +135,7 @@ impl Budget {
         g.accounts.insert(
             id,
             Use {
+                client,
                 stalled: Some(Arc::new(stalled)),
                 ..Use::default()
             },
@@ -142,21 +158,28 @@ impl Budget {
         !g.waiters.is_empty() || g.used.saturating_mul(2) > self.total
     }
 
-    /// The fair share of one active account: the budget over the active accounts and one
-    /// more, so a connection that turns up finds room at once even when the others hold
-    /// all they may.
-    fn share(&self, g: &Inner) -> u64 {
-        self.total / (g.active as u64 + 1)
+    /// The fair shares of `account` and of its client: the budget over the active clients
+    /// and one more (so a client that turns up finds room at once even when the others
+    /// hold all they may), the client's share over its active connections.
+    fn shares(&self, g: &Inner, account: u64) -> (u64, u64) {
+        let client = g.accounts.get(&account).map_or(0, |u| u.client);
+        let of_client = self.total / (g.clients.len() as u64 + 1);
+        let conns = g.clients.get(&client).map_or(1, |c| c.active.max(1));
+        (of_client / conns as u64, of_client)
     }
 
     /// Whether `bytes` more fit for `account`: `Err(true)` when its share holds it back,
     /// `Err(false)` when the budget does.
     fn fits(&self, g: &Inner, account: u64, bytes: u64) -> Result<(), bool> {
-        let (held, stalled) = g.accounts.get(&account).map_or((0, false), |u| {
-            (u.held, u.stalled.as_ref().is_some_and(|f| f()))
+        let (held, stalled, client) = g.accounts.get(&account).map_or((0, false, 0), |u| {
+            (u.held, u.stalled.as_ref().is_some_and(|f| f()), u.client)
         });
-        if held > 0 && (stalled || held + bytes > self.share(g)) {
-            return Err(true);
+        if held > 0 {
+            let (mine, clients) = self.shares(g, account);
+            let client_held = g.clients.get(&client).map_or(0, |c| c.held);
+            if stalled || held + bytes > mine || client_held + bytes > clients {
+                return Err(true);
+            }
         }
         if g.used + bytes > self.total && g.used > 0 {
             return Err(false);
@@ -168,13 +191,24 @@ impl Budget {
         let Some(u) = g.accounts.get_mut(&account) else {
             return;
         };
-        let before = u.active();
+        let (before, held_before) = (u.active(), u.held);
         f(u);
-        let after = u.active();
+        let (after, held_after, client) = (u.active(), u.held, u.client);
+        let c = g.clients.entry(client).or_default();
+        c.held = c.held + held_after - held_before;
         match (before, after) {
-            (false, true) => g.active += 1,
-            (true, false) => g.active -= 1,
+            (false, true) => {
+                g.active += 1;
+                c.active += 1;
+            }
+            (true, false) => {
+                g.active -= 1;
+                c.active -= 1;
+            }
             _ => {}
+        }
+        if c.active == 0 && c.held == 0 {
+            g.clients.remove(&client);
         }
     }
 
@@ -254,7 +288,7 @@ impl Account {
         let g = b.lock();
         let held = g.accounts.get(&self.id).map_or(0, |u| u.held);
         let pressed = !g.waiters.is_empty() || g.used.saturating_mul(2) > b.total;
-        pressed && held > b.share(&g)
+        pressed && held > b.shares(&g, self.id).0
     }
 
     /// Whether this connection holds bytes while the budget is in demand
@@ -268,11 +302,10 @@ impl Account {
 impl Drop for Account {
     fn drop(&mut self) {
         let mut g = self.budget.lock();
-        if let Some(u) = g.accounts.remove(&self.id) {
-            if u.active() {
-                g.active -= 1;
-            }
-        }
+        // Nothing held any more (its holds keep it alive); waiting requests, if any, were
+        // dropped with their tasks.
+        Budget::change(&mut g, self.id, |u| u.waiting = 0);
+        g.accounts.remove(&self.id);
         // Its waiters (if any) were dropped with their tasks: skipped by the next round.
         g.waiters.retain(|w| w.account != self.id);
         self.budget.dispatch(&mut g);
@@ -377,7 +410,7 @@ mod tests {
         let b = Budget::new(1000);
         let stalled = Arc::new(AtomicBool::new(false));
         let s = stalled.clone();
-        let a = b.account_draining(move || s.load(Ordering::Relaxed));
+        let a = b.account_draining(7, move || s.load(Ordering::Relaxed));
         let first = a.take(100).await;
         stalled.store(true, Ordering::Relaxed);
         let mut more = Box::pin(a.take(100));
@@ -413,5 +446,25 @@ mod tests {
             out.push(a.take(100).await);
         }
         out
+    }
+
+    #[tokio::test]
+    async fn a_client_with_many_connections_gets_one_clients_share() {
+        let b = Budget::new(1200);
+        // Client 1 has three connections, client 2 one: shares are 1200 / 3 = 400 a client,
+        // a third of that for each of client 1's connections.
+        let many: Vec<_> = (0..3).map(|_| b.account_draining(1, || false)).collect();
+        let one = b.account_draining(2, || false);
+        let mut held: Vec<_> = Vec::new();
+        for a in &many {
+            held.push(a.take(100).await);
+        }
+        held.push(one.take(100).await);
+        // 100 + 100 > 400 / 3 for a connection of client 1: it waits...
+        let mut more = Box::pin(many[0].take(100));
+        assert!(pending(&mut more).await);
+        // ...while client 2's one connection may hold up to 400.
+        held.push(one.take(250).await);
+        assert_eq!(b.used(), 650);
     }
 }

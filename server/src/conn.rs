@@ -130,6 +130,7 @@ pub(crate) async fn serve_tcp(
         shared.config.handshake_timeout
     };
     let deadline = tokio::time::Instant::now() + limit;
+    let peer = tcp.peer_addr().ok().map(|a| a.ip());
     if let Err(e) = writer::limit_unsent(&tcp) {
         debug!("TCP_NOTSENT_LOWAT not set: {e}");
     }
@@ -138,7 +139,7 @@ pub(crate) async fn serve_tcp(
         .map_err(|_| ConnError::HandshakeTimeout)??;
     match transport {
         None => Ok(()),
-        Some(Transport::Plain) => serve(tcp, shared, deadline, Some(handshake)).await,
+        Some(Transport::Plain) => serve(tcp, shared, deadline, Some(handshake), peer).await,
         Some(Transport::Tls) => {
             let Some(tls) = shared.config.tls.clone() else {
                 return Err(ConnError::Protocol("TLS accepted without a configuration"));
@@ -148,7 +149,7 @@ pub(crate) async fn serve_tcp(
                     .await
                     .map_err(|_| ConnError::HandshakeTimeout)?
                     .map_err(ConnError::Tls)?;
-            serve(stream, shared, deadline, Some(handshake)).await
+            serve(stream, shared, deadline, Some(handshake), peer).await
         }
     }
 }
@@ -197,6 +198,7 @@ pub(crate) async fn serve<S>(
     shared: Arc<Shared>,
     deadline: tokio::time::Instant,
     place: Option<crate::InHandshake>,
+    peer: Option<std::net::IpAddr>,
 ) -> Result<(), ConnError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -211,8 +213,17 @@ where
     let welcome = tokio::time::timeout_at(deadline, handshake(&mut rd, &mut wr, &shared, &mut buf))
         .await
         .map_err(|_| ConnError::HandshakeTimeout)??;
-    let Some(welcome) = welcome else {
+    let Some((welcome, client_name)) = welcome else {
         return Ok(());
+    };
+    // A client is its address and the name it gave (ferry names all streams of one
+    // process alike): memory is shared per client as well as per connection.
+    let client = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        peer.hash(&mut h);
+        client_name.hash(&mut h);
+        h.finish()
     };
     // Authenticated: its place among the handshakes goes to the next client.
     drop(place);
@@ -239,9 +250,9 @@ where
         max_frame: welcome.max_frame,
         account: {
             let blocked = blocked.clone();
-            shared
-                .budget
-                .account_draining(move || blocked.waiting_for() > Duration::from_millis(100))
+            shared.budget.account_draining(client, move || {
+                blocked.waiting_for() > Duration::from_millis(100)
+            })
         },
         background: Arc::new(Semaphore::new(handle::BACKGROUND_READS)),
     });
@@ -424,7 +435,7 @@ async fn handshake<R, W>(
     wr: &mut W,
     shared: &Shared,
     buf: &mut BytesMut,
-) -> Result<Option<Welcome>, ConnError>
+) -> Result<Option<(Welcome, String)>, ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -473,7 +484,7 @@ where
                     "handshake"
                 );
                 *buf = accepted.leftover;
-                return Ok(Some(accepted.welcome));
+                return Ok(Some((accepted.welcome, accepted.client_name)));
             }
             Err(
                 HandshakeError::Unsupported { .. }

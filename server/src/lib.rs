@@ -253,7 +253,7 @@ pub fn fuzz_serve(export: &std::path::Path, input: &[u8]) {
         };
         let (client, server) = tokio::io::duplex(256 << 10);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        let serve = conn::serve(server, shared, deadline, None);
+        let serve = conn::serve(server, shared, deadline, None, None);
         let feed = async move {
             let (mut r, mut w) = tokio::io::split(client);
             let write = async {

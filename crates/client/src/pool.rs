@@ -211,7 +211,18 @@ impl Client {
     /// # Errors
     /// Any stream fails to connect or handshake within `connect_timeout`; the streams reach
     /// different server processes or settings ([`ClientError::MixedServers`]).
-    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+    pub async fn connect(mut config: ClientConfig) -> Result<Client, ClientError> {
+        // One name for all this client's streams (and their reconnects), told apart from
+        // other clients': the server shares its memory per client as well as per connection.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        config.client_name = format!(
+            "{} session {:08x}{:08x}",
+            config.client_name,
+            std::process::id(),
+            nanos
+        );
         let n = config.streams.max(1);
         let attempts = (0..n).map(|_| {
             let cfg = config.clone();
