@@ -642,17 +642,29 @@ fn pipeline(addr: &str, n: u32, req: impl Fn(u32) -> ferry_proto::Request) -> Tc
     s
 }
 
-/// `ferry mirror ADDR DST --quiet` given at most `secs` seconds (`timeout`): its output.
-fn mirror_within(secs: u32, addr: &str, dst: &std::path::Path) -> std::process::Output {
-    std::process::Command::new("timeout")
+/// `ferry mirror` of `server`'s export, given at most `secs` seconds (`timeout`), succeeds
+/// and its copy of `file` is the export's.
+fn mirrors_within(secs: u32, server: &TestServer, export: &std::path::Path, file: &str) {
+    let dst = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("timeout")
         .arg(secs.to_string())
         .arg(ferry_tests::bin("ferry"))
         .env("FERRY_STATE_DIR", ferry_tests::state_base())
-        .args(["mirror", addr])
-        .arg(dst)
+        .args(["mirror", &server.addr])
+        .arg(dst.path())
         .arg("--quiet")
         .output()
-        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log_text()
+    );
+    assert_eq!(
+        read_all(&dst.path().join(file)),
+        read_all(&export.join(file))
+    );
 }
 
 #[test]
@@ -673,18 +685,7 @@ fn connections_that_never_read_their_responses_hold_their_share_only_and_are_clo
     let mut stuck: Vec<TcpStream> = (0..4).map(|_| pipeline(&server.addr, 64, read)).collect();
     std::thread::sleep(Duration::from_millis(500));
     // An honest client copies its file meanwhile.
-    let dst = tempfile::tempdir().unwrap();
-    let out = mirror_within(40, &server.addr, dst.path());
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        server.log_text()
-    );
-    assert_eq!(
-        read_all(&dst.path().join("honest.bin")),
-        read_all(&src.path().join("honest.bin"))
-    );
+    mirrors_within(40, &server, src.path(), "honest.bin");
     // The stuck connections sit on their shares of a budget in demand: closed (after 5 s
     // of not reading), well before the 60 s write timeout.
     assert!(
@@ -806,20 +807,12 @@ fn silent_sockets_from_one_address_do_not_lock_honest_clients_out() {
         })
     };
     std::thread::sleep(Duration::from_millis(500));
-    let dst = tempfile::tempdir().unwrap();
-    let out = mirror_within(30, &server.addr, dst.path());
+    let mirrored = std::panic::catch_unwind(|| mirrors_within(30, &server, src.path(), "f"));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     flood.join().unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        server.log_text()
-    );
-    assert_eq!(
-        read_all(&dst.path().join("f")),
-        read_all(&src.path().join("f"))
-    );
+    if let Err(e) = mirrored {
+        std::panic::resume_unwind(e);
+    }
 }
 
 #[test]

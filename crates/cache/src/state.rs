@@ -667,6 +667,13 @@ mod tests {
         assert!(err.to_string().contains("in use by another ferry process"));
     }
 
+    /// Records `p` at a version of 5000 bytes with its five chunks present, committed.
+    fn five_chunks(c: &CacheDir, p: &Bytes) {
+        let g = c.begin(p, v(5000), 1024);
+        c.mark_present(p, g, 0, 5);
+        c.commit().unwrap();
+    }
+
     fn two(dir: &tempfile::TempDir) -> (PathBuf, StateBase) {
         (
             dir.path().join("copy"),
@@ -682,9 +689,7 @@ mod tests {
         // What an older ferry left: DIR/.ferry/{lock,journal,status.json}.
         {
             let c = CacheDir::open(&root, &base).unwrap();
-            let g = c.begin(&p, v(5000), 1024);
-            c.mark_present(&p, g, 0, 5);
-            c.commit().unwrap();
+            five_chunks(&c, &p);
             let legacy = root.join(LEGACY_STATE_DIR);
             std::fs::create_dir(&legacy).unwrap();
             for f in ["journal", "lock", "status.json"] {
@@ -736,12 +741,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (root, base) = two(&dir);
         let p = Bytes::from_static(b"f");
-        {
-            let c = CacheDir::open(&root, &base).unwrap();
-            let g = c.begin(&p, v(5000), 1024);
-            c.mark_present(&p, g, 0, 5);
-            c.commit().unwrap();
-        }
+        five_chunks(&CacheDir::open(&root, &base).unwrap(), &p);
         assert!(CacheDir::open(&root, &base).unwrap().state(&p).is_some());
         std::fs::remove_dir_all(&root).unwrap();
         // Another directory at the same path (likely under the same inode number).
