@@ -3,8 +3,8 @@
 //! Every response is buffered between the moment it is computed and the moment its last
 //! byte is written: file reads, directory pages, extended attributes, data maps, all of it.
 //! Each request reserves a bound of what its response may hold before it is computed
-//! ([`Account::take`]), the reservation shrinks to the encoded response once it is known
-//! ([`Hold::shrink`]), and it is given back when the response has been written.
+//! ([`Account::take`]), the reservation becomes the encoded response's size once it is known
+//! ([`Hold::settle`]), and it is given back when the response has been written.
 //!
 //! Fairness: the budget is split between the clients that use it (a client is a source
 //! address and the name its Hello gave: ferry names all streams of one process alike), and
@@ -319,14 +319,21 @@ impl Hold {
         self.bytes
     }
 
-    /// Gives back all but `bytes` (the response turned out smaller than reserved).
-    pub(crate) fn shrink(&mut self, bytes: u64) {
+    /// Holds exactly `bytes` from now on (the encoded response): gives back the rest of the
+    /// reservation, or, should the response exceed it, counts the excess without waiting
+    /// (the bytes exist already; the count stays true).
+    pub(crate) fn settle(&mut self, bytes: u64) {
         if bytes < self.bytes {
             self.account
                 .budget
                 .release(self.account.id, self.bytes - bytes);
-            self.bytes = bytes;
+        } else if bytes > self.bytes {
+            let extra = bytes - self.bytes;
+            let mut g = self.account.budget.lock();
+            g.used += extra;
+            Budget::change(&mut g, self.account.id, |u| u.held += extra);
         }
+        self.bytes = bytes;
     }
 }
 
@@ -379,8 +386,12 @@ mod tests {
         // Larger than the whole budget: allowed when nothing else is held.
         let mut big = a.take(300).await;
         assert_eq!(b.used(), 300);
-        big.shrink(40);
+        big.settle(40);
         assert_eq!((b.used(), big.bytes()), (40, 40));
+        // A response larger than its reservation is counted all the same.
+        big.settle(70);
+        assert_eq!((b.used(), big.bytes()), (70, 70));
+        big.settle(40);
         let other = b.account();
         let c = other.take(60).await;
         assert_eq!(b.used(), 100);

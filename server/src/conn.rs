@@ -396,7 +396,7 @@ where
             drop(response);
             // Held from now on: the encoded response.
             if let Some(h) = &mut held.bytes {
-                h.shrink((head.len() + tail.len()) as u64);
+                h.settle((head.len() + tail.len()) as u64);
             }
             // A send error means the writer is gone: the connection is closing anyway.
             let _ = tx

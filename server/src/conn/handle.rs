@@ -9,7 +9,7 @@
 //! 2. the bound of its response ([`response_bound`]: for a Read twice its length, raw
 //!    and compressed; for a directory page its most entries) from the connection's account
 //!    in the server's memory budget, shared fairly ([`crate::budget`]); once the response
-//!    is encoded the reservation shrinks to its size.
+//!    is encoded the reservation becomes its size.
 //!
 //! Hashes take one of two server-wide hash slots (each reads a whole file).
 //!
@@ -161,7 +161,13 @@ fn response_bound(request: &Request, session: &Session) -> u64 {
     let frame = u64::from(session.max_frame);
     let bound = match request {
         Request::Read { len, .. } => 2 * u64::from(*len),
-        Request::ReadDirData { .. } => 2 * dir_data_page(session) as u64,
+        // Contents (raw and compressed) and every entry's name, attributes and data header.
+        Request::ReadDirData { max_entries, .. } => {
+            (2 * dir_data_page(session)
+                + 64
+                + dir_page_entries(session, *max_entries) * (export::MAX_DIRENT_WIRE_LEN + 64))
+                as u64
+        }
         Request::ReadDir { max_entries, .. } => {
             (64 + dir_page_entries(session, *max_entries) * export::MAX_DIRENT_WIRE_LEN) as u64
         }
