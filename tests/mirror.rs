@@ -265,3 +265,42 @@ fn a_disk_too_small_gets_the_files_that_fit_and_a_clear_report_of_the_rest() {
         }
     }
 }
+
+#[test]
+fn a_renamed_destination_is_taken_as_it_is_and_a_file_edited_in_it_is_fetched_again() {
+    let src = tempfile::tempdir().unwrap();
+    build_tree(src.path());
+    write_random(&src.path().join("big-a"), 5 << 20, 41);
+    write_random(&src.path().join("big-b"), 3 << 20, 42);
+    let server = TestServer::start(src.path());
+    let dst = tempfile::tempdir().unwrap();
+    let (first, moved) = (dst.path().join("first"), dst.path().join("moved"));
+    run(&mut mirror_cmd(&server, &first, &[]));
+    std::fs::rename(&first, &moved).unwrap();
+    // One byte of big-b changed in the copy, its size and mtime put back: only a hash
+    // can tell.
+    let b = moved.join("big-b");
+    let mtime = std::fs::metadata(&b).unwrap().modified().unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&b)
+            .unwrap();
+        let mut byte = [0u8];
+        f.read_exact_at(&mut byte, 1000).unwrap();
+        f.write_all_at(&[byte[0] ^ 0xff], 1000).unwrap();
+        f.set_modified(mtime).unwrap();
+    }
+    // The renamed copy has no state under its new path: big-a is taken as it is (its hash
+    // is the server's), big-b fetched again.
+    run(&mut mirror_cmd(&server, &moved, &[]));
+    assert_same_tree(src.path(), &moved);
+    let s = status_json(&moved);
+    let fetched = s["bytes_fetched"].as_u64().unwrap();
+    assert!(
+        (3 << 20..5 << 20).contains(&fetched),
+        "fetched {fetched}: big-b (3 MiB) and the small files, not big-a: {s}"
+    );
+}

@@ -31,6 +31,9 @@ pub(super) async fn copy_file_once(
 ) -> std::io::Result<FileOutcome> {
     let cs = ctx.client.session().chunk_size;
     let version = attr.version();
+    if adopt(ctx, rel, attr).await? {
+        return Ok(FileOutcome::Done);
+    }
     if attr.size > 0 && attr.size <= u64::from(cs) {
         // A small file already complete (verified or not) takes the general path, which
         // resumes it without fetching it again.
@@ -312,6 +315,75 @@ async fn recheck_verified(
         .fetch_add(attr.size, Ordering::Relaxed);
     set_and_stamp(ctx, rel, st.generation, attr).await?;
     Ok(FileOutcome::Done)
+}
+
+/// A local file the state knows nothing of (a destination renamed, or seeded by hand with
+/// an older copy) with the server's size and mtime, as rsync's quick check would skip: its
+/// hash is compared with the server's (the sparse hash where it leaves holes), and when they
+/// match it is taken as the copy of this version — recorded complete and verified, its
+/// metadata set — without a byte fetched. Returns whether it was taken. Only for files of
+/// more than one chunk (smaller ones come with their directory's listing for about the cost
+/// of a hash), and not with `--no-verify` (nothing would check it).
+async fn adopt(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Result<bool> {
+    let cs = ctx.client.session().chunk_size;
+    if !ctx.cfg.verify || attr.size <= u64::from(cs) || ctx.cache.state(rel).is_some() {
+        return Ok(false);
+    }
+    let local = ctx.cache.local_path(rel);
+    let probe = local.clone();
+    let Ok(m) = background::run(move || std::fs::symlink_metadata(probe)).await? else {
+        return Ok(false);
+    };
+    use std::os::unix::fs::MetadataExt;
+    if !m.is_file()
+        || m.len() != attr.size
+        || (m.mtime(), m.mtime_nsec()) != (attr.mtime.sec, i64::from(attr.mtime.nsec))
+    {
+        return Ok(false);
+    }
+    let sparse = crate::sparse_hash_for(&ctx.client, &m);
+    let gate = ctx.gate.clone();
+    let path = local.clone();
+    let mine = tokio::spawn(async move {
+        gate.wait().await;
+        // Durable before it is recorded as present.
+        background::run_long(move || {
+            std::fs::File::open(&path)?.sync_all()?;
+            crate::hash_local(&path, sparse)
+        })
+        .await
+    });
+    let theirs = ctx
+        .client
+        .hash_of(remote_path(&ctx.root, rel), sparse)
+        .await;
+    let mine = match mine.await {
+        Ok(Ok(Ok(h))) => h,
+        _ => return Ok(false),
+    };
+    match theirs {
+        Ok(h) if h.version == attr.version() && h.blake3 == mine => {}
+        _ => return Ok(false),
+    }
+    let generation = ctx.cache.begin(rel, attr.version(), cs);
+    let chunks = attr.size.div_ceil(u64::from(cs));
+    let mut first = 0;
+    while first < chunks {
+        let n = (chunks - first).min(u64::from(u32::MAX));
+        ctx.cache.mark_present(rel, generation, first, n as u32);
+        first += n;
+    }
+    ctx.sync.verified(rel.clone(), generation, mine);
+    set_and_stamp(ctx, rel, generation, attr).await?;
+    ctx.progress.files_verified.fetch_add(1, Ordering::Relaxed);
+    ctx.progress
+        .bytes_done
+        .fetch_add(attr.size, Ordering::Relaxed);
+    tracing::debug!(
+        "/{}: the local file is the server's (same hash): taken without fetching",
+        String::from_utf8_lossy(rel)
+    );
+    Ok(true)
 }
 
 /// When the server's file differs from the verified local copy's version in its ctime only
