@@ -379,19 +379,11 @@ fn a_postgresql_data_directory_copied_by_the_mounts_background_mirror_starts() {
         &["--cache-dir", &cache_arg, "--mirror"],
     );
     // `ferry status --watch` returns once the background mirror is complete.
-    let out = ferry_tests::ferry()
+    let out = run(ferry_tests::ferry()
         .arg("status")
         .arg(mount.path())
-        .args(["--watch", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let last: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+        .args(["--watch", "--json"]));
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     assert_eq!(last["state"], "complete", "{last}");
     drop(mount);
     std::fs::set_permissions(
@@ -932,4 +924,49 @@ fn rsync_ahaxs_out_of_the_mount_and_ferry_mirror_each_give_the_source() {
     let mi = tempfile::tempdir().unwrap();
     mirror(&server.addr, mi.path(), &[]);
     assert_same_tree(&e, &mi.path().join("tree"), "ferry mirror");
+}
+
+/// The same equality on trees of real shapes: a real PostgreSQL data directory (owned by
+/// postgres, modes 0700/0600, a real database's files) and a real source tree (the system's
+/// /usr/include/linux, when installed), out of the mount with `rsync -aHAXS` and with
+/// `ferry mirror`.
+#[test]
+fn rsync_ahaxs_and_ferry_mirror_of_a_real_data_directory_and_source_tree_give_the_source() {
+    ferry_tests::require_fuse!();
+    if ferry_tests::which("rsync").is_none() || ferry_tests::which("getfattr").is_none() {
+        assert!(
+            std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
+            "rsync and getfattr are needed (scripts/prereqs.sh)"
+        );
+        eprintln!("skipped: rsync or getfattr missing");
+        return;
+    }
+    let top = tempfile::tempdir().unwrap();
+    let Some((_pg, export, _)) = source_cluster(top.path()) else {
+        return;
+    };
+    let include = Path::new("/usr/include/linux");
+    if include.is_dir() {
+        run(Command::new("cp")
+            .arg("-a")
+            .arg(include)
+            .arg(export.join("linux")));
+    }
+    let server = TestServer::start(&export);
+    let m = TestMount::mount(&server.addr, &[]);
+    let trees: Vec<&str> = ["pgdata", "linux"]
+        .into_iter()
+        .filter(|t| export.join(t).is_dir())
+        .collect();
+    let rs = tempfile::tempdir().unwrap();
+    run(Command::new("rsync")
+        .arg("-aHAXS")
+        .args(trees.iter().map(|t| m.path().join(t)))
+        .arg(rs.path()));
+    let mi = tempfile::tempdir().unwrap();
+    mirror(&server.addr, mi.path(), &[]);
+    for tree in trees {
+        assert_same_tree(&export.join(tree), &rs.path().join(tree), "rsync -aHAXS");
+        assert_same_tree(&export.join(tree), &mi.path().join(tree), "ferry mirror");
+    }
 }

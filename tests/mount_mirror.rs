@@ -308,18 +308,11 @@ fn status_watch_follows_the_mount_mirror_to_the_end() {
         &["--cache-dir", &cache_arg, "--mirror", "--bwlimit", "10M"],
     );
     // Not a terminal: one JSON object per line, the last one complete; exit 0.
-    let out = ferry_tests::ferry()
+    let out = run(ferry_tests::ferry()
         .arg("status")
         .arg(mount.path())
-        .args(["--watch", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .args(["--watch", "--json"]));
+    let lines: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
