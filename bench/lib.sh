@@ -252,7 +252,14 @@ real_trees() {
                     dd if=/dev/urandom of="$data/sparse.tmp/image.raw" bs=1M seek="$at" count=2 \
                         conv=notrunc status=none
                 done ;;
-            *) die "unknown tree '$t' (src, pgdata, git, flat, sparse)" ;;
+            fsimage)
+                # A real sparse VM disk image: 8 GiB formatted by mkfs.ext4, its metadata
+                # (superblock copies, group descriptors, inode tables, journal) where the
+                # file system put them, the rest holes.
+                mkdir -p "$data/fsimage.tmp"
+                truncate -s 8G "$data/fsimage.tmp/disk.img"
+                mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$data/fsimage.tmp/disk.img" ;;
+            *) die "unknown tree '$t' (src, pgdata, git, flat, sparse, fsimage)" ;;
         esac
         mv "$data/$t.tmp" "$data/$t"
     done

@@ -11,8 +11,9 @@
 #   pgdata  a real PostgreSQL data directory: initdb + pgbench -i -s 10 (~1,000 files, 160 MB)
 #   git     a git working tree with its .git: a clone of this repository
 #   flat    one directory of 100,000 small files (0-16 KiB, text-like; scripts/gen-flat.py)
-#   sparse  one 8 GiB file holding 6 MiB of data (issue 16: holes never cross the wire);
-#           not in the default list
+#   sparse  one 8 GiB file holding 6 MiB of data (issue 16: holes never cross the wire),
+#   fsimage an 8 GiB disk image formatted by mkfs.ext4 (a real sparse image's layout):
+#           both not in the default list
 # Methods: nc-lz4 (tar -c | lz4 -1 | nc, untarred at the other end), cp (cp -r out of the
 #   mount), rsync (rsync -a out of the mount), tar (tar -cf - out of the mount, piped into
 #   tar -x), mirror (ferry mirror), find and lsR (find / ls -lR over the mount, output
