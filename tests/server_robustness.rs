@@ -264,7 +264,7 @@ fn sigterm_drains_the_replies_of_requests_in_flight() {
             path: bytes::Bytes::from_static(b"f"),
             offset: u64::from(i) << 20,
             len: 1 << 20,
-            allow_lz4: false,
+            compression: ferry_proto::Compression::None,
             class: ferry_proto::Class::Demand,
         }
         .encode(i + 1, &mut out);
@@ -382,7 +382,7 @@ fn traversal_attempts_are_refused_and_nothing_outside_the_export_is_read() {
                 path: path.clone(),
                 offset: 0,
                 len: 4096,
-                allow_lz4: false,
+                compression: ferry_proto::Compression::None,
                 class: ferry_proto::Class::Demand,
             },
             Request::Hash { path: path.clone() },
@@ -451,7 +451,7 @@ fn traversal_attempts_are_refused_and_nothing_outside_the_export_is_read() {
                     path: Bytes::from_static(b"a/swap"),
                     offset: 0,
                     len: 4096,
-                    allow_lz4: false,
+                    compression: ferry_proto::Compression::None,
                     class: ferry_proto::Class::Demand,
                 },
             );
@@ -477,7 +477,7 @@ fn traversal_attempts_are_refused_and_nothing_outside_the_export_is_read() {
             path: Bytes::from_static(b"a/inside"),
             offset: 0,
             len: 100,
-            allow_lz4: false,
+            compression: ferry_proto::Compression::None,
             class: ferry_proto::Class::Demand,
         },
     ) {
@@ -504,7 +504,7 @@ fn a_read_with_a_class_in_a_session_without_priority_closes_the_connection() {
             path: bytes::Bytes::from_static(b"f"),
             offset: 0,
             len: 4096,
-            allow_lz4: false,
+            compression: ferry_proto::Compression::None,
             class,
         }
         .encode(1, &mut out);
@@ -528,7 +528,7 @@ fn a_read_with_a_class_in_a_session_without_priority_closes_the_connection() {
         path: bytes::Bytes::from_static(b"f"),
         offset: 0,
         len: 4096,
-        allow_lz4: false,
+        compression: ferry_proto::Compression::None,
         class: Class::Demand,
     };
     let want = std::fs::read(src.path().join("f")).unwrap();
@@ -562,7 +562,11 @@ fn with_priority_every_class_is_accepted_and_answered_with_the_right_bytes() {
             path: bytes::Bytes::from_static(b"f"),
             offset,
             len,
-            allow_lz4: id % 2 == 0,
+            compression: if id % 2 == 0 {
+                ferry_proto::Compression::Lz4
+            } else {
+                ferry_proto::Compression::None
+            },
             class,
         }
         .encode(id, out);
@@ -679,7 +683,7 @@ fn connections_that_never_read_their_responses_hold_their_share_only_and_are_clo
         path: bytes::Bytes::from_static(b"big"),
         offset: u64::from(i % 64) << 20,
         len: 1 << 20,
-        allow_lz4: false,
+        compression: ferry_proto::Compression::None,
         class: ferry_proto::Class::Demand,
     };
     let mut stuck: Vec<TcpStream> = (0..4).map(|_| pipeline(&server.addr, 64, read)).collect();

@@ -1,14 +1,25 @@
-//! Codec and payload path: what ferryd does per chunk (checksum, lz4 or raw, frame header)
-//! and what the client does (frame parse, decode, lz4 decompress, checksum verify).
+//! Codec and payload path: what ferryd does per chunk (checksum, lz4, zstd at several
+//! levels or raw, frame header) and what the client does (frame parse, decode, lz4 or zstd
+//! decompress, checksum verify), on database pages, mixed binaries and random data.
 
 #![allow(clippy::unwrap_used)] // benchmarks may panic on setup failures
 
 use bytes::{BufMut, Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ferry_bench::{db_chunk, mixed_chunk, random_chunk};
-use ferry_proto::{payload, Frame, ReadData, Request, Response, Version};
+use ferry_proto::{payload, Compression, Frame, ReadData, Request, Response, Version};
 
 const CHUNK: usize = 1 << 20;
+
+/// The codecs measured: lz4 and the zstd levels `--compression auto` chooses among.
+const CODECS: [(&str, Compression); 6] = [
+    ("lz4", Compression::Lz4),
+    ("zstd-3", Compression::Zstd(-3)),
+    ("zstd-1", Compression::Zstd(-1)),
+    ("zstd1", Compression::Zstd(1)),
+    ("zstd3", Compression::Zstd(3)),
+    ("zstd6", Compression::Zstd(6)),
+];
 
 fn data_sets() -> Vec<(&'static str, Bytes)> {
     vec![
@@ -22,27 +33,29 @@ fn server_side(c: &mut Criterion) {
     let mut g = c.benchmark_group("server_chunk");
     g.throughput(Throughput::Bytes(CHUNK as u64));
     for (name, data) in data_sets() {
-        g.bench_with_input(
-            BenchmarkId::new("checksum_lz4_encode", name),
-            &data,
-            |b, d| {
-                b.iter(|| {
-                    let sum = payload::checksum(d);
-                    let (enc, wire) = payload::encode(d.clone(), true);
-                    let resp = Response::Read(ReadData {
-                        version: Version::default(),
-                        encoding: enc,
-                        decoded_len: d.len() as u32,
-                        checksum: sum,
-                        file_hash: None,
-                        data: wire,
-                    });
-                    let mut head = BytesMut::with_capacity(64);
-                    let tail = resp.encode(1, &mut head);
-                    (head, tail)
-                })
-            },
-        );
+        for (codec, with) in CODECS {
+            g.bench_with_input(
+                BenchmarkId::new(format!("checksum_{codec}_encode"), name),
+                &data,
+                |b, d| {
+                    b.iter(|| {
+                        let sum = payload::checksum(d);
+                        let (enc, wire) = payload::encode(d.clone(), with);
+                        let resp = Response::Read(ReadData {
+                            version: Version::default(),
+                            encoding: enc,
+                            decoded_len: d.len() as u32,
+                            checksum: sum,
+                            file_hash: None,
+                            data: wire,
+                        });
+                        let mut head = BytesMut::with_capacity(64);
+                        let tail = resp.encode(1, &mut head);
+                        (head, tail)
+                    })
+                },
+            );
+        }
     }
     g.finish();
 }
@@ -51,35 +64,38 @@ fn client_side(c: &mut Criterion) {
     let mut g = c.benchmark_group("client_chunk");
     g.throughput(Throughput::Bytes(CHUNK as u64));
     for (name, data) in data_sets() {
-        let (enc, wire) = payload::encode(data.clone(), true);
-        let resp = Response::Read(ReadData {
-            version: Version::default(),
-            encoding: enc,
-            decoded_len: data.len() as u32,
-            checksum: payload::checksum(&data),
-            file_hash: None,
-            data: wire,
-        });
-        let mut frame = BytesMut::new();
-        let tail = resp.encode(1, &mut frame);
-        frame.put_slice(&tail);
-        let frame = frame.freeze();
-        g.bench_with_input(
-            BenchmarkId::new("parse_decode_verify", name),
-            &frame,
-            |b, f| {
-                b.iter(|| {
-                    let mut buf = BytesMut::from(&f[..]);
-                    let frame = Frame::parse(&mut buf, u32::MAX).unwrap().unwrap();
-                    match Response::decode(frame).unwrap() {
-                        Response::Read(r) => {
-                            payload::decode(r.encoding, r.decoded_len, r.checksum, r.data).unwrap()
+        for (codec, with) in CODECS {
+            let (enc, wire) = payload::encode(data.clone(), with);
+            let resp = Response::Read(ReadData {
+                version: Version::default(),
+                encoding: enc,
+                decoded_len: data.len() as u32,
+                checksum: payload::checksum(&data),
+                file_hash: None,
+                data: wire,
+            });
+            let mut frame = BytesMut::new();
+            let tail = resp.encode(1, &mut frame);
+            frame.put_slice(&tail);
+            let frame = frame.freeze();
+            g.bench_with_input(
+                BenchmarkId::new(format!("parse_decode_verify_{codec}"), name),
+                &frame,
+                |b, f| {
+                    b.iter(|| {
+                        let mut buf = BytesMut::from(&f[..]);
+                        let frame = Frame::parse(&mut buf, u32::MAX).unwrap().unwrap();
+                        match Response::decode(frame).unwrap() {
+                            Response::Read(r) => {
+                                payload::decode(r.encoding, r.decoded_len, r.checksum, r.data)
+                                    .unwrap()
+                            }
+                            _ => unreachable!(),
                         }
-                        _ => unreachable!(),
-                    }
-                })
-            },
-        );
+                    })
+                },
+            );
+        }
     }
     g.finish();
 }

@@ -1,5 +1,5 @@
 //! The frame parser and every message decoder, on arbitrary bytes: errors are fine, panics,
-//! hangs and out-of-bounds accesses are not. The payload decoder (raw and lz4, length and
+//! hangs and out-of-bounds accesses are not. The payload decoder (raw, lz4 and zstd, length and
 //! checksum checks) gets the tail of the input.
 #![no_main]
 
@@ -15,10 +15,10 @@ fuzz_target!(|data: &[u8]| {
         let _ = Handshake::decode(frame);
     }
     if data.len() >= 13 {
-        let encoding = if data[0] & 1 == 0 {
-            Encoding::Raw
-        } else {
-            Encoding::Lz4
+        let encoding = match data[0] % 3 {
+            0 => Encoding::Raw,
+            1 => Encoding::Lz4,
+            _ => Encoding::Zstd,
         };
         let decoded_len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) % (4 << 20);
         let checksum = u64::from_be_bytes(data[5..13].try_into().unwrap_or([0; 8]));

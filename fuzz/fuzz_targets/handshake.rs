@@ -50,6 +50,7 @@ fuzz_target!(|data: &[u8]| {
             auth: AuthMethod::Token {
                 challenge: [2; 32],
             },
+            zstd_max_level: Some(3),
         })
         .encode(&mut input);
     }
@@ -74,6 +75,7 @@ fuzz_target!(|data: &[u8]| {
                 token,
                 challenge: [2; 32],
             }),
+        zstd_max_level: (flags & 16 != 0).then_some(3),
     });
     let mut input = BytesMut::new();
     if flags & 8 != 0 {

@@ -35,8 +35,8 @@ use bytes::BytesMut;
 use ferry_proto::handshake::{ServerAuth, ServerHandshake, ServerParams};
 use ferry_proto::preamble::{self, PreambleError, Refusal, Transport, PREAMBLE_LEN};
 use ferry_proto::{
-    features, Class, DecodeError, Frame, FrameCheck, FrameError, HandshakeError, Request, Response,
-    Welcome,
+    features, Class, Compression, DecodeError, Frame, FrameCheck, FrameError, HandshakeError,
+    Request, Response, Welcome,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
@@ -337,6 +337,24 @@ where
         {
             break Err(ConnError::Protocol("DirXattrs needs the XATTRS feature"));
         }
+        if matches!(
+            request,
+            Request::Read {
+                compression: Compression::Zstd(_),
+                ..
+            } | Request::ReadDirData {
+                compression: Compression::Zstd(_),
+                ..
+            }
+        ) && welcome.features & features::ZSTD == 0
+        {
+            break Err(ConnError::Protocol(
+                "zstd compression needs the ZSTD feature",
+            ));
+        }
+        if matches!(request, Request::Load) && welcome.features & features::ZSTD == 0 {
+            break Err(ConnError::Protocol("Load needs the ZSTD feature"));
+        }
         if matches!(request, Request::Hash { .. }) && welcome.features & features::HASH == 0 {
             break Err(ConnError::Protocol("Hash needs the HASH feature"));
         }
@@ -367,6 +385,7 @@ where
             match &response {
                 Response::Read(r) => {
                     st.reads.fetch_add(1, Relaxed);
+                    st.encoded[encoding_index(r.encoding)].fetch_add(1, Relaxed);
                     st.bytes_wire.fetch_add(r.data.len() as u64, Relaxed);
                     st.bytes_decoded
                         .fetch_add(u64::from(r.decoded_len), Relaxed);
@@ -374,6 +393,7 @@ where
                 Response::DirData(p) => {
                     for d in p.entries.iter().filter_map(|e| e.data.as_ref()) {
                         st.reads.fetch_add(1, Relaxed);
+                        st.encoded[encoding_index(d.encoding)].fetch_add(1, Relaxed);
                         st.bytes_wire.fetch_add(d.data.len() as u64, Relaxed);
                         st.bytes_decoded
                             .fetch_add(u64::from(d.decoded_len), Relaxed);
@@ -458,6 +478,7 @@ where
         max_inflight: cfg.max_inflight,
         instance_id: shared.instance_id,
         auth,
+        zstd_max_level: cfg.max_compression_level,
     });
     loop {
         buf.reserve(16 * 1024);
@@ -493,5 +514,14 @@ where
             Err(HandshakeError::WrongToken) => return Err(ConnError::AuthFailed),
             Err(e) => return Err(ConnError::Handshake(e)),
         }
+    }
+}
+
+/// Where an encoding is counted in `Stats::encoded`.
+pub(crate) fn encoding_index(e: ferry_proto::Encoding) -> usize {
+    match e {
+        ferry_proto::Encoding::Raw => 0,
+        ferry_proto::Encoding::Lz4 => 1,
+        ferry_proto::Encoding::Zstd => 2,
     }
 }

@@ -15,8 +15,8 @@ use std::path::Path;
 use bytes::Bytes;
 use ferry_proto::name::{validate_path, NameError};
 use ferry_proto::{
-    Attr, DataEntry, DataMap, DataPage, DirEntry, DirPage, EntryXattrs, FileData, FileKind, StatFs,
-    Status, Timestamp, Version,
+    Attr, Compression, DataEntry, DataMap, DataPage, DirEntry, DirPage, EntryXattrs, FileData,
+    FileKind, StatFs, Status, Timestamp, Version,
 };
 use rustix::fs::{
     AtFlags, FileType, Mode, OFlags, ResolveFlags, Statx, StatxFlags, StatxTimestamp,
@@ -267,7 +267,7 @@ impl Export {
             max_entries,
             max_file,
             max_bytes,
-            allow_lz4,
+            compression,
             uncached,
         } = page;
         // 5 bytes of page header, then per entry its listing fields, the data flag and,
@@ -286,7 +286,7 @@ impl Export {
                 return Ok(false); // the next page starts with this entry
             }
             let data = if wanted && used + need <= max_bytes {
-                small_file(dirfd, &entry, allow_lz4, uncached)
+                small_file(dirfd, &entry, compression, uncached)
             } else {
                 None
             };
@@ -545,8 +545,8 @@ pub struct DataPageLimits {
     pub max_file: u64,
     /// Most encoded bytes in the page.
     pub max_bytes: usize,
-    /// Contents may be lz4-compressed.
-    pub allow_lz4: bool,
+    /// How contents may be compressed.
+    pub compression: Compression,
     /// Read without keeping the pages in the page cache (background reads).
     pub uncached: bool,
 }
@@ -558,7 +558,7 @@ pub struct DataPageLimits {
 fn small_file(
     dirfd: &OwnedFd,
     entry: &DirEntry,
-    allow_lz4: bool,
+    compression: Compression,
     uncached: bool,
 ) -> Option<(Attr, FileData)> {
     // O_NOFOLLOW and O_NONBLOCK: a name swapped for a symlink or a FIFO since the listing
@@ -581,7 +581,7 @@ fn small_file(
     let checksum = ferry_proto::payload::checksum(&data);
     let blake3 = *blake3::hash(&data).as_bytes();
     let decoded_len = data.len() as u32;
-    let (encoding, data) = ferry_proto::payload::encode(data, allow_lz4);
+    let (encoding, data) = ferry_proto::payload::encode(data, compression);
     Some((
         attr,
         FileData {
@@ -846,7 +846,7 @@ mod tests {
                         max_entries: 1000,
                         max_file: 4000,
                         max_bytes: 64 << 10,
-                        allow_lz4: true,
+                        compression: Compression::Lz4,
                         uncached: false,
                     },
                 )

@@ -63,6 +63,9 @@ pub struct ServerConfig {
     pub token: Option<Token>,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The highest zstd level spent on a client's request (a higher one is served at this
+    /// level); `None`: zstd is not offered.
+    pub max_compression_level: Option<i8>,
 }
 
 pub use ferry_proto::auth::Token;
@@ -83,9 +86,15 @@ impl Default for ServerConfig {
             tls: None,
             token: None,
             metrics: None,
+            max_compression_level: Some(DEFAULT_MAX_COMPRESSION_LEVEL),
         }
     }
 }
+
+/// The default highest zstd level ferryd compresses at: level 6 costs about four times the
+/// CPU of level 1 per byte; above it the ratio grows little while the cost keeps climbing,
+/// so a client asking for level 19 on every read cannot make ferryd spend 50 times the CPU.
+pub const DEFAULT_MAX_COMPRESSION_LEVEL: i8 = 6;
 
 /// State shared by all connections.
 pub(crate) struct Shared {
@@ -98,6 +107,9 @@ pub(crate) struct Shared {
     pub(crate) shutdown: watch::Receiver<bool>,
     /// Whole-file hashes computed, by path and version (a mirror asks once per file).
     pub(crate) hashes: std::sync::Mutex<HashCache>,
+    /// How busy the CPUs are, for [`Request::Load`](ferry_proto::Request::Load): the meter
+    /// and its last reading.
+    pub(crate) cpu: std::sync::Mutex<(ferry_util::cpu::CpuMeter, Option<ferry_util::cpu::CpuLoad>)>,
     /// Hashes computed at once: each reads a whole file, so they must not crowd out reads.
     pub(crate) hash_slots: Arc<Semaphore>,
     pub(crate) stats: Stats,
@@ -121,9 +133,38 @@ pub(crate) struct Stats {
     pub(crate) busy_refusals: AtomicU64,
     /// Response bytes written (whole frames), indexed by the class's wire value.
     pub(crate) written: [AtomicU64; 3],
+    /// Chunks of file data sent, by encoding (raw, lz4, zstd).
+    pub(crate) encoded: [AtomicU64; 3],
 }
 
 impl Shared {
+    /// How busy the CPUs were since the last time anyone asked (at least 50 ms; within
+    /// that, the last reading again).
+    pub(crate) fn load(&self) -> ferry_proto::ServerLoad {
+        let mut g = self
+            .cpu
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (meter, last) = &mut *g;
+        if let Some(l) = meter.sample() {
+            *last = Some(l);
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let permille = |x: f64| (x * 1000.0).round().clamp(0.0, f64::from(u32::MAX)) as u32;
+        match last {
+            Some(l) => ferry_proto::ServerLoad {
+                cores: u16::try_from(l.cores).unwrap_or(u16::MAX),
+                idle_permille: permille(l.idle),
+                process_permille: permille(l.process),
+            },
+            None => ferry_proto::ServerLoad {
+                cores: u16::try_from(cores).unwrap_or(u16::MAX),
+                idle_permille: permille(cores as f64),
+                process_permille: 0,
+            },
+        }
+    }
+
     /// The Prometheus page.
     fn metrics_page(&self) -> String {
         let s = &self.stats;
@@ -171,9 +212,19 @@ impl Shared {
         )
         .counter_by(
             "server_sent_bytes_total",
-            "File bytes sent: as sent (wire, after lz4) and decoded.",
+            "File bytes sent: as sent (wire, after compression) and decoded.",
             "kind",
             &[("wire", g(&s.bytes_wire)), ("decoded", g(&s.bytes_decoded))],
+        )
+        .counter_by(
+            "server_encoded_chunks_total",
+            "Chunks of file data sent, by how they went on the wire (a chunk asked for compressed goes raw when compressing does not save 1/16).",
+            "encoding",
+            &[
+                ("raw", g(&s.encoded[0])),
+                ("lz4", g(&s.encoded[1])),
+                ("zstd", g(&s.encoded[2])),
+            ],
         )
         .counter_by(
             "server_written_bytes_total",
@@ -223,6 +274,7 @@ impl Shared {
             shutdown,
             config,
             hashes: std::sync::Mutex::new(HashCache::default()),
+            cpu: std::sync::Mutex::new((ferry_util::cpu::CpuMeter::new(), None)),
             hash_slots: Arc::new(Semaphore::new(2)),
             stats: Stats::default(),
         }))

@@ -81,6 +81,16 @@ struct Args {
     /// Serve Prometheus metrics (names ferry_server_*) on http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// The highest zstd level spent on a client's request (-7 to 22; clients asking for
+    /// more get this level), or `off` to offer no zstd (clients then use lz4).
+    #[arg(
+        long,
+        value_name = "LEVEL|off",
+        default_value = "6",
+        allow_negative_numbers = true,
+        value_parser = parse_max_level
+    )]
+    max_compression_level: MaxLevel,
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -371,6 +381,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         tls: tls.clone(),
         token: token.clone(),
         metrics: args.metrics,
+        max_compression_level: args.max_compression_level.0,
         ..ServerConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -434,5 +445,21 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {},
         _ = int.recv() => {},
+    }
+}
+
+/// `--max-compression-level`: a zstd level, or `None` for `off`.
+#[derive(Debug, Clone, Copy)]
+struct MaxLevel(Option<i8>);
+
+fn parse_max_level(s: &str) -> Result<MaxLevel, String> {
+    if s == "off" {
+        return Ok(MaxLevel(None));
+    }
+    match s.parse::<i8>() {
+        Ok(l) if ferry_proto::Compression::Zstd(l).is_valid() => Ok(MaxLevel(Some(l))),
+        _ => Err(format!(
+            "{s:?} is not a zstd level: give -7 to 22, or off to offer no zstd"
+        )),
     }
 }

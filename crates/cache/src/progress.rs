@@ -347,12 +347,26 @@ pub struct SchedulerStatus {
     /// Background bytes per second allowed while readers are short of CPU; 0: no pace.
     #[serde(default)]
     pub background_pace: u64,
+    /// What was asked for: `auto`, or a fixed codec (`zstd:3`, `lz4`, `none`).
+    #[serde(default)]
+    pub compression_choice: String,
+    /// The codec reads ask for now (`zstd:1`, `lz4`, `none`).
+    #[serde(default)]
+    pub compression: String,
+    /// Decoded over wire bytes in the last half second with traffic.
+    #[serde(default)]
+    pub compression_ratio: f64,
+    /// With `auto`: the link's estimated capacity, wire bytes per second (0: not yet
+    /// measured).
+    #[serde(default)]
+    pub link_bytes_per_sec: u64,
 }
 
 impl SchedulerStatus {
     /// The scheduler of `client`'s pool now.
     pub fn of(client: &ferry_client::Client) -> SchedulerStatus {
         let s = client.scheduler_stats();
+        let z = client.compression();
         let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         SchedulerStatus {
             base_rtt_us: us(s.base_rtt),
@@ -368,6 +382,10 @@ impl SchedulerStatus {
             readers_active: s.readers_active,
             cpu_wait_permille: s.cpu_wait.map(|x| (x * 1000.0).round() as u64),
             background_pace: s.background_pace.unwrap_or(0),
+            compression_choice: z.choice.to_string(),
+            compression: z.current.to_string(),
+            compression_ratio: z.ratio,
+            link_bytes_per_sec: z.link.map_or(0, |l| l as u64),
         }
     }
 }
@@ -487,7 +505,7 @@ impl Status {
         let mut e = ferry_proto::metrics::Exposition::new();
         e.counter_by(
             "received_bytes_total",
-            "File bytes received from ferryd: as sent (wire, after lz4) and decoded.",
+            "File bytes received from ferryd: as sent (wire, after compression) and decoded.",
             "kind",
             &[("wire", f.wire_bytes), ("decoded", f.decoded_bytes)],
         )
@@ -563,6 +581,26 @@ impl Status {
             f64::from(u8::from(self.state == State::Running)),
         );
         if let Some(s) = &self.scheduler {
+            let (codec, level) = match s.compression.split_once(':') {
+                Some((codec, level)) => (codec, level.parse().unwrap_or(0.0)),
+                None => (s.compression.as_str(), 0.0),
+            };
+            e.gauge_labelled(
+                "compression_level",
+                "The codec reads ask for now (label codec: none, lz4 or zstd; label choice: auto or the fixed codec asked for) and its level (zstd; 0 otherwise).",
+                &[("codec", codec), ("choice", &s.compression_choice)],
+                level,
+            )
+            .gauge(
+                "compression_recent_ratio",
+                "Decoded over wire bytes in the last half second with traffic.",
+                s.compression_ratio,
+            )
+            .gauge(
+                "compression_link_bytes_per_second",
+                "With --compression auto: the link's estimated capacity, wire bytes per second (0: not measured yet).",
+                s.link_bytes_per_sec as f64,
+            );
             let secs = |us: u64| us as f64 / 1e6;
             e.gauge(
                 "scheduler_base_rtt_seconds",

@@ -19,6 +19,7 @@
 //! Nothing here knows about FUSE: the mount and the (later) mirror both build on it.
 
 pub mod chunks;
+pub mod codec;
 pub mod error;
 pub mod ids;
 pub mod pool;
@@ -27,8 +28,11 @@ mod runs;
 pub mod tls;
 
 pub use chunks::{ChunkBacking, ChunkStats, ChunkStore, FileKey};
+pub use codec::CompressionChoice;
 pub use error::{ChangedRead, ClientError};
-pub use pool::{Chunk, Client, ClientConfig, Listed, SchedulerStats, SessionInfo, SmallFile};
+pub use pool::{
+    Chunk, Client, ClientConfig, CompressionStatus, Listed, SchedulerStats, SessionInfo, SmallFile,
+};
 pub use prefetch::{PrefetchConfig, Prefetcher};
 
 pub use runs::{is_small_file, small_file_runs, ListedEntry, Run, RUN_BYTES, SMALL_FILE_MAX};

@@ -23,6 +23,7 @@
 //! features; a stream that would not is refused (at connect) or not adopted (at reconnect).
 
 mod calls;
+mod compress;
 mod conn;
 mod handshake;
 mod reconnect;
@@ -33,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_proto::{features, Class, DirEntry, Request, Response, Version, DEFAULT_CHUNK_SIZE};
+use ferry_proto::{Class, DirEntry, Request, Response, Version, DEFAULT_CHUNK_SIZE};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use self::conn::{start_conn, Outgoing};
@@ -41,7 +42,9 @@ use self::handshake::open_stream;
 use self::schedule::{Schedule, SMALL_SAMPLE};
 use crate::error::ClientError;
 
+pub use self::compress::CompressionStatus;
 pub use self::schedule::SchedulerStats;
+use crate::codec::CompressionChoice;
 
 /// How to reach the server and how many streams to use.
 #[derive(Debug, Clone)]
@@ -52,8 +55,8 @@ pub struct ClientConfig {
     pub streams: usize,
     /// Chunk size asked for (the server may choose smaller).
     pub chunk_size: u32,
-    /// Allow lz4-compressed payloads.
-    pub compression: bool,
+    /// How reads are compressed: `auto` (the default) or one codec.
+    pub compression: CompressionChoice,
     /// Limit for connecting and the handshake.
     pub connect_timeout: Duration,
     /// Identification in the server's log.
@@ -79,7 +82,7 @@ impl Default for ClientConfig {
             addr: "127.0.0.1:7070".into(),
             streams: 8,
             chunk_size: DEFAULT_CHUNK_SIZE,
-            compression: true,
+            compression: CompressionChoice::Auto,
             connect_timeout: Duration::from_secs(10),
             client_name: format!("ferry {}", env!("CARGO_PKG_VERSION")),
             request_timeout: Duration::from_secs(60),
@@ -102,6 +105,8 @@ pub struct SessionInfo {
     pub instance_id: [u8; 16],
     /// Requests allowed in flight per stream.
     pub max_inflight: u32,
+    /// The highest zstd level the server compresses at (`None`: no zstd).
+    pub zstd_max_level: Option<i8>,
 }
 
 /// Counters for benchmarks and status.
@@ -188,7 +193,8 @@ struct Inner {
     session: SessionInfo,
     /// The server instance the streams are connected to (changes when it restarts).
     instance: Mutex<[u8; 16]>,
-    compression: bool,
+    /// The compression reads ask for.
+    codec: compress::Codec,
     counters: Arc<Counters>,
     /// Woken whenever a stream is (re)connected.
     changed: Notify,
@@ -243,6 +249,7 @@ impl Client {
             w.instance_id != first.instance_id
                 || w.chunk_size != first.chunk_size
                 || w.features != first.features
+                || w.zstd_max_level != first.zstd_max_level
         }) {
             return Err(ClientError::MixedServers {
                 addr: config.addr.clone(),
@@ -255,8 +262,10 @@ impl Client {
             features: first.features,
             instance_id: first.instance_id,
             max_inflight: first.max_inflight,
+            zstd_max_level: first.zstd_max_level,
         };
         let counters = Arc::new(Counters::default());
+        let config_auto = config.compression == CompressionChoice::Auto;
         let (dead_tx, dead_rx) = mpsc::unbounded_channel();
         let chunk = session.chunk_size.max(4096) as usize;
         let conns = opened
@@ -265,7 +274,11 @@ impl Client {
             .map(|(i, o)| start_conn(o, i, dead_tx.clone(), &config, counters.clone()))
             .collect();
         let inner = Arc::new(Inner {
-            compression: config.compression && session.features & features::LZ4 != 0,
+            codec: compress::Codec::new(
+                config.compression,
+                session.features,
+                session.zstd_max_level,
+            ),
             instance: Mutex::new(session.instance_id),
             config,
             schedule: Schedule::new(conns, chunk),
@@ -276,6 +289,9 @@ impl Client {
         });
         tokio::spawn(reconnect::supervise(Arc::downgrade(&inner), dead_rx));
         tokio::spawn(schedule::run_probes(Arc::downgrade(&inner)));
+        if config_auto {
+            tokio::spawn(compress::run(Arc::downgrade(&inner)));
+        }
         Ok(Client {
             inner,
             class: Class::Demand,
@@ -331,13 +347,12 @@ impl Client {
 
     /// Requests sent and not yet answered, over all streams.
     pub fn inflight(&self) -> usize {
-        let max = self.inner.session.max_inflight as usize;
-        self.inner
-            .schedule
-            .slots()
-            .iter()
-            .map(|s| max.saturating_sub(s.current().inflight.available_permits()))
-            .sum()
+        inflight_of(&self.inner)
+    }
+
+    /// The compression reads ask for now, and how well it does.
+    pub fn compression(&self) -> CompressionStatus {
+        self.inner.codec.status()
     }
 
     /// Demand and prediction requests (readers wait for them) sent and not yet answered.
@@ -465,4 +480,15 @@ where
         }
     }
     out
+}
+
+/// Requests sent on `inner`'s streams and not yet answered.
+fn inflight_of(inner: &Inner) -> usize {
+    let max = inner.session.max_inflight as usize;
+    inner
+        .schedule
+        .slots()
+        .iter()
+        .map(|s| max.saturating_sub(s.current().inflight.available_permits()))
+        .sum()
 }

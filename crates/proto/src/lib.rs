@@ -16,7 +16,8 @@
 //! - [`auth`]: token proofs and certificate fingerprints.
 //! - [`attr`]: file attributes and file versions as they travel.
 //! - [`extents`]: questions about a data map (does a range hold data, SEEK_DATA, SEEK_HOLE).
-//! - [`payload`]: read payloads: lz4 or raw, and the xxh3-64 checksum of the decoded bytes.
+//! - [`payload`]: read payloads: raw, lz4 or zstd, and the xxh3-64 checksum of the decoded
+//!   bytes.
 //! - [`name`]: which names and paths a peer may send.
 //! - [`status`]: protocol status codes (never raw errno numbers).
 //! - [`metrics`]: the Prometheus text page both binaries serve (no I/O either).
@@ -44,10 +45,10 @@ pub use frame::{Frame, FrameCheck, FrameError, FRAME_HEADER_LEN};
 pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
 pub use message::{
     AuthMethod, AuthOk, AuthProof, DataEntry, DataMap, DataPage, DirEntry, DirPage, EntryXattrs,
-    FileData, FileHash, Handshake, Hello, Id, IdName, ReadData, Request, Response, StatFs, Welcome,
-    MAX_DATA_EXTENTS, MAX_DIR_XATTR_BYTES, MAX_ID_NAMES, MAX_REQUEST_FRAME,
+    FileData, FileHash, Handshake, Hello, Id, IdName, ReadData, Request, Response, ServerLoad,
+    StatFs, Welcome, MAX_DATA_EXTENTS, MAX_DIR_XATTR_BYTES, MAX_ID_NAMES, MAX_REQUEST_FRAME,
 };
-pub use payload::{Encoding, PayloadError};
+pub use payload::{Compression, Encoding, PayloadError, ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL};
 pub use status::Status;
 
 /// Protocol version spoken by this crate. Bumped on incompatible changes.
@@ -83,9 +84,21 @@ pub mod features {
     /// The server answers [`crate::Request::HashSparse`]: a file's hash computed without
     /// reading its holes.
     pub const HASH_SPARSE: u64 = 1 << 8;
+    /// Read payloads may be zstd frames: Read and ReadDirData requests may ask for a zstd
+    /// level (bit 3 of their flags byte, then the level), and the Welcome states the highest
+    /// level the server compresses at.
+    pub const ZSTD: u64 = 1 << 9;
     /// Every feature this crate knows.
-    pub const ALL: u64 =
-        LZ4 | HASH | READ_HASH | PRIORITY | DIR_DATA | ID_NAMES | DATA_MAP | XATTRS | HASH_SPARSE;
+    pub const ALL: u64 = LZ4
+        | HASH
+        | READ_HASH
+        | PRIORITY
+        | DIR_DATA
+        | ID_NAMES
+        | DATA_MAP
+        | XATTRS
+        | HASH_SPARSE
+        | ZSTD;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

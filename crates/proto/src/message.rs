@@ -23,8 +23,9 @@ use crate::codec::{
     expect_end, get_array, get_bytes16, get_string16, get_u16, get_u32, get_u64, get_u8,
     put_bytes16, DecodeError,
 };
+use crate::features;
 use crate::frame::Frame;
-use crate::payload::Encoding;
+use crate::payload::{Compression, Encoding, ZSTD_MIN_LEVEL};
 use crate::status::Status;
 use crate::Version;
 
@@ -44,6 +45,7 @@ const K_ID_NAMES: u8 = 0x18;
 const K_DATA_MAP: u8 = 0x19;
 const K_DIR_XATTRS: u8 = 0x1a;
 const K_HASH_SPARSE: u8 = 0x1b;
+const K_LOAD: u8 = 0x1c;
 /// A success response's kind is its request's kind with this bit set.
 const RESPONSE_BIT: u8 = 0x80;
 // Success response kinds, named so that `match` sees them as constants: a duplicate arm is
@@ -61,6 +63,7 @@ const K_ID_NAMES_DATA: u8 = K_ID_NAMES | RESPONSE_BIT;
 const K_DATA_MAP_DATA: u8 = K_DATA_MAP | RESPONSE_BIT;
 const K_DIR_XATTRS_DATA: u8 = K_DIR_XATTRS | RESPONSE_BIT;
 const K_HASH_SPARSE_DATA: u8 = K_HASH_SPARSE | RESPONSE_BIT;
+const K_LOAD_DATA: u8 = K_LOAD | RESPONSE_BIT;
 /// In a Read response's encoding byte: the whole file's BLAKE3 follows the checksum.
 const FILE_HASH_FLAG: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
@@ -110,6 +113,9 @@ pub struct Welcome {
     pub instance_id: [u8; 16],
     /// What the client must do before sending requests.
     pub auth: AuthMethod,
+    /// The highest zstd level the server compresses at (it compresses at this level when
+    /// asked for more); present exactly when the session has the ZSTD feature.
+    pub zstd_max_level: Option<i8>,
 }
 
 /// The client's answer to a token challenge.
@@ -176,8 +182,9 @@ pub enum Request {
         offset: u64,
         /// Bytes wanted, at most the negotiated chunk size; fewer come back at end of file.
         len: u32,
-        /// Whether the payload may be lz4-compressed (requires the LZ4 feature).
-        allow_lz4: bool,
+        /// How the payload may be compressed (lz4 requires the LZ4 feature, zstd the ZSTD
+        /// feature).
+        compression: Compression,
         /// How urgent the read is; anything but [`Class::Demand`] requires the PRIORITY
         /// feature.
         class: Class,
@@ -216,8 +223,8 @@ pub enum Request {
         /// Regular files of 1 to this many bytes come with their contents (at most the
         /// chunk size); 0 asks for none.
         max_file: u32,
-        /// Whether contents may be lz4-compressed (requires the LZ4 feature).
-        allow_lz4: bool,
+        /// How contents may be compressed (as in [`Request::Read`]).
+        compression: Compression,
         /// How urgent the listing is (anything but demand requires PRIORITY).
         class: Class,
     },
@@ -239,6 +246,9 @@ pub enum Request {
         /// Most extents wanted (the server may send fewer, at most [`MAX_DATA_EXTENTS`]).
         max_extents: u32,
     },
+    /// How busy the server's CPUs are (requires the ZSTD feature), so a client can judge
+    /// which compression the server can afford. Answer: [`Response::Load`].
+    Load,
     /// The extended attributes of a directory and of its entries that have any (requires
     /// the XATTRS feature): one request per directory, so a copy keeps xattrs and POSIX
     /// ACLs without a round trip per file. Answer: [`Response::DirXattrs`].
@@ -256,6 +266,18 @@ pub struct EntryXattrs {
     pub name: Bytes,
     /// Its extended attributes, `(name, value)`.
     pub attrs: Vec<(Bytes, Bytes)>,
+}
+
+/// How busy the server's CPUs were lately ([`Response::Load`]), in thousandths of one core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServerLoad {
+    /// CPUs of the server's machine.
+    pub cores: u16,
+    /// Idle time of the machine's CPUs (idle and I/O wait), per mille of one core: 2000
+    /// is two cores with nothing to do.
+    pub idle_permille: u32,
+    /// CPU time the server process used, per mille of one core.
+    pub process_permille: u32,
 }
 
 /// Most bytes of names and values one [`Response::DirXattrs`] carries.
@@ -280,12 +302,12 @@ pub struct DataMap {
 pub const MAX_ID_NAMES: usize = 1024;
 
 /// The largest length field of a legal request frame (after the handshake): an IdNames of
-/// [`MAX_ID_NAMES`] ids, or a ReadDirData of the longest path. A server need never buffer
+/// [`MAX_ID_NAMES`] ids, or a ReadDirData of the longest path (with a zstd level). A server need never buffer
 /// more of a request than this, whatever the negotiated frame limit (which bounds
 /// responses).
 pub const MAX_REQUEST_FRAME: u32 = {
     let ids = 5 + 2 + 5 * MAX_ID_NAMES;
-    let path = 5 + 19 + crate::name::MAX_PATH_LEN;
+    let path = 5 + 20 + crate::name::MAX_PATH_LEN;
     (if ids > path { ids } else { path }) as u32
 };
 
@@ -462,6 +484,8 @@ pub enum Response {
     DirXattrs(Vec<EntryXattrs>),
     /// Answer to [`Request::ReadDirData`].
     DirData(DataPage),
+    /// Answer to [`Request::Load`].
+    Load(ServerLoad),
     /// Any request failed.
     Error {
         /// Why.
@@ -524,6 +548,9 @@ impl Handshake {
                         b.put_slice(challenge);
                     }
                 }
+                if w.features & features::ZSTD != 0 {
+                    b.put_i8(w.zstd_max_level.unwrap_or(ZSTD_MIN_LEVEL));
+                }
                 K_WELCOME
             }
             Handshake::AuthProof(p) => {
@@ -553,26 +580,40 @@ impl Handshake {
                 chunk_size: get_u32(&mut b, "hello")?,
                 client_name: get_string16(&mut b, "client name")?,
             }),
-            K_WELCOME => Handshake::Welcome(Welcome {
-                version: get_u16(&mut b, "welcome")?,
-                features: get_u64(&mut b, "welcome")?,
-                chunk_size: get_u32(&mut b, "welcome")?,
-                max_frame: get_u32(&mut b, "welcome")?,
-                max_inflight: get_u32(&mut b, "welcome")?,
-                instance_id: get_array(&mut b, "instance id")?,
-                auth: match get_u8(&mut b, "auth method")? {
-                    0 => AuthMethod::None,
-                    1 => AuthMethod::Token {
-                        challenge: get_array(&mut b, "challenge")?,
+            K_WELCOME => {
+                let mut w = Welcome {
+                    version: get_u16(&mut b, "welcome")?,
+                    features: get_u64(&mut b, "welcome")?,
+                    chunk_size: get_u32(&mut b, "welcome")?,
+                    max_frame: get_u32(&mut b, "welcome")?,
+                    max_inflight: get_u32(&mut b, "welcome")?,
+                    instance_id: get_array(&mut b, "instance id")?,
+                    auth: match get_u8(&mut b, "auth method")? {
+                        0 => AuthMethod::None,
+                        1 => AuthMethod::Token {
+                            challenge: get_array(&mut b, "challenge")?,
+                        },
+                        v => {
+                            return Err(DecodeError::InvalidValue {
+                                field: "auth method",
+                                value: v.into(),
+                            })
+                        }
                     },
-                    v => {
+                    zstd_max_level: None,
+                };
+                if w.features & features::ZSTD != 0 {
+                    let level = get_u8(&mut b, "zstd max level")? as i8;
+                    if !Compression::Zstd(level).is_valid() {
                         return Err(DecodeError::InvalidValue {
-                            field: "auth method",
-                            value: v.into(),
-                        })
+                            field: "zstd max level",
+                            value: (level as u8).into(),
+                        });
                     }
-                },
-            }),
+                    w.zstd_max_level = Some(level);
+                }
+                Handshake::Welcome(w)
+            }
             K_AUTH_PROOF => Handshake::AuthProof(AuthProof {
                 client_nonce: get_array(&mut b, "auth proof")?,
                 proof: get_array(&mut b, "auth proof")?,
@@ -613,6 +654,7 @@ impl Request {
             Request::IdNames { .. } => K_ID_NAMES,
             Request::DataMap { .. } => K_DATA_MAP,
             Request::DirXattrs { .. } => K_DIR_XATTRS,
+            Request::Load => K_LOAD,
         }
     }
 
@@ -620,7 +662,7 @@ impl Request {
     pub fn encode(&self, request_id: u32, dst: &mut BytesMut) {
         let mut b = BytesMut::new();
         match self {
-            Request::Ping | Request::StatFs => {}
+            Request::Ping | Request::StatFs | Request::Load => {}
             Request::Stat { path }
             | Request::ReadLink { path }
             | Request::Hash { path }
@@ -639,27 +681,27 @@ impl Request {
                 path,
                 offset,
                 len,
-                allow_lz4,
+                compression,
                 class,
             } => {
                 put_bytes16(&mut b, path);
                 b.put_u64(*offset);
                 b.put_u32(*len);
-                put_read_flags(&mut b, *allow_lz4, *class);
+                put_read_flags(&mut b, *compression, *class);
             }
             Request::ReadDirData {
                 path,
                 cookie,
                 max_entries,
                 max_file,
-                allow_lz4,
+                compression,
                 class,
             } => {
                 put_bytes16(&mut b, path);
                 b.put_u64(*cookie);
                 b.put_u32(*max_entries);
                 b.put_u32(*max_file);
-                put_read_flags(&mut b, *allow_lz4, *class);
+                put_read_flags(&mut b, *compression, *class);
             }
             Request::IdNames { ids } => {
                 b.put_u16(ids.len() as u16);
@@ -685,6 +727,7 @@ impl Request {
         let mut b = frame.body;
         let req = match frame.kind {
             K_PING => Request::Ping,
+            K_LOAD => Request::Load,
             K_STATFS => Request::StatFs,
             K_STAT => Request::Stat {
                 path: get_bytes16(&mut b, "path")?,
@@ -707,12 +750,12 @@ impl Request {
                 let path = get_bytes16(&mut b, "path")?;
                 let offset = get_u64(&mut b, "read")?;
                 let len = get_u32(&mut b, "read")?;
-                let (allow_lz4, class) = get_read_flags(&mut b, "read flags")?;
+                let (compression, class) = get_read_flags(&mut b, "read flags")?;
                 Request::Read {
                     path,
                     offset,
                     len,
-                    allow_lz4,
+                    compression,
                     class,
                 }
             }
@@ -721,13 +764,13 @@ impl Request {
                 let cookie = get_u64(&mut b, "readdir data")?;
                 let max_entries = get_u32(&mut b, "readdir data")?;
                 let max_file = get_u32(&mut b, "readdir data")?;
-                let (allow_lz4, class) = get_read_flags(&mut b, "readdir data flags")?;
+                let (compression, class) = get_read_flags(&mut b, "readdir data flags")?;
                 Request::ReadDirData {
                     path,
                     cookie,
                     max_entries,
                     max_file,
-                    allow_lz4,
+                    compression,
                     class,
                 }
             }
@@ -768,23 +811,48 @@ fn at_most(n: usize, max: usize, field: &'static str) -> Result<usize, DecodeErr
     Ok(n)
 }
 
-/// Writes the flags byte of Read and ReadDirData (see [`get_read_flags`]).
-fn put_read_flags(b: &mut BytesMut, allow_lz4: bool, class: Class) {
-    b.put_u8(u8::from(allow_lz4) | class.to_bits() << 1);
+/// Writes the flags byte of Read and ReadDirData and, for zstd, its level (see
+/// [`get_read_flags`]).
+fn put_read_flags(b: &mut BytesMut, compression: Compression, class: Class) {
+    let codec = match compression {
+        Compression::None => 0,
+        Compression::Lz4 => 1,
+        Compression::Zstd(_) => 1 << 3,
+    };
+    b.put_u8(codec | class.to_bits() << 1);
+    if let Compression::Zstd(level) = compression {
+        b.put_i8(level);
+    }
 }
 
-/// The flags byte of Read and ReadDirData: bit 0 lz4 allowed, bits 1-2 the class, the rest
-/// zero.
-fn get_read_flags(b: &mut Bytes, field: &'static str) -> Result<(bool, Class), DecodeError> {
+/// The flags byte of Read and ReadDirData: bit 0 lz4 wanted, bits 1-2 the class, bit 3 zstd
+/// wanted (then a signed level byte follows), the rest zero. Bits 0 and 3 are never both
+/// set.
+fn get_read_flags(b: &mut Bytes, field: &'static str) -> Result<(Compression, Class), DecodeError> {
     let flags = get_u8(b, field)?;
     let class = Class::from_bits(flags >> 1 & 0b11);
-    let (true, Some(class)) = (flags & !0b111 == 0, class) else {
+    let (true, Some(class)) = (flags & !0b1111 == 0 && flags & 0b1001 != 0b1001, class) else {
         return Err(DecodeError::InvalidValue {
             field,
             value: flags.into(),
         });
     };
-    Ok((flags & 1 != 0, class))
+    let compression = if flags & 0b1000 != 0 {
+        let level = get_u8(b, "zstd level")? as i8;
+        let c = Compression::Zstd(level);
+        if !c.is_valid() {
+            return Err(DecodeError::InvalidValue {
+                field: "zstd level",
+                value: (level as u8).into(),
+            });
+        }
+        c
+    } else if flags & 1 != 0 {
+        Compression::Lz4
+    } else {
+        Compression::None
+    };
+    Ok((compression, class))
 }
 
 fn get_eof(b: &mut Bytes, field: &'static str) -> Result<bool, DecodeError> {
@@ -831,6 +899,7 @@ impl Response {
             Response::IdNames(_) => K_ID_NAMES_DATA,
             Response::DataMap(_) => K_DATA_MAP_DATA,
             Response::DirXattrs(_) => K_DIR_XATTRS_DATA,
+            Response::Load(_) => K_LOAD_DATA,
             Response::DirData(_) => K_DIR_DATA,
             Response::Error { .. } => K_ERROR,
         }
@@ -848,6 +917,11 @@ impl Response {
         let mut b = BytesMut::new();
         match self {
             Response::Pong => {}
+            Response::Load(l) => {
+                b.put_u16(l.cores);
+                b.put_u32(l.idle_permille);
+                b.put_u32(l.process_permille);
+            }
             Response::Attr(a) => a.encode(&mut b),
             Response::DirPage(p) => {
                 b.put_u8(u8::from(p.eof));
@@ -947,6 +1021,11 @@ impl Response {
         let mut b = frame.body;
         let resp = match frame.kind {
             K_PONG => Response::Pong,
+            K_LOAD_DATA => Response::Load(ServerLoad {
+                cores: get_u16(&mut b, "load")?,
+                idle_permille: get_u32(&mut b, "load")?,
+                process_permille: get_u32(&mut b, "load")?,
+            }),
             K_ATTR => Response::Attr(Attr::decode(&mut b)?),
             K_DIR_PAGE => {
                 let eof = get_eof(&mut b, "dir page eof")?;

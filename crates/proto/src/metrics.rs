@@ -56,6 +56,19 @@ impl Exposition {
         self
     }
 
+    /// A gauge with labels, e.g. the codec in use as `compression_in_use{codec="zstd",
+    /// choice="auto"} 1`.
+    pub fn gauge_labelled(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        value: f64,
+    ) -> &mut Self {
+        self.metric("gauge", name, help, labels, value);
+        self
+    }
+
     /// A counter with one sample per label value, e.g. bytes by `kind="wire"|"decoded"`.
     pub fn counter_by(
         &mut self,

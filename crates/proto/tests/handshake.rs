@@ -122,6 +122,7 @@ proptest! {
         nonce in any::<[u8; 32]>(),
         challenge in any::<[u8; 32]>(),
         instance_id in any::<[u8; 16]>(),
+        zstd_max_level in proptest::option::of(ZSTD_MIN_LEVEL..=ZSTD_MAX_LEVEL),
         c2s in splits(),
         s2c in splits(),
         trailing in proptest::collection::vec(any::<u8>(), 0..64),
@@ -137,6 +138,7 @@ proptest! {
             max_inflight,
             instance_id,
             auth: server_token.map(|t| ServerAuth { token: token(t), challenge }),
+            zstd_max_level,
         });
         let (c, s, unread) = drive(client, server, c2s, s2c, &trailing);
         let chunk = client_chunk.min(server_chunk);
@@ -184,7 +186,17 @@ proptest! {
                 prop_assert_eq!(&c.welcome, &s.welcome);
                 prop_assert_eq!(c.welcome.chunk_size, chunk);
                 prop_assert_eq!(c.welcome.max_frame, chunk + FRAME_OVERHEAD);
-                prop_assert_eq!(c.welcome.features, client_features & features::ALL);
+                // zstd only when both offer it, and then with the server's highest level.
+                let offered = if zstd_max_level.is_some() {
+                    features::ALL
+                } else {
+                    features::ALL & !features::ZSTD
+                };
+                prop_assert_eq!(c.welcome.features, client_features & offered);
+                prop_assert_eq!(
+                    c.welcome.zstd_max_level,
+                    zstd_max_level.filter(|_| client_features & features::ZSTD != 0)
+                );
                 prop_assert_eq!(c.welcome.instance_id, instance_id);
                 prop_assert_eq!(s.client_name, "prop");
                 prop_assert!(c.leftover.is_empty());
@@ -219,6 +231,7 @@ proptest! {
                 max_inflight: 4,
                 instance_id: [0; 16],
                 auth: AuthMethod::Token { challenge: [2; 32] },
+                zstd_max_level: None,
             })
             .encode(&mut input);
         }
@@ -250,6 +263,7 @@ proptest! {
             max_inflight: 4,
             instance_id: [3; 16],
             auth: with_token.then(|| ServerAuth { token: token(0), challenge: [2; 32] }),
+            zstd_max_level: Some(3),
         });
         let mut input = BytesMut::new();
         if valid_hello {
@@ -298,6 +312,7 @@ fn a_wrong_server_proof_is_refused() {
         max_inflight: 4,
         instance_id: [0; 16],
         auth: AuthMethod::Token { challenge: [2; 32] },
+        zstd_max_level: None,
     })
     .encode(&mut welcome);
     assert!(client.receive(&welcome).unwrap().is_none());
@@ -320,6 +335,7 @@ fn a_client_closing_mid_frame_is_a_violation() {
         max_inflight: 4,
         instance_id: [0; 16],
         auth: None,
+        zstd_max_level: Some(3),
     });
     assert!(server.receive(&[0, 0, 0, 9, 1]).unwrap().is_none());
     assert_eq!(

@@ -7,6 +7,16 @@ use bytes::{BufMut, Bytes, BytesMut};
 use ferry_proto::*;
 use proptest::prelude::*;
 
+const ENCODINGS: [Encoding; 3] = [Encoding::Raw, Encoding::Lz4, Encoding::Zstd];
+
+fn compression() -> impl Strategy<Value = Compression> {
+    prop_oneof![
+        Just(Compression::None),
+        Just(Compression::Lz4),
+        (ZSTD_MIN_LEVEL..=ZSTD_MAX_LEVEL).prop_map(Compression::Zstd),
+    ]
+}
+
 fn bytes16() -> impl Strategy<Value = Bytes> {
     proptest::collection::vec(any::<u8>(), 0..300).prop_map(Bytes::from)
 }
@@ -72,6 +82,7 @@ fn status() -> impl Strategy<Value = Status> {
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         Just(Request::Ping),
+        Just(Request::Load),
         Just(Request::StatFs),
         bytes16().prop_map(|path| Request::Stat { path }),
         bytes16().prop_map(|path| Request::ReadLink { path }),
@@ -88,14 +99,14 @@ fn request() -> impl Strategy<Value = Request> {
             bytes16(),
             any::<u64>(),
             any::<u32>(),
-            any::<bool>(),
+            compression(),
             prop::sample::select(Class::ALL.to_vec())
         )
-            .prop_map(|(path, offset, len, allow_lz4, class)| Request::Read {
+            .prop_map(|(path, offset, len, compression, class)| Request::Read {
                 path,
                 offset,
                 len,
-                allow_lz4,
+                compression,
                 class,
             }),
         (
@@ -103,19 +114,21 @@ fn request() -> impl Strategy<Value = Request> {
             any::<u64>(),
             any::<u32>(),
             any::<u32>(),
-            any::<bool>(),
+            compression(),
             prop::sample::select(Class::ALL.to_vec())
         )
-            .prop_map(|(path, cookie, max_entries, max_file, allow_lz4, class)| {
-                Request::ReadDirData {
-                    path,
-                    cookie,
-                    max_entries,
-                    max_file,
-                    allow_lz4,
-                    class,
+            .prop_map(
+                |(path, cookie, max_entries, max_file, compression, class)| {
+                    Request::ReadDirData {
+                        path,
+                        cookie,
+                        max_entries,
+                        max_file,
+                        compression,
+                        class,
+                    }
                 }
-            }),
+            ),
         proptest::collection::vec(id(), 0..40).prop_map(|ids| Request::IdNames { ids }),
         bytes16().prop_map(|path| Request::DirXattrs { path }),
         (bytes16(), any::<u64>(), any::<u32>()).prop_map(|(path, offset, max_extents)| {
@@ -138,6 +151,15 @@ fn id() -> impl Strategy<Value = Id> {
 fn response() -> impl Strategy<Value = Response> {
     prop_oneof![
         Just(Response::Pong),
+        (any::<u16>(), any::<u32>(), any::<u32>()).prop_map(
+            |(cores, idle_permille, process_permille)| {
+                Response::Load(ServerLoad {
+                    cores,
+                    idle_permille,
+                    process_permille,
+                })
+            }
+        ),
         proptest::collection::vec(
             (
                 bytes16(),
@@ -186,7 +208,7 @@ fn response() -> impl Strategy<Value = Response> {
             })),
         (
             attr(),
-            any::<bool>(),
+            0u8..3,
             any::<u32>(),
             any::<u64>(),
             proptest::option::of(any::<[u8; 32]>()),
@@ -195,7 +217,7 @@ fn response() -> impl Strategy<Value = Response> {
             .prop_map(
                 |(a, lz4, decoded_len, checksum, file_hash, data)| Response::Read(ReadData {
                     version: a.version(),
-                    encoding: if lz4 { Encoding::Lz4 } else { Encoding::Raw },
+                    encoding: ENCODINGS[usize::from(lz4)],
                     decoded_len,
                     checksum,
                     file_hash,
@@ -209,7 +231,7 @@ fn response() -> impl Strategy<Value = Response> {
                     any::<u64>(),
                     attr(),
                     proptest::option::of((
-                        any::<bool>(),
+                        0u8..3,
                         any::<u32>(),
                         any::<u64>(),
                         any::<[u8; 32]>(),
@@ -226,7 +248,7 @@ fn response() -> impl Strategy<Value = Response> {
                     .map(|(name, cookie, attr, data)| DataEntry {
                         entry: DirEntry { name, cookie, attr },
                         data: data.map(|(lz4, decoded_len, checksum, blake3, d)| FileData {
-                            encoding: if lz4 { Encoding::Lz4 } else { Encoding::Raw },
+                            encoding: ENCODINGS[usize::from(lz4)],
                             decoded_len,
                             checksum,
                             blake3,
@@ -273,13 +295,21 @@ fn handshake() -> impl Strategy<Value = Handshake> {
         (
             any::<(u16, u64, u32, u32, u32)>(),
             any::<[u8; 16]>(),
-            proptest::option::of(any::<[u8; 32]>())
+            proptest::option::of(any::<[u8; 32]>()),
+            ZSTD_MIN_LEVEL..=ZSTD_MAX_LEVEL,
         )
             .prop_map(
-                |((version, features, chunk_size, max_frame, max_inflight), instance_id, ch)| {
+                |(
+                    (version, features, chunk_size, max_frame, max_inflight),
+                    instance_id,
+                    ch,
+                    level,
+                )| {
                     Handshake::Welcome(Welcome {
                         version,
                         features,
+                        zstd_max_level: (features & ferry_proto::features::ZSTD != 0)
+                            .then_some(level),
                         chunk_size,
                         max_frame,
                         max_inflight,
@@ -355,11 +385,43 @@ proptest! {
     }
 
     #[test]
-    fn payloads_round_trip(data in proptest::collection::vec(0u8..4, 0..20_000), lz4 in any::<bool>()) {
-        let raw = Bytes::from(data);
-        let (enc, wire) = payload::encode(raw.clone(), lz4);
+    fn payloads_round_trip(
+        data in proptest::collection::vec(0u8..4, 0..20_000),
+        spread in 1u8..=255,
+        with in compression(),
+    ) {
+        // Values 0..4 scaled by `spread`: from very compressible to barely.
+        let raw = Bytes::from(data.iter().map(|b| b.wrapping_mul(spread)).collect::<Vec<_>>());
+        let (enc, wire) = payload::encode(raw.clone(), with);
+        match with {
+            Compression::None => prop_assert_eq!(enc, Encoding::Raw),
+            Compression::Lz4 => prop_assert_ne!(enc, Encoding::Zstd),
+            Compression::Zstd(_) => prop_assert_ne!(enc, Encoding::Lz4),
+        }
+        if enc != Encoding::Raw {
+            prop_assert!(wire.len() < raw.len());
+        }
         let back = payload::decode(enc, raw.len() as u32, payload::checksum(&raw), wire).unwrap();
         prop_assert_eq!(back, raw);
+    }
+
+    #[test]
+    fn corrupt_compressed_payloads_are_errors(
+        data in proptest::collection::vec(0u8..4, 4096..20_000),
+        with in prop::sample::select(vec![Compression::Lz4, Compression::Zstd(-3), Compression::Zstd(3)]),
+        at in any::<prop::sample::Index>(),
+        flip in 1u8..=255,
+    ) {
+        let raw = Bytes::from(data);
+        let (enc, wire) = payload::encode(raw.clone(), with);
+        prop_assert_ne!(enc, Encoding::Raw);
+        let mut bad = wire.to_vec();
+        bad[at.index(wire.len())] ^= flip;
+        // Wrong bytes never come back: a decode error, a checksum mismatch, or (a flip in a
+        // part of a zstd frame header that does not change the contents) the same bytes.
+        if let Ok(back) = payload::decode(enc, raw.len() as u32, payload::checksum(&raw), Bytes::from(bad)) {
+            prop_assert_eq!(back, raw);
+        }
     }
 
     #[test]
@@ -461,14 +523,14 @@ fn the_largest_legal_requests_fit_the_request_frame_limit() {
             cookie: u64::MAX,
             max_entries: u32::MAX,
             max_file: u32::MAX,
-            allow_lz4: true,
+            compression: Compression::Zstd(ZSTD_MIN_LEVEL),
             class: Class::Background,
         },
         Request::Read {
             path: path.clone(),
             offset: u64::MAX,
             len: u32::MAX,
-            allow_lz4: true,
+            compression: Compression::Zstd(ZSTD_MAX_LEVEL),
             class: Class::Demand,
         },
         Request::HashSparse { path },

@@ -16,6 +16,7 @@
 //! - [`human`]: [`human_bytes`], sizes as people read them in logs and progress lines.
 
 pub mod background;
+pub mod cpu;
 pub mod direct;
 pub mod human;
 pub mod metrics;

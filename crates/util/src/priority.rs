@@ -110,6 +110,18 @@ pub fn current_thread_ioprio() -> std::io::Result<u32> {
     }
 }
 
+/// CPU time the calling thread has used (user and system): what a piece of work cost,
+/// unlike wall time, whatever preemption it met. `None` where it cannot be read.
+pub fn thread_cpu_time() -> Option<std::time::Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (r == 0).then(|| std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
 #[cfg(target_os = "linux")]
 fn current_tid() -> libc::pid_t {
     // SAFETY: gettid has no preconditions.
@@ -169,6 +181,20 @@ fn lower_io() -> std::io::Result<()> {
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_cpu_time_counts_work_not_sleep() {
+        let t0 = thread_cpu_time().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let slept = thread_cpu_time().unwrap() - t0;
+        assert!(slept < std::time::Duration::from_millis(20), "{slept:?}");
+        let mut x = 0u64;
+        let wall = std::time::Instant::now();
+        while thread_cpu_time().unwrap() - t0 < std::time::Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        assert!(x > 0 && wall.elapsed() >= std::time::Duration::from_millis(20));
+    }
 
     #[test]
     fn lowers_only_the_calling_thread() {

@@ -217,8 +217,17 @@ pub struct NetArgs {
     /// Chunk size to request, in KiB (the server may choose smaller).
     #[arg(long, value_name = "KIB", default_value_t = 1024)]
     pub chunk_size: u32,
-    /// Never ask for lz4-compressed data.
-    #[arg(long)]
+    /// How the server compresses what it sends: `auto` picks none, lz4 or a zstd level
+    /// from the measured link, data and CPUs and keeps re-deciding; `zstd` (level 1),
+    /// `zstd:LEVEL` (-7 to 22; the server may cap it), `lz4` or `none` fix it.
+    #[arg(
+        long,
+        value_name = "auto|zstd[:LEVEL]|lz4|none",
+        default_value = "auto"
+    )]
+    pub compression: ferry_client::CompressionChoice,
+    /// The same as --compression none.
+    #[arg(long, conflicts_with = "compression")]
     pub no_compression: bool,
     /// Seconds to wait for the server when connecting.
     #[arg(long, value_name = "SECS", default_value_t = 10)]

@@ -90,7 +90,11 @@ pub fn connection(remote: &str, n: &NetArgs, what: &str) -> anyhow::Result<(Targ
     let (streams, chunk_kib, compression, connect_timeout) = (
         n.streams,
         n.chunk_size,
-        !n.no_compression,
+        if n.no_compression {
+            ferry_client::CompressionChoice::Fixed(ferry_proto::Compression::None)
+        } else {
+            n.compression
+        },
         n.connect_timeout,
     );
     let (faults, security) = (&n.faults, &n.security);

@@ -152,6 +152,32 @@ fn watch_status(path: &Path, state_dir: Option<&Path>, json: bool) -> anyhow::Re
 }
 
 /// The human-readable report of `ferry status PATH`.
+/// The `compress` line: the codec in use, what was asked for, the ratio lately and (auto)
+/// the link it measured.
+fn print_compression(k: &ferry_cache::progress::SchedulerStatus) {
+    if k.compression.is_empty() {
+        return; // written by a ferry before compression was reported
+    }
+    println!(
+        "  compress {}{}, ratio {:.2} lately{}",
+        k.compression,
+        if k.compression_choice == "auto" {
+            " (chosen by auto)"
+        } else {
+            ""
+        },
+        k.compression_ratio,
+        if k.link_bytes_per_sec > 0 {
+            format!(
+                "; link measured at {}/s on the wire",
+                human_bytes(k.link_bytes_per_sec)
+            )
+        } else {
+            String::new()
+        }
+    );
+}
+
 fn print_status(path: &Path, s: &Status) {
     if let Some(m) = &s.mount {
         println!(
@@ -203,6 +229,7 @@ fn print_status(path: &Path, s: &Status) {
                 human_bytes(k.prediction_bytes),
                 human_bytes(k.background_bytes)
             );
+            print_compression(k);
         }
         match &m.cache_dir {
             Some(d) => println!(
@@ -269,6 +296,9 @@ fn print_status(path: &Path, s: &Status) {
         "  checks  {} chunks fetched again, {} hash mismatches, {} files changed during the copy",
         s.chunks_refetched, s.hash_mismatches, s.files_changed
     );
+    if let Some(k) = &s.scheduler {
+        print_compression(k);
+    }
     let f = &s.faults;
     println!(
         "  network {} streams connected; {} reconnects, {} requests sent again, {} checksum failures (fetched again), {} stalled streams, {} server restarts",

@@ -22,7 +22,9 @@
 
 use std::sync::Arc;
 
-use ferry_proto::{features, payload, Class, FileHash, ReadData, Request, Response, Status};
+use ferry_proto::{
+    features, payload, Class, Compression, FileHash, ReadData, Request, Response, Status,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 
@@ -180,7 +182,11 @@ fn response_bound(request: &Request, session: &Session) -> u64 {
         Request::Hash { .. } | Request::HashSparse { .. } => {
             u64::from(session.chunk_size).max(1 << 20)
         }
-        Request::Stat { .. } | Request::ReadLink { .. } | Request::StatFs | Request::Ping => 8192,
+        Request::Stat { .. }
+        | Request::ReadLink { .. }
+        | Request::StatFs
+        | Request::Ping
+        | Request::Load => 8192,
     };
     bound.min(2 * frame).max(64)
 }
@@ -244,6 +250,7 @@ pub(crate) async fn handle(
     }
     let result = match request {
         Request::Ping => Ok(Response::Pong),
+        Request::Load => Ok(Response::Load(sh.load())),
         Request::Stat { path } => blocking(move || sh.export.stat(&path))
             .await
             .map(Response::Attr),
@@ -286,7 +293,7 @@ pub(crate) async fn handle(
             cookie,
             max_entries,
             max_file,
-            allow_lz4,
+            compression,
             class,
         } => {
             // A page holds up to DIR_DATA_PAGE bytes of contents (its budget was taken as
@@ -294,12 +301,11 @@ pub(crate) async fn handle(
             let max_bytes = dir_data_page(session);
             let n = dir_page_entries(session, max_entries);
             let max_file = u64::from(max_file.min(chunk_size));
-            let allow = session.features & features::LZ4 != 0 && allow_lz4;
             let page = export::DataPageLimits {
                 max_entries: n,
                 max_file,
                 max_bytes,
-                allow_lz4: allow,
+                compression: effective(session, &sh.config, compression),
                 uncached: class == Class::Background,
             };
             blocking_as(class, move || sh.export.read_dir_data(&path, cookie, page))
@@ -310,10 +316,10 @@ pub(crate) async fn handle(
             path,
             offset,
             len,
-            allow_lz4,
+            compression,
             class,
         } => {
-            let allow = session.features & features::LZ4 != 0 && allow_lz4;
+            let compression = effective(session, &sh.config, compression);
             let read_hash = session.features & features::READ_HASH != 0;
             blocking_as(class, move || {
                 let (file, attr) = sh.export.open_file(&path)?;
@@ -325,7 +331,7 @@ pub(crate) async fn handle(
                 // verify its copy without asking again.
                 let file_hash = (read_hash && offset == 0 && data.len() as u64 == attr.size)
                     .then(|| *blake3::hash(&data).as_bytes());
-                let (encoding, data) = payload::encode(data, allow);
+                let (encoding, data) = payload::encode(data, compression);
                 Ok(ReadData {
                     version: attr.version(),
                     encoding,
@@ -345,4 +351,22 @@ pub(crate) async fn handle(
         }
         error_response(e)
     })
+}
+
+/// The compression a request gets: what it asked for, when the session has the feature
+/// (lz4 without LZ4 is sent raw; zstd without ZSTD never gets here, it is a protocol
+/// error), with zstd levels above the server's highest brought down to it.
+pub(crate) fn effective(
+    session: &Session,
+    config: &crate::ServerConfig,
+    asked: Compression,
+) -> Compression {
+    match asked {
+        Compression::Lz4 if session.features & features::LZ4 == 0 => Compression::None,
+        Compression::Zstd(level) => match config.max_compression_level {
+            Some(max) => Compression::Zstd(level.min(max)),
+            None => Compression::None,
+        },
+        c => c,
+    }
 }

@@ -256,7 +256,7 @@ impl Client {
                 cookie,
                 max_entries,
                 max_file,
-                allow_lz4: self.inner.compression,
+                compression: self.inner.codec.current(),
                 class,
             })
             .await?
@@ -451,7 +451,7 @@ impl Client {
                 path,
                 offset,
                 len,
-                allow_lz4: self.inner.compression,
+                compression: self.inner.codec.current(),
                 class,
             })
             .await?
@@ -478,6 +478,7 @@ impl Client {
         let wire_len = r.data.len();
         let file_hash = r.file_hash;
         let data = payload::decode(r.encoding, r.decoded_len, r.checksum, r.data)?;
+        self.inner.codec.offer(&data);
         Ok(Chunk {
             data,
             version,
@@ -545,5 +546,53 @@ mod tests {
             assert_eq!(c.version, whole.version);
             assert!(c.file_hash.is_none());
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_server_reports_its_cpus_and_auto_measures_the_link() {
+        let dir = tempfile::tempdir().unwrap();
+        // Compressible rows, 16 MiB: enough windows of traffic for auto to measure.
+        let row = b"42\tcharlie\t17.50\t2026-11-24\n";
+        let data: Vec<u8> = row.iter().copied().cycle().take(16 << 20).collect();
+        std::fs::write(dir.path().join("f"), &data).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let config = ferry_server::ServerConfig {
+            export: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(ferry_server::run(listener, config, async {
+            let _ = rx.await;
+        }));
+        let client = Client::connect(ClientConfig {
+            addr,
+            streams: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        match client.call(Request::Load).await.unwrap() {
+            Response::Load(l) => {
+                assert!(l.cores >= 1, "{l:?}");
+                assert!(l.idle_permille <= u32::from(l.cores) * 1000 + 50, "{l:?}");
+            }
+            r => panic!("{r:?}"),
+        }
+        assert_eq!(client.compression().choice, crate::CompressionChoice::Auto);
+        let path = Bytes::from_static(b"f");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut offset = 0u64;
+        while client.compression().link.is_none() && std::time::Instant::now() < deadline {
+            let c = client
+                .read_verified(path.clone(), offset, 1 << 20)
+                .await
+                .unwrap();
+            assert_eq!(&c.data[..], &data[offset as usize..][..c.data.len()]);
+            offset = (offset + (1 << 20)) % data.len() as u64;
+        }
+        let z = client.compression();
+        assert!(z.link.is_some_and(|l| l > 0.0), "{z:?}");
+        assert!(z.ratio > 4.0, "rows compress: {z:?}");
     }
 }

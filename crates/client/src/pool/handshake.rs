@@ -15,13 +15,14 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use ferry_proto::handshake::{ClientAuth, ClientHandshake, ClientParams};
 use ferry_proto::preamble::{self, Refusal, Transport, PREAMBLE_LEN};
-use ferry_proto::{features, Welcome};
+use ferry_proto::{features, Compression, Welcome};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::ClientConfig;
 use crate::error::ClientError;
 use crate::tls::{self, TlsError};
+use crate::CompressionChoice;
 
 /// The two halves of a connection, plain or TLS.
 pub(super) type Halves = (
@@ -135,10 +136,12 @@ async fn open_stream_once(cfg: &ClientConfig) -> Result<Opened, ClientError> {
     };
     let mut machine = ClientHandshake::new(ClientParams {
         chunk_size: cfg.chunk_size,
-        features: if cfg.compression {
-            features::ALL
+        // Asked for no compression: the server is not offered any (an older one then
+        // never compresses either).
+        features: if cfg.compression == CompressionChoice::Fixed(Compression::None) {
+            features::ALL & !features::LZ4 & !features::ZSTD
         } else {
-            features::ALL & !features::LZ4
+            features::ALL
         },
         client_name: cfg.client_name.clone(),
         auth,

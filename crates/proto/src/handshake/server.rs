@@ -38,6 +38,9 @@ pub struct ServerParams {
     pub instance_id: [u8; 16],
     /// Require a token proof, if set.
     pub auth: Option<ServerAuth>,
+    /// The highest zstd level the server compresses at; `None`: it does not offer zstd
+    /// (the ZSTD feature).
+    pub zstd_max_level: Option<i8>,
 }
 
 /// A completed server handshake.
@@ -190,9 +193,14 @@ impl ServerHandshake {
             });
             return Err(e);
         }
+        let offered = match self.params.zstd_max_level {
+            Some(_) => features::ALL,
+            None => features::ALL & !features::ZSTD,
+        };
+        let features = hello.features & offered;
         let welcome = Welcome {
             version: hello.version.min(PROTOCOL_VERSION),
-            features: hello.features & features::ALL,
+            features,
             chunk_size,
             max_frame: chunk_size + FRAME_OVERHEAD,
             max_inflight: self.params.max_inflight,
@@ -203,6 +211,10 @@ impl ServerHandshake {
                 },
                 None => AuthMethod::None,
             },
+            zstd_max_level: self
+                .params
+                .zstd_max_level
+                .filter(|_| features & features::ZSTD != 0),
         };
         self.outbox.push(&Handshake::Welcome(welcome.clone()));
         if let Some(auth) = self.params.auth.clone() {

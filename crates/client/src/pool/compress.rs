@@ -1,0 +1,349 @@
+//! The pool's compression: the codec its requests ask for now and, with `auto`, the
+//! sampler thread and the task that re-decide it four times a second ([`crate::codec`]).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_proto::{features, payload, Class, Compression, Request, Response};
+
+use super::Inner;
+use crate::codec::{Chooser, CompressionChoice, Sample, Window, CANDIDATES};
+
+/// Chunks this large and larger are sampled (smaller ones say little about a codec).
+const MIN_SAMPLE: usize = 64 << 10;
+/// The most of a chunk the sampler compresses with every candidate: a whole default chunk,
+/// as the server compresses it (a smaller slice packs worse, and not by the same factor for
+/// every codec).
+const MAX_SAMPLE: usize = 1 << 20;
+/// The sampler spends at most 1/DUTY of one core (it waits this many times as long as
+/// its last sample took).
+const DUTY: u32 = 50;
+/// How often `auto` decides.
+const WINDOW: Duration = Duration::from_millis(250);
+/// How often, within a window, whether requests are outstanding is looked at.
+const TICK: Duration = Duration::from_millis(10);
+
+/// What the pool's reads ask for, and how it is going.
+pub(super) struct Codec {
+    choice: CompressionChoice,
+    /// The compression asked for now ([`to_bits`]).
+    current: AtomicU32,
+    /// Decoded over wire bytes in the last window (a quarter second) with traffic (f64 bits).
+    ratio: AtomicU64,
+    /// With `auto`: the decisions (shared with the sampler thread).
+    chooser: Option<Arc<Mutex<Chooser>>>,
+    /// Set by the sampler when it is ready for a new slice.
+    wants_sample: Arc<AtomicBool>,
+    /// Slices of received chunks to the sampler (closing it ends the thread).
+    to_sampler: Option<Mutex<mpsc::SyncSender<Bytes>>>,
+}
+
+/// What [`super::Client::compression`] reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompressionStatus {
+    /// What was asked for (`auto` or a fixed codec).
+    pub choice: CompressionChoice,
+    /// The codec requests ask for now (each chunk still goes raw when it does not shrink).
+    pub current: Compression,
+    /// Decoded over wire bytes in the last quarter second with traffic (1 before any).
+    pub ratio: f64,
+    /// With `auto`: the link's estimated capacity, wire bytes per second.
+    pub link: Option<f64>,
+}
+
+fn to_bits(c: Compression) -> u32 {
+    match c {
+        Compression::None => 0,
+        Compression::Lz4 => 1,
+        Compression::Zstd(l) => 0x100 | u32::from(l as u8),
+    }
+}
+
+fn from_bits(b: u32) -> Compression {
+    match b {
+        0 => Compression::None,
+        1 => Compression::Lz4,
+        b => Compression::Zstd((b & 0xff) as u8 as i8),
+    }
+}
+
+impl Codec {
+    /// The codec for a session with `session_features` whose server compresses zstd up to
+    /// `zstd_max_level`. A fixed choice the session cannot do falls back: zstd to lz4, lz4
+    /// to none; a zstd level above the server's highest to that.
+    pub(super) fn new(
+        choice: CompressionChoice,
+        session_features: u64,
+        zstd_max_level: Option<i8>,
+    ) -> Codec {
+        let lz4 = session_features & features::LZ4 != 0;
+        let zstd = zstd_max_level.filter(|_| session_features & features::ZSTD != 0);
+        let mut codec = Codec {
+            choice,
+            current: AtomicU32::new(0),
+            ratio: AtomicU64::new(1f64.to_bits()),
+            chooser: None,
+            wants_sample: Arc::new(AtomicBool::new(false)),
+            to_sampler: None,
+        };
+        let start = match choice {
+            CompressionChoice::Fixed(Compression::Zstd(l)) => match zstd {
+                Some(max) => Compression::Zstd(l.min(max)),
+                None if lz4 => Compression::Lz4,
+                None => Compression::None,
+            },
+            CompressionChoice::Fixed(Compression::Lz4) if !lz4 => Compression::None,
+            CompressionChoice::Fixed(c) => c,
+            CompressionChoice::Auto => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let chooser = Arc::new(Mutex::new(Chooser::new(lz4, zstd, cores)));
+                let (tx, rx) = mpsc::sync_channel(1);
+                let sampler = Sampler {
+                    rx,
+                    wants: codec.wants_sample.clone(),
+                    chooser: chooser.clone(),
+                };
+                // Without the thread, auto still decides from the link and the ratios of
+                // what arrives; it only lacks the other codecs' figures.
+                if std::thread::Builder::new()
+                    .name("ferry-sampler".into())
+                    .spawn(move || sampler.run())
+                    .is_ok()
+                {
+                    codec.to_sampler = Some(Mutex::new(tx));
+                    codec.wants_sample.store(true, Relaxed);
+                }
+                let start = lock(&chooser).current();
+                codec.chooser = Some(chooser);
+                start
+            }
+        };
+        codec.current.store(to_bits(start), Relaxed);
+        codec
+    }
+
+    /// The compression a request asks for now.
+    pub(super) fn current(&self) -> Compression {
+        from_bits(self.current.load(Relaxed))
+    }
+
+    /// Offers a chunk just received (decoded) to the sampler: it is taken (shared, not
+    /// copied) when the sampler is ready for one (cheap otherwise: one atomic load).
+    pub(super) fn offer(&self, data: &Bytes) {
+        if data.len() < MIN_SAMPLE || !self.wants_sample.load(Relaxed) {
+            return;
+        }
+        let Some(tx) = &self.to_sampler else { return };
+        if self.wants_sample.swap(false, Relaxed) {
+            let _ = lock(tx).try_send(data.slice(..data.len().min(MAX_SAMPLE)));
+        }
+    }
+
+    /// What is in use and how well it compresses.
+    pub(super) fn status(&self) -> CompressionStatus {
+        CompressionStatus {
+            choice: self.choice,
+            current: self.current(),
+            ratio: f64::from_bits(self.ratio.load(Relaxed)),
+            link: self.chooser.as_ref().and_then(|c| lock(c).link()),
+        }
+    }
+}
+
+/// The calling thread's CPU time (wall time where it cannot be read).
+fn cpu_now() -> Duration {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    ferry_util::priority::thread_cpu_time()
+        .unwrap_or_else(|| EPOCH.get_or_init(Instant::now).elapsed())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Measures every candidate codec on chunks of what arrives, on its own thread at low
+/// priority, within a small share of one core. Costs are the thread's CPU time, not wall
+/// time: at low priority on a busy machine it is preempted often, and a codec must not look
+/// slow for that.
+struct Sampler {
+    rx: mpsc::Receiver<Bytes>,
+    wants: Arc<AtomicBool>,
+    chooser: Arc<Mutex<Chooser>>,
+}
+
+impl Sampler {
+    fn run(self) {
+        let _lowered = ferry_util::priority::lower_current_thread();
+        let allowed: Vec<usize> = {
+            let c = lock(&self.chooser);
+            (0..CANDIDATES.len()).filter(|&i| c.allowed(i)).collect()
+        };
+        // Ends when the pool is dropped (the sender with it).
+        while let Ok(raw) = self.rx.recv() {
+            let started = Instant::now();
+            let cpu_started = cpu_now();
+            let sum = payload::checksum(&raw);
+            let mut samples = Vec::with_capacity(allowed.len());
+            for &i in &allowed {
+                let with = CANDIDATES[i];
+                let t0 = cpu_now();
+                let packed = match with {
+                    Compression::None => None,
+                    c => payload::compress(&raw, c),
+                };
+                let t1 = cpu_now();
+                let encode = t1.saturating_sub(t0);
+                let compressed = match &packed {
+                    Some(p) => {
+                        let encoding = match with {
+                            Compression::Zstd(_) => ferry_proto::Encoding::Zstd,
+                            _ => ferry_proto::Encoding::Lz4,
+                        };
+                        if payload::decode(encoding, raw.len() as u32, sum, p.clone()).is_err() {
+                            continue;
+                        }
+                        p.len()
+                    }
+                    None => raw.len(),
+                };
+                samples.push(Sample {
+                    codec: i,
+                    raw: raw.len(),
+                    compressed,
+                    encode,
+                    decode: cpu_now().saturating_sub(t1),
+                });
+            }
+            {
+                let mut c = lock(&self.chooser);
+                for s in samples {
+                    c.sample(s);
+                }
+            }
+            // The duty cycle by CPU time spent, so a preempted sampler does not also wait
+            // longer; at least the wall time, so it never runs more than half the time.
+            let spent = cpu_now().saturating_sub(cpu_started);
+            std::thread::sleep((spent * DUTY).max(started.elapsed()));
+            self.wants.store(true, Relaxed);
+        }
+    }
+}
+
+/// With `auto`: every quarter second, gives the chooser what the pool moved and whether
+/// requests were outstanding all along, and switches the codec requests ask for. Ends when
+/// the pool is dropped.
+pub(super) async fn run(inner: Weak<Inner>) {
+    let mut ticks = tokio::time::interval(TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut wire, mut decoded) = (0u64, 0u64);
+    let mut start = Instant::now();
+    let (mut seen, mut busy) = (0u32, 0u32);
+    let mut windows = 0u64;
+    let mut cpu = ferry_util::cpu::CpuMeter::new();
+    // The server's last report (its process's use plus its idle time, in cores).
+    let server_cpu: Arc<Mutex<Option<f64>>> = Arc::new(Mutex::new(None));
+    loop {
+        ticks.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        seen += 1;
+        if super::inflight_of(&inner) > 0 {
+            busy += 1;
+        }
+        if start.elapsed() < WINDOW {
+            continue;
+        }
+        let c = &inner.counters;
+        let (w, d) = (c.wire_bytes.load(Relaxed), c.decoded_bytes.load(Relaxed));
+        let window = Window {
+            elapsed: start.elapsed(),
+            wire: w - wire,
+            decoded: d - decoded,
+            // Requests outstanding at (nearly) every look: the transfer set the pace.
+            busy: busy * 10 >= seen * 9,
+        };
+        (wire, decoded, start, seen, busy) = (w, d, Instant::now(), 0, 0);
+        let codec = &inner.codec;
+        if window.wire > 0 {
+            codec.ratio.store(
+                (window.decoded as f64 / window.wire as f64).to_bits(),
+                Relaxed,
+            );
+        }
+        windows += 1;
+        if let Some(chooser) = &codec.chooser {
+            // Once a second: both ends' CPUs.
+            if windows % 4 == 1 {
+                let here = cpu.sample().map(|l| l.available());
+                lock(chooser).set_cpus(*lock(&server_cpu), here);
+                if inner.session.features & features::ZSTD != 0 {
+                    ask_server_load(&inner, server_cpu.clone());
+                }
+            }
+            let next = lock(chooser).window(window);
+            if next != codec.current() {
+                tracing::debug!(
+                    "compression now {next} ({:.0} MB/s decoded, ratio {:.2})",
+                    window.decoded as f64 / window.elapsed.as_secs_f64() / 1e6,
+                    window.decoded as f64 / window.wire.max(1) as f64
+                );
+                codec.current.store(to_bits(next), Relaxed);
+            }
+        }
+    }
+}
+
+/// Asks the server how busy its CPUs are (on a task of its own: the answer may take a
+/// round trip or more) and keeps what it can give: its process's use plus its idle time.
+fn ask_server_load(inner: &Arc<Inner>, into: Arc<Mutex<Option<f64>>>) {
+    let client = super::Client {
+        inner: inner.clone(),
+        class: Class::Demand,
+    };
+    tokio::spawn(async move {
+        if let Ok(Response::Load(l)) = client.call(Request::Load).await {
+            let available = (f64::from(l.process_permille) + f64::from(l.idle_permille)) / 1000.0;
+            *lock(&into) = Some(available.min(f64::from(l.cores.max(1))));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_compression_survives_its_bits() {
+        for c in [Compression::None, Compression::Lz4].into_iter().chain(
+            (ferry_proto::ZSTD_MIN_LEVEL..=ferry_proto::ZSTD_MAX_LEVEL).map(Compression::Zstd),
+        ) {
+            assert_eq!(from_bits(to_bits(c)), c);
+        }
+    }
+
+    #[test]
+    fn a_fixed_choice_falls_back_to_what_the_session_has() {
+        let zstd = CompressionChoice::Fixed(Compression::Zstd(9));
+        let all = features::ALL;
+        assert_eq!(
+            Codec::new(zstd, all, Some(6)).current(),
+            Compression::Zstd(6)
+        );
+        assert_eq!(
+            Codec::new(zstd, all & !features::ZSTD, None).current(),
+            Compression::Lz4
+        );
+        assert_eq!(Codec::new(zstd, 0, None).current(), Compression::None);
+        let lz4 = CompressionChoice::Fixed(Compression::Lz4);
+        assert_eq!(Codec::new(lz4, 0, None).current(), Compression::None);
+        assert_eq!(
+            Codec::new(CompressionChoice::Auto, all & !features::ZSTD, None).current(),
+            Compression::Lz4
+        );
+        assert_eq!(
+            Codec::new(CompressionChoice::Auto, all, Some(6)).current(),
+            Compression::Zstd(1)
+        );
+    }
+}
