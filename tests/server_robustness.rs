@@ -539,6 +539,63 @@ fn a_read_with_a_class_in_a_session_without_priority_closes_the_connection() {
 }
 
 #[test]
+fn zstd_and_load_without_the_zstd_feature_close_the_connection_and_a_pre_zstd_client_is_served() {
+    use ferry_proto::{features, Class, Compression, Encoding, Request, Response};
+    let src = tempfile::tempdir().unwrap();
+    let rows: Vec<u8> = b"17\tdelta\t2026-11-24\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take(256 << 10)
+        .collect();
+    std::fs::write(src.path().join("f"), &rows).unwrap();
+    let server = TestServer::start(src.path());
+    let read = |compression| Request::Read {
+        path: bytes::Bytes::from_static(b"f"),
+        offset: 0,
+        len: 256 << 10,
+        compression,
+        class: Class::Demand,
+    };
+    // A client from before zstd (LZ4 only): a zstd read or a Load is a protocol error.
+    for req in [read(Compression::Zstd(1)), Request::Load] {
+        let (mut s, _, session) = handshaken_with(&server.addr, features::LZ4);
+        assert_eq!(session & features::ZSTD, 0, "not offered, not negotiated");
+        let mut out = bytes::BytesMut::new();
+        req.encode(1, &mut out);
+        s.write_all(&out).unwrap();
+        let mut rest = vec![];
+        match s.read_to_end(&mut rest) {
+            Ok(_) => assert!(rest.is_empty(), "answered: {rest:02x?}"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
+        }
+    }
+    // It still gets lz4 when it asks for it.
+    let (mut s, mut buf, _) = handshaken_with(&server.addr, features::LZ4);
+    match ask(&mut s, &mut buf, 1, &read(Compression::Lz4)) {
+        Response::Read(d) => assert_eq!(d.encoding, Encoding::Lz4),
+        other => panic!("{other:?}"),
+    }
+    // With the feature: zstd, decoded to the file's bytes, and the server's load.
+    let (mut s, mut buf, session) = handshaken_with(&server.addr, features::ALL);
+    assert_ne!(session & features::ZSTD, 0);
+    match ask(&mut s, &mut buf, 1, &read(Compression::Zstd(3))) {
+        Response::Read(d) => {
+            assert_eq!(d.encoding, Encoding::Zstd);
+            assert!(d.data.len() * 20 < rows.len(), "{} bytes", d.data.len());
+            let got = ferry_proto::payload::decode(d.encoding, d.decoded_len, d.checksum, d.data)
+                .unwrap();
+            assert!(got[..] == rows[..]);
+        }
+        other => panic!("{other:?}"),
+    }
+    match ask(&mut s, &mut buf, 2, &Request::Load) {
+        Response::Load(l) => assert!(l.cores >= 1 && l.boot_id != [0; 16], "{l:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn with_priority_every_class_is_accepted_and_answered_with_the_right_bytes() {
     use ferry_proto::{features, payload, Class, Frame, Request, Response};
     use std::collections::HashMap;

@@ -156,11 +156,13 @@ impl Shared {
                 cores: u16::try_from(l.cores).unwrap_or(u16::MAX),
                 idle_permille: permille(l.idle),
                 process_permille: permille(l.process),
+                boot_id: ferry_util::cpu::boot_id().unwrap_or_default(),
             },
             None => ferry_proto::ServerLoad {
                 cores: u16::try_from(cores).unwrap_or(u16::MAX),
                 idle_permille: permille(cores as f64),
                 process_permille: 0,
+                boot_id: ferry_util::cpu::boot_id().unwrap_or_default(),
             },
         }
     }

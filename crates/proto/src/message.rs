@@ -278,6 +278,10 @@ pub struct ServerLoad {
     pub idle_permille: u32,
     /// CPU time the server process used, per mille of one core.
     pub process_permille: u32,
+    /// The server machine's boot id (Linux `/proc/sys/kernel/random/boot_id`; zeros when
+    /// unknown): a client with the same id runs on the same machine, so both ends share
+    /// one set of CPUs.
+    pub boot_id: [u8; 16],
 }
 
 /// Most bytes of names and values one [`Response::DirXattrs`] carries.
@@ -921,6 +925,7 @@ impl Response {
                 b.put_u16(l.cores);
                 b.put_u32(l.idle_permille);
                 b.put_u32(l.process_permille);
+                b.put_slice(&l.boot_id);
             }
             Response::Attr(a) => a.encode(&mut b),
             Response::DirPage(p) => {
@@ -1025,6 +1030,7 @@ impl Response {
                 cores: get_u16(&mut b, "load")?,
                 idle_permille: get_u32(&mut b, "load")?,
                 process_permille: get_u32(&mut b, "load")?,
+                boot_id: get_array(&mut b, "boot id")?,
             }),
             K_ATTR => Response::Attr(Attr::decode(&mut b)?),
             K_DIR_PAGE => {

@@ -151,12 +151,13 @@ fn id() -> impl Strategy<Value = Id> {
 fn response() -> impl Strategy<Value = Response> {
     prop_oneof![
         Just(Response::Pong),
-        (any::<u16>(), any::<u32>(), any::<u32>()).prop_map(
-            |(cores, idle_permille, process_permille)| {
+        (any::<u16>(), any::<u32>(), any::<u32>(), any::<[u8; 16]>()).prop_map(
+            |(cores, idle_permille, process_permille, boot_id)| {
                 Response::Load(ServerLoad {
                     cores,
                     idle_permille,
                     process_permille,
+                    boot_id,
                 })
             }
         ),

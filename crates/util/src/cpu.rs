@@ -22,6 +22,22 @@ impl CpuLoad {
     }
 }
 
+/// This machine's boot id (`/proc/sys/kernel/random/boot_id`, a UUID, as 16 bytes): the
+/// same on both ends of a connection exactly when they run on one machine. `None` where it
+/// cannot be read.
+pub fn boot_id() -> Option<[u8; 16]> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let hex: Vec<u8> = text.trim().bytes().filter(|b| *b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        id[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    (id != [0; 16]).then_some(id)
+}
+
 /// Samples CPU use; each [`CpuMeter::sample`] reports the average since the previous one.
 #[derive(Debug, Default)]
 pub struct CpuMeter {
@@ -128,5 +144,12 @@ mod tests {
         assert!(load.available() <= f64::from(load.cores));
         // Too soon for another.
         assert!(m.sample().is_none());
+    }
+
+    #[test]
+    fn the_boot_id_is_read_and_stable() {
+        let a = boot_id();
+        assert!(a.is_some() || !std::path::Path::new("/proc/sys/kernel/random/boot_id").exists());
+        assert_eq!(a, boot_id());
     }
 }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use ferry_proto::{features, payload, Class, Compression, Request, Response};
 
 use super::Inner;
-use crate::codec::{Chooser, CompressionChoice, Sample, Window, CANDIDATES};
+use crate::codec::{Chooser, CompressionChoice, CpuShare, Sample, Window, CANDIDATES};
 
 /// Chunks this large and larger are sampled (smaller ones say little about a codec).
 const MIN_SAMPLE: usize = 64 << 10;
@@ -242,8 +242,8 @@ pub(super) async fn run(inner: Weak<Inner>) {
     let (mut seen, mut busy) = (0u32, 0u32);
     let mut windows = 0u64;
     let mut cpu = ferry_util::cpu::CpuMeter::new();
-    // The server's last report (its process's use plus its idle time, in cores).
-    let server_cpu: Arc<Mutex<Option<f64>>> = Arc::new(Mutex::new(None));
+    // The server's last report, and whether it runs on this machine.
+    let server_cpu: Arc<Mutex<Option<(CpuShare, bool)>>> = Arc::new(Mutex::new(None));
     loop {
         ticks.tick().await;
         let Some(inner) = inner.upgrade() else { return };
@@ -275,18 +275,28 @@ pub(super) async fn run(inner: Weak<Inner>) {
         if let Some(chooser) = &codec.chooser {
             // Once a second: both ends' CPUs.
             if windows % 4 == 1 {
-                let here = cpu.sample().map(|l| l.available());
-                lock(chooser).set_cpus(*lock(&server_cpu), here);
+                let here = cpu.sample().map(|l| CpuShare {
+                    available: l.available(),
+                    idle: l.idle,
+                    process: l.process,
+                });
+                let server = *lock(&server_cpu);
+                let mut c = lock(chooser);
+                c.set_cpus(server.map(|s| s.0), here);
+                c.set_same_machine(server.is_some_and(|s| s.1));
+                drop(c);
                 if inner.session.features & features::ZSTD != 0 {
                     ask_server_load(&inner, server_cpu.clone());
                 }
             }
-            let next = lock(chooser).window(window);
+            let mut c = lock(chooser);
+            let next = c.window(window);
             if next != codec.current() {
                 tracing::debug!(
-                    "compression now {next} ({:.0} MB/s decoded, ratio {:.2})",
+                    "compression now {next} (last {:.0} MB/s decoded, ratio {:.2}; {})",
                     window.decoded as f64 / window.elapsed.as_secs_f64() / 1e6,
-                    window.decoded as f64 / window.wire.max(1) as f64
+                    window.decoded as f64 / window.wire.max(1) as f64,
+                    c.explain()
                 );
                 codec.current.store(to_bits(next), Relaxed);
             }
@@ -296,15 +306,24 @@ pub(super) async fn run(inner: Weak<Inner>) {
 
 /// Asks the server how busy its CPUs are (on a task of its own: the answer may take a
 /// round trip or more) and keeps what it can give: its process's use plus its idle time.
-fn ask_server_load(inner: &Arc<Inner>, into: Arc<Mutex<Option<f64>>>) {
+fn ask_server_load(inner: &Arc<Inner>, into: Arc<Mutex<Option<(CpuShare, bool)>>>) {
     let client = super::Client {
         inner: inner.clone(),
         class: Class::Demand,
     };
     tokio::spawn(async move {
         if let Ok(Response::Load(l)) = client.call(Request::Load).await {
-            let available = (f64::from(l.process_permille) + f64::from(l.idle_permille)) / 1000.0;
-            *lock(&into) = Some(available.min(f64::from(l.cores.max(1))));
+            let idle = f64::from(l.idle_permille) / 1000.0;
+            let available = f64::from(l.process_permille) / 1000.0 + idle;
+            let same = l.boot_id != [0; 16] && ferry_util::cpu::boot_id() == Some(l.boot_id);
+            *lock(&into) = Some((
+                CpuShare {
+                    available: available.min(f64::from(l.cores.max(1))),
+                    idle,
+                    process: f64::from(l.process_permille) / 1000.0,
+                },
+                same,
+            ));
         }
     });
 }
