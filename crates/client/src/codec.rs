@@ -88,6 +88,8 @@ const ALPHA: f64 = 0.25;
 /// Weight of a new measurement of a codec's efficiency: a codec that turns out far slower
 /// than predicted (its CPU was the limit) must lose quickly.
 const ALPHA_EFFICIENCY: f64 = 0.5;
+/// Weight of a new CPU reading (one a second).
+const ALPHA_CPU: f64 = 0.3;
 /// A machine with less idle time than this (cores) has no CPU to spare.
 const BUSY_IDLE: f64 = 0.3;
 /// Windows before the first probe (when the CPUs are short from the start; the first CPU
@@ -195,8 +197,9 @@ pub struct Chooser {
     /// Cores each end's process used lately (`None`: not reported).
     server_process: Option<f64>,
     client_process: Option<f64>,
-    /// Decoded bytes per second the codec in use delivered in busy windows.
-    rate: Ewma,
+    /// CPU seconds per decoded byte each end spends besides the codec.
+    server_other: Ewma,
+    client_other: Ewma,
     /// Both ends run on one machine: their CPUs are one pool.
     same_machine: bool,
     /// Whether a cheaper codec has been tried to measure the link.
@@ -241,7 +244,8 @@ impl Chooser {
             client_idle: None,
             server_process: None,
             client_process: None,
-            rate: Ewma::default(),
+            server_other: Ewma::default(),
+            client_other: Ewma::default(),
             same_machine: false,
             probed: false,
             probe_from: None,
@@ -263,16 +267,25 @@ impl Chooser {
     /// machine's idle time, as it reports them) and this process's (the same here). Until
     /// the first call, three quarters of the server's cores and half of the client's are
     /// assumed.
+    ///
+    /// Readings of one second swing with bursty work, so they are averaged (weight
+    /// [`ALPHA_CPU`]).
     pub fn set_cpus(&mut self, server: Option<CpuShare>, client: Option<CpuShare>) {
+        let avg = |old: Option<f64>, new: f64| match old {
+            Some(o) => o + ALPHA_CPU * (new - o),
+            None => new,
+        };
         if let Some(s) = server {
-            self.server_cores = s.available.max(0.25);
-            self.server_idle = Some(s.idle);
-            self.server_process = Some(s.process);
+            let had = self.server_idle.is_some();
+            self.server_cores = avg(had.then_some(self.server_cores), s.available).max(0.25);
+            self.server_idle = Some(avg(self.server_idle, s.idle));
+            self.server_process = Some(avg(self.server_process, s.process));
         }
         if let Some(c) = client {
-            self.client_cores = c.available.max(0.25);
-            self.client_idle = Some(c.idle);
-            self.client_process = Some(c.process);
+            let had = self.client_idle.is_some();
+            self.client_cores = avg(had.then_some(self.client_cores), c.available).max(0.25);
+            self.client_idle = Some(avg(self.client_idle, c.idle));
+            self.client_process = Some(avg(self.client_process, c.process));
         }
     }
 
@@ -357,17 +370,26 @@ impl Chooser {
     /// CPU seconds per decoded byte each end spends besides compressing and decompressing
     /// (`None` until both ends reported and the codec in use delivered in busy windows).
     fn other_costs(&self) -> Option<(f64, f64)> {
-        let rate = self.rate.0.filter(|&r| r > 0.0)?;
+        Some((self.server_other.0?, self.client_other.0?))
+    }
+
+    /// Learns [`Chooser::other_costs`] from a busy window of the codec in use: each
+    /// process's CPU use at the rate delivered, less the codec's own cost. Kept across
+    /// changes of codec (it does not depend on the codec).
+    fn learn_other_costs(&mut self, rate: f64) {
         let (encode, decode) = if self.current == 0 {
             (0.0, 0.0)
         } else {
             let c = &self.costs[self.current];
-            (c.encode.0?, c.decode.0?)
+            match (c.encode.0, c.decode.0) {
+                (Some(e), Some(d)) => (e, d),
+                _ => return,
+            }
         };
-        Some((
-            (self.server_process? / rate - encode).max(0.0),
-            (self.client_process? / rate - decode).max(0.0),
-        ))
+        if let (Some(s), Some(c), true) = (self.server_process, self.client_process, rate > 0.0) {
+            self.server_other.add((s / rate - encode).max(0.0));
+            self.client_other.add((c / rate - decode).max(0.0));
+        }
     }
 
     /// What the codec in use delivers over what its samples promised: applied to every
@@ -478,7 +500,7 @@ impl Chooser {
                 _ => wire_rate,
             });
             if settled {
-                self.rate.add(w.decoded as f64 / secs);
+                self.learn_other_costs(w.decoded as f64 / secs);
                 self.costs[self.current]
                     .delivered_ratio
                     .add_with(ALPHA_RATIO, w.decoded as f64 / w.wire as f64);
@@ -550,7 +572,6 @@ impl Chooser {
                     self.pending = None;
                     self.current = next;
                     self.held = 0;
-                    self.rate = Ewma::default();
                 }
                 _ if self.held >= due => self.probe_from = None,
                 _ => {}
@@ -563,7 +584,6 @@ impl Chooser {
         self.pending = None;
         self.current = best;
         self.held = 0;
-        self.rate = Ewma::default();
         self.current()
     }
 }
