@@ -11,7 +11,7 @@ ifeq ($(shell command -v $(CARGO) 2>/dev/null),)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help demo prereqs test build install uninstall lint clean-mounts bench bench-quick bench-loopback bench-readers bench-trees fuzz-build fuzz-smoke
+.PHONY: help demo prereqs test build install uninstall lint clean-mounts bench bench-quick bench-loopback bench-readers bench-trees bench-compression fuzz-build fuzz-smoke
 
 help:
 	@echo "make demo          build, export generated data with ferryd, mount it, copy and verify (FERRY_DEMO_MIB=512)"
@@ -25,6 +25,7 @@ help:
 	@echo "make bench-loopback  cp from a loopback mount: MB/s and peak memory"
 	@echo "make bench-readers   reads through the mount alone vs during its background mirror (issue 13) -> bench/out/readers.md"
 	@echo "make bench-trees     cp -r, rsync, tar, mirror, find, ls -lR of trees of real shapes (issue 14) -> bench/out/trees.md"
+	@echo "make bench-compression  --compression auto vs lz4 vs nc|zstd -1 on real data, 4 links (issue 18) -> bench/out/compression.md"
 	@echo "make fuzz-build    build the cargo-fuzz targets (nightly; installs cargo-fuzz if missing)"
 	@echo "make fuzz-smoke    run each fuzz target for FUZZ_SECONDS (60) and report executions"
 
@@ -100,6 +101,12 @@ bench-readers:
 # ferry mirror, beside tar | lz4 | nc, on the 1gbit and wan links; bench/out/trees.md.
 bench-trees:
 	bash bench/trees.sh --links 1gbit,wan
+
+# Compression (bench/compression.sh, issue 18): cp of 1 GiB of real binaries, a real
+# PostgreSQL datafile and random data out of the mount with --compression auto and lz4,
+# beside zstd -1 -T0 | nc, on 1gbit, 100mbit, wan and loopback; bench/out/compression.md.
+bench-compression:
+	bash bench/compression.sh --repeat 5
 
 # Fuzzing (fuzz/, cargo-fuzz on the nightly toolchain): the frame and message decoders, and
 # ferryd's whole connection handling on arbitrary client bytes.
