@@ -44,6 +44,9 @@ use tracing::{debug, info};
 
 use crate::Shared;
 use handle::Session;
+
+/// Numbers connections for the fair turns at reading ([`crate::fair`]).
+static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 use writer::Outgoing;
 
 /// Why a connection ended early.
@@ -255,6 +258,8 @@ where
             })
         },
         background: Arc::new(Semaphore::new(handle::BACKGROUND_READS)),
+        client,
+        conn: NEXT_CONN.fetch_add(1, Relaxed),
     });
     let mut shutdown = shared.shutdown.clone();
     let idle = shared.config.idle_timeout;

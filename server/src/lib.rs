@@ -12,6 +12,7 @@
 mod budget;
 mod conn;
 pub mod export;
+mod fair;
 mod names;
 pub mod tls;
 
@@ -91,6 +92,10 @@ impl Default for ServerConfig {
     }
 }
 
+/// Demand and prediction reads (Read, ReadDirData) computed at once; more wait for a fair
+/// turn. Half the blocking pool's threads, so stats and listings always find one.
+const READS_AT_ONCE: usize = 16;
+
 /// The default highest zstd level ferryd compresses at: level 6 costs about four times the
 /// CPU of level 1 per byte; above it the ratio grows little while the cost keeps climbing,
 /// so a client asking for level 19 on every read cannot make ferryd spend 50 times the CPU.
@@ -112,6 +117,9 @@ pub(crate) struct Shared {
     pub(crate) cpu: std::sync::Mutex<(ferry_util::cpu::CpuMeter, Option<ferry_util::cpu::CpuLoad>)>,
     /// Hashes computed at once: each reads a whole file, so they must not crowd out reads.
     pub(crate) hash_slots: Arc<Semaphore>,
+    /// Turns at reading file data for demand and prediction reads, shared fairly between
+    /// clients and their connections ([`fair`]).
+    pub(crate) reads: Arc<fair::FairPool>,
     pub(crate) stats: Stats,
 }
 
@@ -278,6 +286,7 @@ impl Shared {
             hashes: std::sync::Mutex::new(HashCache::default()),
             cpu: std::sync::Mutex::new((ferry_util::cpu::CpuMeter::new(), None)),
             hash_slots: Arc::new(Semaphore::new(2)),
+            reads: fair::FairPool::new(READS_AT_ONCE),
             stats: Stats::default(),
         }))
     }

@@ -60,6 +60,10 @@ pub(crate) struct Session {
     pub(crate) account: Arc<crate::budget::Account>,
     /// Slots for background reads ([`BACKGROUND_READS`]).
     pub(crate) background: Arc<Semaphore>,
+    /// The client the connection belongs to (as the budget counts clients), and the
+    /// connection: for fair turns at reading ([`crate::fair`]).
+    pub(crate) client: u64,
+    pub(crate) conn: u64,
 }
 
 /// The class a request's response is written at: a Read's own class, Demand for every
@@ -84,6 +88,20 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(OpError::new(Status::Io, format!("worker failed: {e}"))))
+}
+
+/// A fair turn at reading `bytes` for a demand or prediction read (background reads have
+/// their own pool and per-connection limit).
+async fn fair_turn(
+    sh: &Arc<Shared>,
+    session: &Session,
+    class: Class,
+    bytes: u64,
+) -> Option<crate::fair::Turn> {
+    if class == Class::Background {
+        return None;
+    }
+    Some(sh.reads.turn(session.client, session.conn, bytes).await)
 }
 
 /// Like [`blocking`], on [`BACKGROUND_POOL`] for background work.
@@ -308,6 +326,7 @@ pub(crate) async fn handle(
                 compression: effective(session, &sh.config, compression),
                 uncached: class == Class::Background,
             };
+            let _turn = fair_turn(&sh, session, class, max_bytes as u64).await;
             blocking_as(class, move || sh.export.read_dir_data(&path, cookie, page))
                 .await
                 .map(Response::DirData)
@@ -321,6 +340,7 @@ pub(crate) async fn handle(
         } => {
             let compression = effective(session, &sh.config, compression);
             let read_hash = session.features & features::READ_HASH != 0;
+            let _turn = fair_turn(&sh, session, class, u64::from(len)).await;
             blocking_as(class, move || {
                 let (file, attr) = sh.export.open_file(&path)?;
                 let uncached = class == Class::Background;

@@ -1,0 +1,287 @@
+//! Fair turns at reading files: a fixed number of reads run at once, and when more wait, the
+//! next turn goes by deficit round robin over the clients (by bytes: a client asking for
+//! 16 KiB pieces gets as many bytes as one asking for 1 MiB chunks), and within a client to
+//! its connections in turn. tokio's blocking pool alone serves in arrival order, so a client
+//! with hundreds of reads queued would make every other client's read wait behind them all.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+/// Bytes a client's deficit grows by each round.
+const QUANTUM: u64 = 1 << 20;
+
+/// The turns.
+#[derive(Debug)]
+pub(crate) struct FairPool {
+    slots: usize,
+    inner: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Reads running now.
+    busy: usize,
+    /// Clients with reads waiting, in round order.
+    order: VecDeque<u64>,
+    clients: HashMap<u64, Waiting>,
+}
+
+/// One client's waiting reads: per connection, in arrival order.
+#[derive(Debug, Default)]
+struct Waiting {
+    deficit: u64,
+    conns: VecDeque<(u64, VecDeque<Waiter>)>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    cost: u64,
+    tx: oneshot::Sender<()>,
+}
+
+/// A turn: the read may run; the next waiter gets it when this is dropped.
+#[derive(Debug)]
+pub(crate) struct Turn {
+    pool: Arc<FairPool>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.pool.release();
+    }
+}
+
+/// A wait for a turn; a wait given up (its request cancelled) after the turn was granted
+/// passes the turn on.
+struct Wait {
+    pool: Arc<FairPool>,
+    rx: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            if rx.try_recv().is_ok() {
+                self.pool.release();
+            }
+        }
+    }
+}
+
+impl FairPool {
+    /// Turns for `slots` reads at once.
+    pub(crate) fn new(slots: usize) -> Arc<FairPool> {
+        Arc::new(FairPool {
+            slots: slots.max(1),
+            inner: Mutex::new(State::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for a turn to read `cost` bytes for connection `conn` of `client`.
+    pub(crate) async fn turn(self: &Arc<Self>, client: u64, conn: u64, cost: u64) -> Turn {
+        let rx = {
+            let mut g = self.lock();
+            if g.busy < self.slots && g.order.is_empty() {
+                g.busy += 1;
+                return Turn { pool: self.clone() };
+            }
+            let (tx, rx) = oneshot::channel();
+            let w = Waiter { cost, tx };
+            if !g.clients.contains_key(&client) {
+                g.order.push_back(client);
+            }
+            let q = g.clients.entry(client).or_default();
+            match q.conns.iter_mut().find(|(c, _)| *c == conn) {
+                Some((_, waiters)) => waiters.push_back(w),
+                None => q.conns.push_back((conn, VecDeque::from([w]))),
+            }
+            Self::grant(&mut g, self.slots);
+            rx
+        };
+        let mut wait = Wait {
+            pool: self.clone(),
+            rx: Some(rx),
+        };
+        let granted = wait.rx.as_mut().map(|rx| async { rx.await.is_ok() });
+        let ok = match granted {
+            Some(f) => f.await,
+            None => false,
+        };
+        // Granted (or the pool is gone): the turn is ours now, not the wait's to give back.
+        wait.rx = None;
+        if !ok {
+            self.lock().busy += 1;
+        }
+        Turn { pool: self.clone() }
+    }
+
+    fn release(&self) {
+        let mut g = self.lock();
+        g.busy = g.busy.saturating_sub(1);
+        Self::grant(&mut g, self.slots);
+    }
+
+    /// Gives free turns to waiters, by deficit round robin over the clients.
+    fn grant(g: &mut State, slots: usize) {
+        while g.busy < slots {
+            let Some(w) = Self::next(g) else { return };
+            if w.tx.send(()).is_ok() {
+                g.busy += 1;
+            }
+        }
+    }
+
+    /// The next waiter to serve.
+    fn next(g: &mut State) -> Option<Waiter> {
+        loop {
+            let client = *g.order.front()?;
+            let Some(q) = g.clients.get_mut(&client) else {
+                g.order.pop_front();
+                continue;
+            };
+            let Some(cost) = q.conns.front().and_then(|(_, w)| w.front()).map(|w| w.cost) else {
+                g.clients.remove(&client);
+                g.order.pop_front();
+                continue;
+            };
+            if q.deficit < cost {
+                // Its round is over: more next time, and the next client's turn.
+                q.deficit += QUANTUM;
+                g.order.rotate_left(1);
+                continue;
+            }
+            q.deficit -= cost;
+            let (conn, mut waiters) = q.conns.pop_front()?;
+            let w = waiters.pop_front();
+            // The connection goes to the back of its client's line.
+            if !waiters.is_empty() {
+                q.conns.push_back((conn, waiters));
+            }
+            if q.conns.is_empty() {
+                g.clients.remove(&client);
+                g.order.pop_front();
+            }
+            if w.is_some() {
+                return w;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Starts a task waiting for a turn and recording its name in `log` when it gets it;
+    /// it keeps the turn until `hold` is dropped.
+    fn waiter(
+        pool: &Arc<FairPool>,
+        client: u64,
+        conn: u64,
+        cost: u64,
+        name: &'static str,
+        log: &Arc<Mutex<Vec<&'static str>>>,
+        hold: &Arc<tokio::sync::Semaphore>,
+    ) -> tokio::task::JoinHandle<()> {
+        let (pool, log, hold) = (pool.clone(), log.clone(), hold.clone());
+        tokio::spawn(async move {
+            let _turn = pool.turn(client, conn, cost).await;
+            log.lock().unwrap().push(name);
+            hold.acquire().await.unwrap().forget();
+        })
+    }
+
+    #[tokio::test]
+    async fn a_client_with_many_reads_queued_does_not_keep_another_waiting_behind_them() {
+        let pool = FairPool::new(1);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        let first = pool.turn(1, 1, QUANTUM).await;
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            tasks.push(waiter(&pool, 1, 1, QUANTUM, "a", &log, &hold));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        tasks.push(waiter(&pool, 2, 7, QUANTUM, "b", &log, &hold));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(first);
+        // Each granted task holds its turn until released one at a time.
+        for _ in 0..21 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            hold.add_permits(1);
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = log.lock().unwrap().clone();
+        assert_eq!(order.len(), 21);
+        let b = order.iter().position(|n| *n == "b").unwrap();
+        assert!(b <= 1, "b served at {b}: {order:?}");
+    }
+
+    #[tokio::test]
+    async fn shares_are_by_bytes_and_a_clients_connections_take_turns() {
+        let pool = FairPool::new(1);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        let first = pool.turn(9, 9, 1).await;
+        let mut tasks = Vec::new();
+        // Client 1: 1 MiB reads on connection 1 and on connection 2. Client 2: 256 KiB reads.
+        for _ in 0..4 {
+            tasks.push(waiter(&pool, 1, 1, QUANTUM, "1a", &log, &hold));
+            tasks.push(waiter(&pool, 1, 2, QUANTUM, "1b", &log, &hold));
+            for _ in 0..4 {
+                tasks.push(waiter(&pool, 2, 3, QUANTUM / 4, "2", &log, &hold));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(first);
+        for _ in 0..tasks.len() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            hold.add_permits(1);
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = log.lock().unwrap().clone();
+        // In the first half of the turns, both clients got about half of the bytes, and
+        // client 1's connections alternated.
+        let half = &order[..order.len() / 2];
+        let bytes =
+            |who: &str, each: u64| half.iter().filter(|n| n.starts_with(who)).count() as u64 * each;
+        let (one, two) = (bytes("1", QUANTUM), bytes("2", QUANTUM / 4));
+        assert!(
+            one.abs_diff(two) <= 2 * QUANTUM,
+            "{one} vs {two}: {order:?}"
+        );
+        let ones: Vec<_> = order.iter().filter(|n| n.starts_with('1')).collect();
+        assert!(ones.windows(2).all(|w| w[0] != w[1]), "{ones:?}");
+    }
+
+    #[tokio::test]
+    async fn a_wait_given_up_after_its_turn_came_passes_the_turn_on() {
+        let pool = FairPool::new(1);
+        let first = pool.turn(1, 1, 10).await;
+        let gave_up = {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let _t = pool.turn(2, 2, 10).await;
+                std::future::pending::<()>().await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        gave_up.abort();
+        drop(first);
+        // The turn is free again (or was passed on and given back): a new read gets one.
+        tokio::time::timeout(Duration::from_secs(2), pool.turn(3, 3, 10))
+            .await
+            .expect("a turn");
+    }
+}
