@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use ferry_tests::proxy::{Fault, FaultProxy};
-use ferry_tests::{bin, require_fuse, run, status, write_random, TestMount, TestServer};
+use ferry_tests::{bin, mirror, require_fuse, run, status, write_random, TestMount, TestServer};
 
 fn n(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
@@ -41,23 +41,6 @@ fn write_rows(path: &Path, len: usize, seed: u64) {
         written += take;
         row += 1;
     }
-}
-
-/// `ferry mirror REMOTE DIR ARGS…`; panics with its output unless it succeeds.
-fn mirror(remote: &str, dir: &Path, args: &[&str]) {
-    let out = ferry_tests::ferry()
-        .arg("mirror")
-        .arg(remote)
-        .arg(dir)
-        .args(["-q"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ferry mirror failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn diff(a: &Path, b: &Path) {

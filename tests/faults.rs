@@ -17,22 +17,10 @@ fn n(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
-/// `ferry mirror REMOTE DIR` with extra arguments; panics with its output unless it
+/// `ferry mirror REMOTE DIR -v` with extra arguments; panics with its output unless it
 /// succeeds.
 fn mirror(remote: &str, dir: &Path, args: &[&str]) {
-    let out = ferry_tests::ferry()
-        .arg("mirror")
-        .arg(remote)
-        .arg(dir)
-        .args(["-q", "-v"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ferry mirror failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ferry_tests::mirror(remote, dir, &[&["-v"], args].concat());
 }
 
 fn diff(a: &Path, b: &Path) {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use ferry_tests::{bin, is_root, run, wait_for, TestMount, TestServer};
+use ferry_tests::{bin, is_root, mirror, run, wait_for, TestMount, TestServer};
 
 /// Skips (returns false) when not root, unless FERRY_REQUIRE_FUSE=1 (then fails): only root
 /// may give files away.
@@ -88,15 +88,6 @@ fn chown(p: &Path, uid: u32, gid: u32) {
 fn owner(p: &Path) -> (u32, u32) {
     let m = std::fs::symlink_metadata(p).unwrap();
     (m.uid(), m.gid())
-}
-
-fn mirror(addr: &str, dst: &Path, extra: &[&str]) {
-    run(ferry_tests::ferry()
-        .arg("mirror")
-        .arg(addr)
-        .arg(dst)
-        .arg("--quiet")
-        .args(extra));
 }
 
 /// This machine's ids of user `nobody` and group `nogroup`.

@@ -145,6 +145,16 @@ pub fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `ferry mirror REMOTE DIR --quiet ARGS…`; panics with its output unless it succeeds.
+pub fn mirror(remote: &str, dir: &Path, args: &[&str]) {
+    run(ferry()
+        .arg("mirror")
+        .arg(remote)
+        .arg(dir)
+        .arg("--quiet")
+        .args(args));
+}
+
 /// Writes `len` pseudo-random bytes (deterministic per seed) to `path`.
 pub fn write_random(path: &Path, len: usize, seed: u64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

@@ -500,6 +500,21 @@ mod tests {
     use super::*;
     use crate::ClientConfig;
 
+    /// An in-process ferryd serving `dir` until the returned sender is dropped; its address.
+    async fn serve(dir: &std::path::Path) -> (String, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let config = ferry_server::ServerConfig {
+            export: dir.to_path_buf(),
+            ..Default::default()
+        };
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(ferry_server::run(listener, config, async {
+            let _ = rx.await;
+        }));
+        (addr, stop)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_read_in_pieces_is_the_same_bytes_as_one_read_without_a_file_hash() {
         let dir = tempfile::tempdir().unwrap();
@@ -507,16 +522,7 @@ mod tests {
             .map(|i: usize| (i * 11 + i / 777) as u8)
             .collect();
         std::fs::write(dir.path().join("f"), &data).unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let config = ferry_server::ServerConfig {
-            export: dir.path().to_path_buf(),
-            ..Default::default()
-        };
-        let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(ferry_server::run(listener, config, async {
-            let _ = rx.await;
-        }));
+        let (addr, _stop) = serve(dir.path()).await;
         let client = Client::connect(ClientConfig {
             addr,
             streams: 2,
@@ -555,16 +561,7 @@ mod tests {
         let row = b"42\tcharlie\t17.50\t2026-11-24\n";
         let data: Vec<u8> = row.iter().copied().cycle().take(16 << 20).collect();
         std::fs::write(dir.path().join("f"), &data).unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let config = ferry_server::ServerConfig {
-            export: dir.path().to_path_buf(),
-            ..Default::default()
-        };
-        let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(ferry_server::run(listener, config, async {
-            let _ = rx.await;
-        }));
+        let (addr, _stop) = serve(dir.path()).await;
         let client = Client::connect(ClientConfig {
             addr,
             streams: 2,
