@@ -619,7 +619,7 @@ fn with_priority_every_class_is_accepted_and_answered_with_the_right_bytes() {
             path: bytes::Bytes::from_static(b"f"),
             offset,
             len,
-            compression: if id % 2 == 0 {
+            compression: if id.is_multiple_of(2) {
                 ferry_proto::Compression::Lz4
             } else {
                 ferry_proto::Compression::None

@@ -406,7 +406,10 @@ impl ChunkStore {
     fn store_local(&self, key: &FileKey, offset: u64, data: &Bytes, version: Version) {
         let Some(w) = &self.write_back else { return };
         let whole = key.version.size.saturating_sub(offset).min(self.chunk_size);
-        if version != key.version || offset % self.chunk_size != 0 || data.len() as u64 != whole {
+        if version != key.version
+            || !offset.is_multiple_of(self.chunk_size)
+            || data.len() as u64 != whole
+        {
             return;
         }
         // Zeros of a hole are written as a hole: they weigh little in the queue.

@@ -86,7 +86,7 @@ fn with_aligned<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
 /// The write failed (disk full, I/O error): as `write_all_at` would.
 pub fn write_all_at(file: &File, data: &[u8], offset: u64) -> std::io::Result<()> {
     let body = data.len() / ALIGN * ALIGN;
-    if body == 0 || offset % ALIGN as u64 != 0 || NO_DIRECT.load(Ordering::Relaxed) {
+    if body == 0 || !offset.is_multiple_of(ALIGN as u64) || NO_DIRECT.load(Ordering::Relaxed) {
         return file.write_all_at(data, offset);
     }
     let direct = match reopen_direct(file, true) {

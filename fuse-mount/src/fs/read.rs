@@ -57,7 +57,7 @@ impl Fs {
             st.bytes += end - offset;
             st.sequential += u64::from(plan.sequential);
             st.direct += u64::from(!plan.sequential && !cached);
-            st.unaligned += u64::from(offset % cs != 0);
+            st.unaligned += u64::from(!offset.is_multiple_of(cs));
         }
         if !plan.sequential && !cached {
             return match self.read_direct(&h.key, offset, end).await {

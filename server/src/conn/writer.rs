@@ -365,11 +365,11 @@ mod tests {
         let mut next = [0u32; 3];
         let mut written: Vec<(Class, u32)> = vec![];
         let mut state = 0x2545_f491_u32;
-        for step in 0..10_000 {
+        for step in 0..10_000u32 {
             state ^= state << 13;
             state ^= state >> 17;
             state ^= state << 5;
-            if state % 3 != 0 || step % 7 == 0 {
+            if !state.is_multiple_of(3) || step.is_multiple_of(7) {
                 let class = Class::ALL[(state >> 8) as usize % 3];
                 let k = usize::from(class.to_bits());
                 q.push(class, next[k]);
