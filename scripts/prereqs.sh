@@ -2,16 +2,18 @@
 # Installs the runtime prerequisites of ferry's demo and tests, only those that are missing:
 #   fusermount3 (Debian package fuse3), rsync, lz4, pv (a slowed reader in the tests),
 #   setfattr/setfacl (attr, acl: extended attributes and ACLs in the tests), and
-#   PostgreSQL's server binaries (a real cluster mirrored and started in the tests).
+#   PostgreSQL's server binaries (a real cluster mirrored and started in the tests), python3
+#   (scripts/garage-cluster.sh), and Garage, a real S3 server for the tests of s3:// sources
+#   (scripts/prereqs-garage.sh: built from crates.io once, ~10 minutes, then reused).
 # Idempotent: does nothing (and never runs apt-get) when everything is present.
 # Needs root and apt-get to install; exits non-zero with a one-line message otherwise.
 set -euo pipefail
 
 # command -> Debian package
-declare -A PKG=([fusermount3]=fuse3 [rsync]=rsync [lz4]=lz4 [pv]=pv [setfattr]=attr [setfacl]=acl)
+declare -A PKG=([fusermount3]=fuse3 [rsync]=rsync [lz4]=lz4 [pv]=pv [setfattr]=attr [setfacl]=acl [python3]=python3)
 
 missing=()
-for cmd in fusermount3 rsync lz4 pv setfattr setfacl; do
+for cmd in fusermount3 rsync lz4 pv setfattr setfacl python3; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("${PKG[$cmd]}")
     fi
@@ -24,7 +26,10 @@ if [ ! -e /dev/fuse ]; then
     echo "prereqs.sh: warning: /dev/fuse does not exist; FUSE mounts will fail (try: modprobe fuse)" >&2
 fi
 
+garage() { bash "$(dirname "${BASH_SOURCE[0]}")/prereqs-garage.sh"; }
+
 if [ "${#missing[@]}" -eq 0 ]; then
+    garage
     exit 0
 fi
 
@@ -42,3 +47,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "prereqs.sh: installed ${missing[*]}"
+garage

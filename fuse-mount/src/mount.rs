@@ -86,6 +86,7 @@ impl Default for MountConfig {
             target: Target {
                 host: "127.0.0.1".into(),
                 port: crate::target::DEFAULT_PORT,
+                s3: false,
                 path: bytes::Bytes::new(),
             },
             mountpoint: PathBuf::new(),

@@ -1,4 +1,5 @@
-//! `HOST[:PORT][:/PATH]`, as `ferry mount` takes it (sshfs style).
+//! `HOST[:PORT][:/PATH]`, as `ferry mount` takes it (sshfs style), or
+//! `s3://BUCKET[/PREFIX]` for an S3-compatible object store.
 
 use bytes::Bytes;
 
@@ -6,7 +7,7 @@ use bytes::Bytes;
 pub const DEFAULT_PORT: u16 = 7070;
 
 /// What the usage errors suggest.
-const USAGE: &str = "expected HOST[:PORT][:/PATH], e.g. db1:7070:/oradata";
+const USAGE: &str = "expected HOST[:PORT][:/PATH], e.g. db1:7070:/oradata, or s3://BUCKET[/PREFIX]";
 
 /// Why a remote could not be parsed; each names the input and says what is expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,21 +57,36 @@ pub enum TargetError {
     },
 }
 
+/// `path` without leading, trailing or repeated slashes, validated (no `.` or `..`).
+fn clean_path(path: &str) -> Result<Bytes, TargetError> {
+    let clean: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let joined = clean.join("/");
+    ferry_proto::name::validate_path(joined.as_bytes()).map_err(|source| TargetError::BadPath {
+        path: path.to_string(),
+        source,
+    })?;
+    Ok(Bytes::from(joined))
+}
+
 /// A parsed remote: where ferryd listens and which directory beneath its export to mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    /// Host name or address (IPv6 without brackets).
+    /// Host name or address (IPv6 without brackets); for S3, the bucket.
     pub host: String,
-    /// TCP port.
+    /// TCP port (0 for S3).
     pub port: u16,
+    /// An S3 bucket (`s3://BUCKET[/PREFIX]`), not a ferryd.
+    pub s3: bool,
     /// Path beneath the export, validated, without leading or trailing `/` (empty = root).
     pub path: Bytes,
 }
 
 impl Target {
-    /// `host:port` for connecting (IPv6 in brackets).
+    /// `host:port` for connecting (IPv6 in brackets); `s3://BUCKET` for S3.
     pub fn addr(&self) -> String {
-        if self.host.contains(':') {
+        if self.s3 {
+            format!("s3://{}", self.host)
+        } else if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
         } else {
             format!("{}:{}", self.host, self.port)
@@ -83,6 +99,18 @@ impl Target {
     /// [`TargetError`]: what is wrong, in one line.
     pub fn parse(s: &str) -> Result<Target, TargetError> {
         let input = || s.to_string();
+        if let Some(r) = s.strip_prefix("s3://") {
+            let (bucket, prefix) = r.split_once('/').unwrap_or((r, ""));
+            if bucket.is_empty() {
+                return Err(TargetError::MissingHost { input: input() });
+            }
+            return Ok(Target {
+                host: bucket.to_string(),
+                port: 0,
+                s3: true,
+                path: clean_path(prefix)?,
+            });
+        }
         let (host, rest) = if let Some(r) = s.strip_prefix('[') {
             let end = r
                 .find(']')
@@ -122,20 +150,11 @@ impl Target {
                 input: input(),
             });
         }
-        let trimmed = path.trim_matches('/');
-        // Collapse repeated slashes; refuse '.' and '..' components.
-        let clean: Vec<&str> = trimmed.split('/').filter(|c| !c.is_empty()).collect();
-        let joined = clean.join("/");
-        ferry_proto::name::validate_path(joined.as_bytes()).map_err(|source| {
-            TargetError::BadPath {
-                path: path.to_string(),
-                source,
-            }
-        })?;
         Ok(Target {
             host,
             port,
-            path: Bytes::from(joined),
+            s3: false,
+            path: clean_path(path)?,
         })
     }
 }
@@ -148,8 +167,27 @@ mod tests {
         Target {
             host: host.into(),
             port,
+            s3: false,
             path: Bytes::from(path.to_string()),
         }
+    }
+
+    #[test]
+    fn s3_buckets_with_and_without_a_prefix() {
+        let s3 = |host: &str, path: &str| Target {
+            s3: true,
+            port: 0,
+            ..t(host, 0, path)
+        };
+        assert_eq!(Target::parse("s3://backups"), Ok(s3("backups", "")));
+        assert_eq!(Target::parse("s3://backups/"), Ok(s3("backups", "")));
+        assert_eq!(
+            Target::parse("s3://backups/pg//base/"),
+            Ok(s3("backups", "pg/base"))
+        );
+        assert_eq!(Target::parse("s3://b/x").unwrap().addr(), "s3://b");
+        assert!(Target::parse("s3://").is_err());
+        assert!(Target::parse("s3://b/../x").is_err());
     }
 
     #[test]

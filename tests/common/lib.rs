@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use rand::{RngCore, SeedableRng};
 
 pub mod proxy;
+pub mod s3;
 
 /// Path of a workspace binary (`ferryd`, `ferry`) next to the test executable.
 pub fn bin(name: &str) -> PathBuf {
@@ -316,9 +317,20 @@ impl TestMount {
 
     /// Mounts on `dir/mnt` (which must exist).
     pub fn mount_at(dir: tempfile::TempDir, remote: &str, args: &[&str]) -> TestMount {
+        Self::mount_env(dir, remote, args, &[])
+    }
+
+    /// As [`TestMount::mount_at`], with `envs` added to ferry's environment (an S3 key).
+    pub fn mount_env(
+        dir: tempfile::TempDir,
+        remote: &str,
+        args: &[&str],
+        envs: &[(String, String)],
+    ) -> TestMount {
         let mnt = dir.path().join("mnt");
         let log = dir.path().join("ferry.log");
         let child = ferry()
+            .envs(envs.iter().map(|(k, v)| (k, v)))
             .arg("mount")
             .arg(remote)
             .arg(&mnt)

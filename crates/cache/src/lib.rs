@@ -58,6 +58,74 @@ pub fn hash_local(path: &std::path::Path, sparse: bool) -> std::io::Result<[u8; 
     ferry_util::sparse::hash_sparse(&f, size)
 }
 
+/// The local side of a verification against a [`ferry_client::RemoteDigest`]: the copy's
+/// BLAKE3 ([`hash_local`], recorded in the journal) and, when the source vouches with
+/// another kind (an S3 object's checksum or MD5 ETag), that digest too, in the same pass.
+///
+/// # Errors
+/// The file cannot be opened or read.
+pub fn hash_local_with(
+    path: &std::path::Path,
+    sparse: bool,
+    other: Option<ferry_client::DigestKind>,
+) -> std::io::Result<([u8; 32], Option<ferry_client::Digest>)> {
+    let Some(kind) = other else {
+        return hash_local(path, sparse).map(|h| (h, None));
+    };
+    let mut h = blake3::Hasher::new();
+    let mut d = ferry_client::Digester::new(kind);
+    ferry_util::direct::read_all(path, |b| {
+        h.update(b);
+        d.update(b);
+    })?;
+    Ok((*h.finalize().as_bytes(), Some(d.finish())))
+}
+
+/// A local copy's side of a verification: its BLAKE3, and its digest of the source's
+/// other kind when the source vouches with one.
+pub type LocalDigest = ([u8; 32], Option<ferry_client::Digest>);
+
+/// Both sides of a verification: the source's digest of `remote`, and the local copy's
+/// (after `prepare` of it, e.g. a sync, on the background threads, once `gate` lets
+/// background work run). At once where the local kind is known ahead (ferryd: BLAKE3);
+/// after the source's answer where it is not (S3: the object says which).
+pub(crate) async fn both_digests<T: Send + 'static>(
+    client: &ferry_client::Client,
+    remote: bytes::Bytes,
+    local: std::path::PathBuf,
+    sparse: bool,
+    gate: background::DemandGate,
+    prepare: impl FnOnce(&std::path::Path) -> std::io::Result<T> + Send + 'static,
+) -> (
+    Result<ferry_client::RemoteDigest, ferry_client::ClientError>,
+    std::io::Result<(LocalDigest, T)>,
+) {
+    let run = |other: Option<ferry_client::DigestKind>| {
+        tokio::spawn(async move {
+            gate.wait().await;
+            background::run_long(move || {
+                let t = prepare(&local)?;
+                hash_local_with(&local, sparse, other).map(|h| (h, t))
+            })
+            .await
+        })
+    };
+    let joined = |r: Result<Result<std::io::Result<_>, _>, tokio::task::JoinError>| match r {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(std::io::Error::other(e)),
+        Err(e) => Err(std::io::Error::other(e)),
+    };
+    if client.s3().is_none() {
+        let mine = run(None);
+        let theirs = client.remote_digest(remote, sparse).await;
+        return (theirs, joined(mine.await));
+    }
+    let theirs = client.remote_digest(remote, sparse).await;
+    let other = theirs.as_ref().ok().and_then(|t| t.other_kind());
+    let mine = joined(run(other).await);
+    (theirs, mine)
+}
+
 /// BLAKE3 of the file at `path` (the local side of every verification), read past the
 /// page cache where possible ([`ferry_util::direct`]).
 ///

@@ -108,30 +108,25 @@ impl LocalCopy {
             let sparse =
                 std::fs::metadata(&local).is_ok_and(|m| crate::sparse_hash_for(&client, &m));
             let gate = crate::background::DemandGate::client(&client);
-            let mine = tokio::spawn(async move {
-                gate.wait().await;
-                // The stamp before the hash: an edit after it shows in a later check.
-                crate::background::run_long(move || {
-                    let m = std::fs::symlink_metadata(&local)?;
-                    let stamp = crate::mirror::metadata::stamp_of(&m);
-                    crate::hash_local(&local, sparse).map(|h| (h, stamp))
+            // The stamp before the hash: an edit after it shows in a later check.
+            let (theirs, mine) =
+                crate::both_digests(&client, remote, local, sparse, gate, |local| {
+                    let m = std::fs::symlink_metadata(local)?;
+                    Ok(crate::mirror::metadata::stamp_of(&m))
                 })
-                .await
-            });
-            let theirs = client.hash_of(remote, sparse).await;
-            let (mine, stamp) = match mine.await {
-                Ok(Ok(Ok(h))) => h,
-                Ok(Ok(Err(e))) => {
+                .await;
+            let ((mine, other), stamp) = match mine {
+                Ok(h) => h,
+                Err(e) => {
                     tracing::warn!(
                         "verifying the local copy of /{}: {e}",
                         String::from_utf8_lossy(&rel)
                     );
                     continue;
                 }
-                Ok(Err(_)) | Err(_) => continue,
             };
             match theirs {
-                Ok(h) if h.version == version && h.blake3 == mine => {
+                Ok(h) if h.version == version && h.matches(&mine, other.as_ref()) => {
                     tracing::debug!("verified /{}", String::from_utf8_lossy(&rel));
                     self.syncer.verified(rel.clone(), generation, mine);
                     self.syncer.stamped(rel, generation, stamp);

@@ -132,12 +132,12 @@ pub enum MirrorError {
     #[error(transparent)]
     Cache(#[from] CacheError),
     /// The remote root could not be read.
-    #[error("remote path {path}: {source}")]
+    #[error("remote path {path}: {error}")]
     Root {
         /// The remote path.
         path: String,
-        /// The error.
-        source: ClientError,
+        /// The error (its text already includes its causes).
+        error: ClientError,
     },
     /// The remote root is not a directory.
     #[error("remote path {0} is not a directory: give the directory to mirror")]
@@ -252,15 +252,20 @@ impl Mirror {
     /// The remote root cannot be read; the journal cannot be written; or some entries
     /// failed ([`MirrorError::Incomplete`], after everything else was done).
     pub async fn run(&self) -> Result<Summary, MirrorError> {
-        let root_name = format!("{}:/{}", self.label, String::from_utf8_lossy(&self.root));
-        let root_attr = self
-            .client
-            .stat(self.root.clone())
-            .await
-            .map_err(|source| MirrorError::Root {
-                path: root_name.clone(),
-                source,
-            })?;
+        let sep = if self.label.starts_with("s3://") {
+            "/"
+        } else {
+            ":/"
+        };
+        let root_name = format!("{}{sep}{}", self.label, String::from_utf8_lossy(&self.root));
+        let root_attr =
+            self.client
+                .stat(self.root.clone())
+                .await
+                .map_err(|error| MirrorError::Root {
+                    path: root_name.clone(),
+                    error,
+                })?;
         if root_attr.kind != FileKind::Directory {
             return Err(MirrorError::NotADirectory(root_name));
         }

@@ -102,7 +102,7 @@ pub enum ClientError {
     #[error("protocol error: server sent entry name: {0}")]
     BadEntryName(#[source] NameError),
     /// No stream could reach the server for the whole request timeout.
-    #[error("cannot reach ferryd at {addr}: no connection for {} s (still trying to reconnect)", waited.as_secs())]
+    #[error("cannot reach {}{addr}: no connection for {} s (still trying to reconnect)", if addr.starts_with("s3://") { "" } else { "ferryd at " }, waited.as_secs())]
     Unreachable {
         /// Address.
         addr: String,

@@ -13,6 +13,10 @@
 //!   budgeted and least-recently-used chunks are evicted.
 //! - [`prefetch`]: [`Prefetcher`], the per-reader read-ahead policy: a window that doubles
 //!   while the reader stays sequential, and nothing extra for random readers.
+//! - [`s3`]: an S3-compatible bucket as a source, answering the pool's requests with
+//!   HTTP requests to the store's gateways ([`s3::S3Source`]).
+//! - [`digest`]: whole-file digests a source vouches for (BLAKE3, or an object's S3
+//!   checksum or ETag) and their computation over a local copy.
 //! - [`tls`]: TLS options ([`TlsClient`]) and the explanation of TLS failures.
 //! - [`error`]: [`ClientError`], everything that can go wrong talking to a server.
 //!
@@ -20,15 +24,18 @@
 
 pub mod chunks;
 pub mod codec;
+pub mod digest;
 pub mod error;
 pub mod ids;
 pub mod pool;
 pub mod prefetch;
 mod runs;
+pub mod s3;
 pub mod tls;
 
 pub use chunks::{ChunkBacking, ChunkStats, ChunkStore, FileKey};
 pub use codec::CompressionChoice;
+pub use digest::{Digest, DigestKind, Digester, RemoteDigest};
 pub use error::{ChangedRead, ClientError};
 pub use pool::{
     Chunk, Client, ClientConfig, CompressionStatus, Listed, SchedulerStats, SessionInfo, SmallFile,

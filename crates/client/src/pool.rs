@@ -27,6 +27,7 @@ mod compress;
 mod conn;
 mod handshake;
 mod reconnect;
+mod s3conn;
 mod schedule;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +75,9 @@ pub struct ClientConfig {
     pub tls: Option<crate::tls::TlsClient>,
     /// Prove this token when the server asks for one.
     pub token: Option<crate::tls::Token>,
+    /// Read an S3 bucket instead of a ferryd (`addr` is then its `s3://BUCKET` label;
+    /// `tls` and `token` do not apply).
+    pub s3: Option<crate::s3::S3Config>,
 }
 
 impl Default for ClientConfig {
@@ -90,6 +94,7 @@ impl Default for ClientConfig {
             keepalive: Duration::from_secs(30),
             tls: None,
             token: None,
+            s3: None,
         }
     }
 }
@@ -200,6 +205,8 @@ struct Inner {
     changed: Notify,
     /// Tells the supervisor that a slot's connection ended.
     dead: mpsc::UnboundedSender<usize>,
+    /// The bucket the streams read, for an S3 source.
+    s3: Option<Arc<crate::s3::S3Source>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -218,6 +225,9 @@ impl Client {
     /// Any stream fails to connect or handshake within `connect_timeout`; the streams reach
     /// different server processes or settings ([`ClientError::MixedServers`]).
     pub async fn connect(mut config: ClientConfig) -> Result<Client, ClientError> {
+        if let Some(s3) = config.s3.clone() {
+            return Client::connect_s3(config, s3).await;
+        }
         // One name for all this client's streams (and their reconnects), told apart from
         // other clients': the server shares its memory per client as well as per connection.
         let nanos = std::time::SystemTime::now()
@@ -286,6 +296,7 @@ impl Client {
             counters,
             changed: Notify::new(),
             dead: dead_tx,
+            s3: None,
         });
         tokio::spawn(reconnect::supervise(Arc::downgrade(&inner), dead_rx));
         tokio::spawn(schedule::run_probes(Arc::downgrade(&inner)));
@@ -296,6 +307,96 @@ impl Client {
             inner,
             class: Class::Demand,
         })
+    }
+
+    /// A pool over an S3 bucket: `config.streams` streams spread over its gateways (see
+    /// [`crate::s3`]). At least one gateway must answer; the others are opened once they do.
+    async fn connect_s3(
+        config: ClientConfig,
+        s3: crate::s3::S3Config,
+    ) -> Result<Client, ClientError> {
+        let source = Arc::new(crate::s3::S3Source::new(s3, config.stall_timeout)?);
+        let endpoints = source.endpoints();
+        let probes = (0..endpoints).map(|e| {
+            let (s, t) = (source.clone(), config.connect_timeout);
+            async move {
+                match tokio::time::timeout(t, s.probe(e)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(format!("no answer within {t:?}")),
+                }
+            }
+        });
+        let up = futures_join_all(probes).await;
+        if up.iter().all(Result::is_err) {
+            let why: Vec<String> = up.into_iter().filter_map(Result::err).collect();
+            return Err(ClientError::Protocol(format!(
+                "cannot use {}: {}",
+                source.label(),
+                why.join("; ")
+            )));
+        }
+        for (e, r) in up.iter().enumerate() {
+            if let Err(why) = r {
+                tracing::warn!(
+                    "S3 endpoint {}: {why}; skipped until it answers",
+                    source.config().endpoints[e]
+                );
+            }
+        }
+        let session = SessionInfo {
+            chunk_size: config.chunk_size.clamp(4096, 16 << 20),
+            features: ferry_proto::features::PRIORITY | ferry_proto::features::READ_HASH,
+            instance_id: source.instance(),
+            max_inflight: s3conn::S3_INFLIGHT,
+            zstd_max_level: None,
+        };
+        let (dead_tx, dead_rx) = mpsc::unbounded_channel();
+        let n = config.streams.max(1);
+        let mut down = Vec::new();
+        let conns = (0..n)
+            .map(|slot| {
+                let e = slot % endpoints;
+                if up[e].is_ok() {
+                    s3conn::start_s3_conn(source.clone(), e, slot, dead_tx.clone())
+                } else {
+                    down.push(slot);
+                    s3conn::dead_conn()
+                }
+            })
+            .collect();
+        let chunk = session.chunk_size as usize;
+        let inner = Arc::new(Inner {
+            codec: compress::Codec::new(
+                CompressionChoice::Fixed(ferry_proto::Compression::None),
+                session.features,
+                None,
+            ),
+            instance: Mutex::new(session.instance_id),
+            config: ClientConfig {
+                addr: source.label(),
+                ..config
+            },
+            schedule: Schedule::new(conns, chunk),
+            session,
+            counters: Arc::new(Counters::default()),
+            changed: Notify::new(),
+            dead: dead_tx.clone(),
+            s3: Some(source),
+        });
+        for slot in down {
+            let _ = dead_tx.send(slot);
+        }
+        tokio::spawn(reconnect::supervise(Arc::downgrade(&inner), dead_rx));
+        tokio::spawn(schedule::run_probes(Arc::downgrade(&inner)));
+        Ok(Client {
+            inner,
+            class: Class::Demand,
+        })
+    }
+
+    /// The S3 source the streams read, if the pool reads one.
+    pub fn s3(&self) -> Option<&Arc<crate::s3::S3Source>> {
+        self.inner.s3.as_ref()
     }
 
     /// A handle on the same streams whose requests have class `class` (see [`Client`]).

@@ -236,10 +236,35 @@ pub struct NetArgs {
     pub faults: FaultArgs,
     #[command(flatten)]
     pub security: SecurityArgs,
+    #[command(flatten)]
+    pub s3: S3Args,
     /// Serve Prometheus metrics (names ferry_*: bytes, chunks, compression, retries,
     /// checksum failures, streams, mirror progress, cache hits) on http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// Where an `s3://BUCKET[/PREFIX]` source is (mount and mirror). Credentials come from
+/// AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the ~/.aws/credentials profile; --ca
+/// trusts a CA for https endpoints.
+#[derive(Debug, clap::Args)]
+pub struct S3Args {
+    /// The store's S3 endpoint(s), comma-separated gateways of one store: requests are
+    /// spread over all, one failing is skipped (default: AWS_ENDPOINT_URL, the profile's
+    /// endpoint_url, else AWS S3 in the region).
+    #[arg(long, value_name = "URL[,URL…]")]
+    pub endpoint: Option<String>,
+    /// Region for request signatures (default: AWS_REGION, the profile's, else us-east-1).
+    #[arg(long, value_name = "REGION")]
+    pub region: Option<String>,
+    /// The AWS profile in ~/.aws/credentials and ~/.aws/config (default: AWS_PROFILE, else
+    /// default).
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// Bucket in the URL path (path; the default with --endpoint) or in the host name
+    /// (virtual; the default for AWS).
+    #[arg(long, value_name = "path|virtual", value_parser = ["path", "virtual"])]
+    pub s3_addressing: Option<String>,
 }
 
 /// Encryption and authentication (mount and mirror).

@@ -99,6 +99,38 @@ pub fn connection(remote: &str, n: &NetArgs, what: &str) -> anyhow::Result<(Targ
     );
     let (faults, security) = (&n.faults, &n.security);
     let target = Target::parse(remote)?;
+    let s3 = if target.s3 {
+        anyhow::ensure!(
+            !security.tls
+                && security.tls_fingerprint.is_none()
+                && security.cert.is_none()
+                && security.token_file.is_none(),
+            "{remote}: --tls, --tls-fingerprint, --cert and --token-file are for ferryd; an S3 source uses https endpoints (--ca to trust a CA) and AWS credentials"
+        );
+        let opts = ferry_client::s3::S3Options {
+            endpoints: n.s3.endpoint.clone(),
+            region: n.s3.region.clone(),
+            profile: n.s3.profile.clone(),
+            addressing: n.s3.s3_addressing.as_deref().map(|a| match a {
+                "virtual" => ferry_client::s3::Addressing::VirtualHost,
+                _ => ferry_client::s3::Addressing::Path,
+            }),
+            ca_file: security.ca.clone(),
+        };
+        Some(
+            ferry_client::s3::S3Config::resolve(&target.host, &opts, &ferry_client::s3::ProcessEnv)
+                .map_err(|e| anyhow::anyhow!("{remote}: {e}"))?,
+        )
+    } else {
+        anyhow::ensure!(
+            n.s3.endpoint.is_none()
+                && n.s3.region.is_none()
+                && n.s3.profile.is_none()
+                && n.s3.s3_addressing.is_none(),
+            "--endpoint, --region, --profile and --s3-addressing are for s3://BUCKET sources"
+        );
+        None
+    };
     anyhow::ensure!(
         (4..=16 * 1024).contains(&chunk_kib),
         "--chunk-size {chunk_kib} KiB is out of range: use 4 to 16384"
@@ -117,7 +149,11 @@ pub fn connection(remote: &str, n: &NetArgs, what: &str) -> anyhow::Result<(Targ
         client_name: format!("ferry {} {what}", env!("CARGO_PKG_VERSION")),
         request_timeout: Duration::from_secs(faults.timeout),
         stall_timeout: Duration::from_secs(faults.stall_timeout),
-        tls: tls_client(security)?,
+        tls: if s3.is_some() {
+            None
+        } else {
+            tls_client(security)?
+        },
         token: match &security.token_file {
             Some(p) => {
                 let raw = std::fs::read(p).map_err(|e| {
@@ -130,6 +166,7 @@ pub fn connection(remote: &str, n: &NetArgs, what: &str) -> anyhow::Result<(Targ
             }
             None => None,
         },
+        s3,
         ..ClientConfig::default()
     };
     Ok((target, client))

@@ -52,6 +52,7 @@ impl Server {
             target: Target {
                 host: "127.0.0.1".into(),
                 port: self.port,
+                s3: false,
                 path: bytes::Bytes::new(),
             },
             mountpoint: mountpoint.to_path_buf(),

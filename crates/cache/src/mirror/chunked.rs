@@ -281,13 +281,14 @@ async fn recheck_verified(
     // A sparse copy is hashed without reading its holes (the kind of hash it was verified
     // with, chosen from the local file then as now).
     let sparse = crate::sparse_hash_for(&ctx.client, &m);
+    // With --checksum the source's digest now; else the BLAKE3 recorded when verified.
     let expected = if ctx.cfg.checksum && attr.size > 0 {
         match ctx
             .client
-            .hash_of(remote_path(&ctx.root, rel), sparse)
+            .remote_digest(remote_path(&ctx.root, rel), sparse)
             .await
         {
-            Ok(h) if h.version == attr.version() => h.blake3,
+            Ok(h) if h.version == attr.version() => h,
             Ok(_) => return Ok(FileOutcome::Changed(None)),
             Err(e) => {
                 return Err(std::io::Error::other(format!(
@@ -296,13 +297,21 @@ async fn recheck_verified(
             }
         }
     } else {
-        st.verified.unwrap_or_default()
+        ferry_client::RemoteDigest {
+            version: attr.version(),
+            digest: Some(ferry_client::Digest::blake3(
+                st.verified.unwrap_or_default(),
+                sparse,
+            )),
+        }
     };
     let local = ctx.cache.local_path(rel);
     let gate = ctx.gate.clone();
     gate.wait().await;
-    let mine = background::run_long(move || crate::hash_local(&local, sparse)).await??;
-    if mine != expected {
+    let other = expected.other_kind();
+    let (mine, theirs_kind) =
+        background::run_long(move || crate::hash_local_with(&local, sparse, other)).await??;
+    if !expected.matches(&mine, theirs_kind.as_ref()) {
         tracing::warn!(
             "/{}: the local copy is not the one verified (changed locally?): fetching it again",
             String::from_utf8_lossy(rel)
@@ -342,27 +351,21 @@ async fn adopt(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Result<bool
         return Ok(false);
     }
     let sparse = crate::sparse_hash_for(&ctx.client, &m);
-    let gate = ctx.gate.clone();
-    let path = local.clone();
-    let mine = tokio::spawn(async move {
-        gate.wait().await;
-        // Durable before it is recorded as present.
-        background::run_long(move || {
-            std::fs::File::open(&path)?.sync_all()?;
-            crate::hash_local(&path, sparse)
-        })
-        .await
-    });
-    let theirs = ctx
-        .client
-        .hash_of(remote_path(&ctx.root, rel), sparse)
-        .await;
-    let mine = match mine.await {
-        Ok(Ok(Ok(h))) => h,
-        _ => return Ok(false),
+    // Durable before it is recorded as present.
+    let (theirs, mine) = crate::both_digests(
+        &ctx.client,
+        remote_path(&ctx.root, rel),
+        local.clone(),
+        sparse,
+        ctx.gate.clone(),
+        |path| std::fs::File::open(path)?.sync_all(),
+    )
+    .await;
+    let Ok(((mine, other), ())) = mine else {
+        return Ok(false);
     };
     match theirs {
-        Ok(h) if h.version == attr.version() && h.blake3 == mine => {}
+        Ok(h) if h.version == attr.version() && h.matches(&mine, other.as_ref()) => {}
         _ => return Ok(false),
     }
     let generation = ctx.cache.begin(rel, attr.version(), cs);
@@ -407,12 +410,26 @@ async fn rebase_if_ctime_only(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::
     let theirs = if attr.size == 0 {
         *blake3::hash(b"").as_bytes()
     } else {
+        // Only a BLAKE3 compares with the one recorded (an S3 object's times never differ
+        // in ctime alone).
         match ctx
             .client
-            .hash_of(remote_path(&ctx.root, rel), sparse)
+            .remote_digest(remote_path(&ctx.root, rel), sparse)
             .await
         {
-            Ok(h) if h.version == version => h.blake3,
+            Ok(ferry_client::RemoteDigest {
+                version: v,
+                digest: Some(d),
+            }) if v == version
+                && matches!(
+                    d.kind,
+                    ferry_client::DigestKind::Blake3 | ferry_client::DigestKind::Blake3Sparse
+                ) =>
+            {
+                let mut h = [0u8; 32];
+                h.copy_from_slice(&d.value);
+                h
+            }
             _ => return Ok(()),
         }
     };

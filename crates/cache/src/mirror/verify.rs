@@ -62,27 +62,47 @@ pub(super) async fn written(
     // A sparse copy is hashed without reading its holes, on both ends.
     let sparse = whole_file_hash.is_none()
         && std::fs::metadata(&local).is_ok_and(|m| crate::sparse_hash_for(&ctx.client, &m));
-    let gate = ctx.gate.clone();
-    let local_hash = tokio::spawn(async move {
-        gate.wait().await;
-        crate::background::run_long(move || crate::hash_local(&local, sparse)).await
-    });
-    let server = if attr.size == 0 || whole_file_hash.is_some() {
-        None
+    let (server, local_hash) = if attr.size == 0 || whole_file_hash.is_some() {
+        let gate = ctx.gate.clone();
+        let h = tokio::spawn(async move {
+            gate.wait().await;
+            crate::background::run_long(move || crate::hash_local(&local, sparse)).await
+        })
+        .await;
+        let h = match h {
+            Ok(Ok(Ok(h))) => Ok(((h, None), ())),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(std::io::Error::other(e)),
+        };
+        (None, h)
     } else {
-        Some(ctx.client.hash_of(remote.clone(), sparse).await)
+        let (s, h) = crate::both_digests(
+            &ctx.client,
+            remote.clone(),
+            local,
+            sparse,
+            ctx.gate.clone(),
+            |_| Ok(()),
+        )
+        .await;
+        (Some(s), h)
     };
-    let local_hash = match local_hash.await {
-        Ok(Ok(Ok(h))) => h,
-        Ok(Ok(Err(e))) => return Verdict::Unreadable(e),
-        Ok(Err(e)) => return Verdict::Unreadable(e.into()),
-        Err(e) => return Verdict::Unreadable(std::io::Error::other(e)),
+    let ((local_hash, local_other), ()) = match local_hash {
+        Ok(h) => h,
+        Err(e) => return Verdict::Unreadable(e),
     };
     let expected = match server {
         // Empty, or read whole in one response that carried the server's hash of it
         // (of this very version: the read's version was checked).
         None => whole_file_hash.unwrap_or(*blake3::hash(b"").as_bytes()),
-        Some(Ok(h)) if h.version == version => h.blake3,
+        Some(Ok(h)) if h.version == version => {
+            if !h.matches(&local_hash, local_other.as_ref()) {
+                return Verdict::Failed(Ok(FileOutcome::Mismatch));
+            }
+            // What is recorded: the copy's BLAKE3 (the source's when it gave one).
+            local_hash
+        }
         Some(Ok(h)) => {
             debug!(
                 "hash answered for version {:?}, copied {:?}",

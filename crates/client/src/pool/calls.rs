@@ -66,6 +66,44 @@ impl Client {
         }
     }
 
+    /// The source's digest of regular file `path`, to check a local copy against: ferryd's
+    /// BLAKE3 ([`Client::hash_of`]; sparse when `sparse` and the server can), or an S3
+    /// object's checksum or ETag ([`crate::s3`]), with the version it belongs to.
+    ///
+    /// # Errors
+    /// As [`Client::hash`]; every S3 gateway unreachable.
+    pub async fn remote_digest(
+        &self,
+        path: Bytes,
+        sparse: bool,
+    ) -> Result<crate::digest::RemoteDigest, ClientError> {
+        let Some(s3) = self.s3() else {
+            let h = self.hash_of(path, sparse).await?;
+            return Ok(crate::digest::RemoteDigest {
+                version: h.version,
+                digest: Some(crate::Digest::blake3(
+                    h.blake3,
+                    sparse && self.can_hash_sparse(),
+                )),
+            });
+        };
+        // Each gateway in turn until one answers.
+        let mut last = String::new();
+        for endpoint in 0..s3.endpoints() {
+            match s3.digest(endpoint, &path).await {
+                Ok(Ok((version, digest))) => {
+                    return Ok(crate::digest::RemoteDigest { version, digest })
+                }
+                Ok(Err(Response::Error { status, message })) => {
+                    return Err(ClientError::Remote { status, message })
+                }
+                Ok(Err(r)) => return Err(unexpected(&r)),
+                Err(e) => last = e.0,
+            }
+        }
+        Err(ClientError::Protocol(format!("{}: {last}", s3.label())))
+    }
+
     /// Whether the server answers HashSparse.
     pub fn can_hash_sparse(&self) -> bool {
         self.session().features & features::HASH_SPARSE != 0

@@ -58,7 +58,7 @@ pub(super) struct Conn {
     pub(super) inflight: Arc<Semaphore>,
     pub(super) alive: Arc<AtomicBool>,
     /// Ends the reader (which then ends the writer and the watchdog).
-    kill: Arc<Notify>,
+    pub(super) kill: Arc<Notify>,
     /// The server process this connection reached.
     pub(super) instance_id: [u8; 16],
 }

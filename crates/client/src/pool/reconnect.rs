@@ -56,9 +56,38 @@ async fn reconnect(inner: Weak<Inner>, slot: usize) {
     let mut attempts = 0u32;
     loop {
         tokio::time::sleep(delay).await;
-        let Some(config) = inner.upgrade().map(|i| i.config.clone()) else {
+        let Some((config, s3)) = inner.upgrade().map(|i| (i.config.clone(), i.s3.clone())) else {
             return;
         };
+        if let Some(source) = s3 {
+            // An S3 gateway: adopted again once it answers a probe.
+            let endpoint = slot % source.endpoints();
+            let r = tokio::time::timeout(config.connect_timeout, source.probe(endpoint)).await;
+            let Some(i) = inner.upgrade() else { return };
+            attempts += 1;
+            match r {
+                Ok(Ok(())) => {
+                    let conn = super::s3conn::start_s3_conn(source, endpoint, slot, i.dead.clone());
+                    let s = &i.schedule.slots()[slot];
+                    *s.conn.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(conn);
+                    s.reconnecting.store(false, Ordering::Release);
+                    i.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+                    info!("stream {slot} reconnected to {}", config.addr);
+                    i.changed.notify_waiters();
+                    return;
+                }
+                Ok(Err(why)) if attempts == 3 => {
+                    warn!(
+                        "cannot reach S3 endpoint {endpoint} of {}: {why}; still trying",
+                        config.addr
+                    );
+                }
+                Ok(Err(why)) => debug!("reconnect of stream {slot}: {why}"),
+                Err(_) => debug!("reconnect of stream {slot}: no answer"),
+            }
+            delay = (delay * 2).min(Duration::from_secs(2));
+            continue;
+        }
         let r = tokio::time::timeout(config.connect_timeout, open_stream(&config)).await;
         let Some(i) = inner.upgrade() else { return };
         attempts += 1;

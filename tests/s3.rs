@@ -1,0 +1,280 @@
+//! ferry over an S3-compatible object store (issue 19): a real Garage cluster of three
+//! nodes with replication factor 3 on 127.0.0.1 (`scripts/garage-cluster.sh`), objects put
+//! with signed requests as a backup tool would, then `ferry mirror s3://…` and
+//! `ferry mount s3://…` read with the tools users run.
+
+#![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::Duration;
+
+use ferry_tests::s3::Garage;
+use ferry_tests::{require_fuse, require_s3, run, set_mtime, write_random, TestMount};
+
+/// A tree of real shapes: a real header directory (when the machine has one), a file of
+/// several chunks, an empty file, names with spaces and `+`, a deep path.
+fn source_tree(root: &Path) {
+    let headers = Path::new("/usr/include/linux/netfilter");
+    if headers.is_dir() {
+        run(std::process::Command::new("cp")
+            .arg("-r")
+            .arg(headers)
+            .arg(root.join("netfilter")));
+    } else {
+        ferry_tests::build_tree(&root.join("generated"));
+    }
+    write_random(&root.join("big.bin"), 5 * 1024 * 1024 + 12345, 7);
+    std::fs::write(root.join("empty"), b"").unwrap();
+    std::fs::create_dir_all(root.join("dir with space/deep/er")).unwrap();
+    std::fs::write(root.join("dir with space/a+b c.txt"), b"plus and space\n").unwrap();
+    std::fs::write(root.join("dir with space/deep/er/last.txt"), b"deep\n").unwrap();
+}
+
+/// `diff -r` of the regular files' contents and the tree's names.
+fn assert_same_contents(a: &Path, b: &Path) {
+    run(std::process::Command::new("diff")
+        .arg("-r")
+        .arg("--no-dereference")
+        .arg(a)
+        .arg(b));
+}
+
+fn status_json(dir: &Path) -> serde_json::Value {
+    let out = run(ferry_tests::ferry().arg("status").arg(dir).arg("--json"));
+    serde_json::from_str(&out).unwrap()
+}
+
+fn mirror(g: &Garage, prefix: &str, dir: &Path, extra: &[&str]) -> std::process::Output {
+    g.ferry()
+        .arg("mirror")
+        .arg(g.url(prefix))
+        .arg(dir)
+        .arg("--quiet")
+        .args(g.args())
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "ferry failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn mirror_of_a_bucket_is_its_objects_verified_and_a_rerun_moves_nothing() {
+    require_s3!();
+    let g = Garage::start(3);
+    let src = tempfile::tempdir().unwrap();
+    source_tree(src.path());
+    let n = g.put_tree(src.path(), "src");
+    // What S3 has and a tree cannot show: a directory marker, a key with an empty segment,
+    // an object beside the prefix (not under it).
+    g.put("src/dir with space/", b"", false);
+    g.put("src/bad//name", b"x", false);
+    g.put("elsewhere.txt", b"not under the prefix", false);
+
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("copy");
+    ok(&mirror(&g, "src", &copy, &["--chunk-size", "1024"]));
+    // The prefix `bad/` is a directory; its key with an empty segment is left out.
+    assert_eq!(std::fs::read_dir(copy.join("bad")).unwrap().count(), 0);
+    std::fs::create_dir(src.path().join("bad")).unwrap();
+    assert_same_contents(src.path(), &copy);
+    let s = status_json(&copy);
+    assert_eq!(s["state"], "complete");
+    assert_eq!(s["files_total"].as_u64().unwrap(), n as u64);
+    assert_eq!(s["files_total"], s["files_verified"]);
+    assert_eq!(s["error_count"], 0);
+
+    // Again: everything is complete and verified, nothing moves.
+    ok(&mirror(&g, "src", &copy, &["--chunk-size", "1024"]));
+    let s = status_json(&copy);
+    assert_eq!(s["state"], "complete");
+    assert_eq!(s["bytes_fetched"], 0);
+    assert_eq!(s["files_verified"], 0);
+
+    // A copy edited by hand, size and mtime kept: --checksum compares it with the object's
+    // checksum or ETag and fetches it again.
+    let big = copy.join("big.bin");
+    let m = std::fs::metadata(&big).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&big).unwrap();
+    f.write_all_at(b"X", 3 * 1024 * 1024).unwrap();
+    drop(f);
+    use std::os::unix::fs::MetadataExt;
+    set_mtime(&big, m.mtime(), m.mtime_nsec());
+    ok(&mirror(
+        &g,
+        "src",
+        &copy,
+        &["--chunk-size", "1024", "--checksum"],
+    ));
+    assert_same_contents(src.path(), &copy);
+    let s = status_json(&copy);
+    assert!(s["bytes_fetched"].as_u64().unwrap() >= 1024 * 1024, "{s}");
+}
+
+#[test]
+fn the_mount_reads_a_bucket_with_cp_and_a_replaced_object_is_an_error_never_a_splice() {
+    require_fuse!();
+    require_s3!();
+    let g = Garage::start(3);
+    let src = tempfile::tempdir().unwrap();
+    source_tree(src.path());
+    g.put_tree(src.path(), "t");
+    // An object large enough that a random reader has fetched only what it read.
+    let old = tempfile::NamedTempFile::new().unwrap();
+    write_random(old.path(), 24 << 20, 11);
+    let old_bytes = std::fs::read(old.path()).unwrap();
+    g.put("t2/replaced.bin", &old_bytes, false);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("mnt")).unwrap();
+    let mut args: Vec<String> = g.args();
+    args.extend(["--open-timeout".into(), "0".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let m = TestMount::mount_env(dir, &g.url(""), &args, &g.credentials());
+    let mnt = m.path();
+
+    // cp -r of the tree out of the mount is the tree.
+    let out = tempfile::tempdir().unwrap();
+    run(std::process::Command::new("cp")
+        .arg("-r")
+        .arg(mnt.join("t"))
+        .arg(out.path().join("t")));
+    assert_same_contents(src.path(), &out.path().join("t"));
+    // Sizes and kinds as the objects'; times are Last-Modified (now, give or take).
+    let md = std::fs::metadata(mnt.join("t/big.bin")).unwrap();
+    assert_eq!(
+        md.len(),
+        std::fs::metadata(src.path().join("big.bin")).unwrap().len()
+    );
+    let age = std::time::SystemTime::now()
+        .duration_since(md.modified().unwrap())
+        .unwrap_or_default();
+    assert!(age < Duration::from_secs(600), "mtime {age:?} old");
+    assert!(std::fs::metadata(mnt.join("t/dir with space"))
+        .unwrap()
+        .is_dir());
+
+    // One handle, one version: after the object is replaced, a part of it not read yet
+    // is an error, never the new object's bytes.
+    let mut f = std::fs::File::open(mnt.join("t2/replaced.bin")).unwrap();
+    let mut head = vec![0u8; 4096];
+    f.read_exact(&mut head).unwrap();
+    assert_eq!(head, old_bytes[..4096]);
+    let mut new_bytes = old_bytes.clone();
+    for b in new_bytes.iter_mut() {
+        *b ^= 0x5a;
+    }
+    g.put("t2/replaced.bin", &new_bytes, false);
+    f.seek(SeekFrom::Start(20 << 20)).unwrap();
+    let mut tail = vec![0u8; 4096];
+    match f.read_exact(&mut tail) {
+        Err(e) => assert!(
+            matches!(e.raw_os_error(), Some(libc::ESTALE) | Some(libc::EIO)),
+            "{e}"
+        ),
+        Ok(()) => assert_eq!(
+            tail,
+            old_bytes[20 << 20..(20 << 20) + 4096],
+            "a read of the old handle returned bytes of the new object"
+        ),
+    }
+    drop(f);
+    // A new open sees the new object, whole.
+    assert!(std::fs::read(mnt.join("t2/replaced.bin")).unwrap() == new_bytes);
+}
+
+#[test]
+fn a_gateway_killed_during_a_copy_is_skipped_and_the_copy_is_whole() {
+    require_fuse!();
+    require_s3!();
+    let g = Garage::start(3);
+    let data = tempfile::NamedTempFile::new().unwrap();
+    write_random(data.path(), 64 << 20, 3);
+    let bytes = std::fs::read(data.path()).unwrap();
+    g.put("big/one.bin", &bytes, true);
+    let src = tempfile::tempdir().unwrap();
+    source_tree(src.path());
+    g.put_tree(src.path(), "tree");
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("mnt")).unwrap();
+    let args: Vec<String> = g.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let m = TestMount::mount_env(dir, &g.url(""), &args, &g.credentials());
+    let out = tempfile::tempdir().unwrap();
+    let mut cp = std::process::Command::new("cp")
+        .arg(m.path().join("big/one.bin"))
+        .arg(out.path().join("one.bin"))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    g.kill_node(2);
+    assert!(cp.wait().unwrap().success());
+    assert!(std::fs::read(out.path().join("one.bin")).unwrap() == bytes);
+
+    // The mirror, started with the node down, skips its gateway.
+    let copy = out.path().join("copy");
+    ok(&mirror(&g, "tree", &copy, &[]));
+    assert_same_contents(src.path(), &copy);
+}
+
+#[test]
+fn bad_s3_input_is_one_clear_line() {
+    require_s3!();
+    let g = Garage::start(1);
+    g.put("x/a.txt", b"a", false);
+    let dst = tempfile::tempdir().unwrap();
+    let fail = |mut c: std::process::Command, want: &str| {
+        let out = c.output().unwrap();
+        assert!(!out.status.success(), "{c:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{c:?}: {err}");
+        assert!(
+            err.trim().lines().count() == 1,
+            "{c:?}: more than one line: {err}"
+        );
+    };
+    let copy = dst.path().join("c");
+    let base = |url: String| {
+        let mut c = g.ferry();
+        c.arg("mirror")
+            .arg(url)
+            .arg(&copy)
+            .arg("--quiet")
+            .args(g.args());
+        c
+    };
+    // A bucket that does not exist.
+    fail(base("s3://no-such-bucket/x".into()), "no such bucket");
+    // A wrong secret.
+    let mut c = base(g.url("x"));
+    c.env("AWS_SECRET_ACCESS_KEY", "wrong");
+    fail(c, "access denied");
+    // Options of the other kind of source.
+    let mut c = base(g.url("x"));
+    c.arg("--tls");
+    fail(c, "--tls");
+    let mut c = g.ferry();
+    c.arg("mirror")
+        .arg("s3://b1x/x")
+        .arg(&copy)
+        .args(["--endpoint", "ftp://127.0.0.1:1"]);
+    fail(c, "bad S3 endpoint");
+    let mut c = g.ferry();
+    c.arg("mirror")
+        .arg("127.0.0.1:1")
+        .arg(&copy)
+        .args(["--endpoint", "http://127.0.0.1:1"]);
+    fail(c, "s3://BUCKET");
+    // A prefix with no objects under it.
+    fail(base(g.url("nothing-here")), "no object \"nothing-here\"");
+}
