@@ -15,7 +15,7 @@ endif
 
 help:
 	@echo "make demo          build, export generated data with ferryd, mount it, copy and verify (FERRY_DEMO_MIB=512)"
-	@echo "make test          install missing prerequisites (fuse3, rsync, lz4), build, run all tests"
+	@echo "make test          install missing prerequisites (fuse3, rsync, lz4, Garage), build, run all tests"
 	@echo "make build         release build of ferryd and ferry"
 	@echo "make install       ferry, ferryd -> PREFIX/bin (/usr/local); mount.fuse.ferry -> SBINDIR (/sbin) for fstab and mount -t fuse.ferry"
 	@echo "make lint          cargo fmt --check and clippy -D warnings"
@@ -36,8 +36,9 @@ prereqs:
 	bash scripts/prereqs.sh
 
 # The end-to-end tests mount real FUSE file systems with the binaries in target/debug,
-# so build them first. FERRY_REQUIRE_FUSE=1 makes those tests fail instead of skip without FUSE.
+# so build them first; the S3 tests need Garage (built from crates.io once, then reused). FERRY_REQUIRE_FUSE=1 makes those tests fail instead of skip without FUSE.
 test: prereqs
+	bash scripts/prereqs-garage.sh
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 

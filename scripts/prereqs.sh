@@ -2,9 +2,9 @@
 # Installs the runtime prerequisites of ferry's demo and tests, only those that are missing:
 #   fusermount3 (Debian package fuse3), rsync, lz4, pv (a slowed reader in the tests),
 #   setfattr/setfacl (attr, acl: extended attributes and ACLs in the tests), and
-#   PostgreSQL's server binaries (a real cluster mirrored and started in the tests), python3
-#   (scripts/garage-cluster.sh), and Garage, a real S3 server for the tests of s3:// sources
-#   (scripts/prereqs-garage.sh: built from crates.io once, ~10 minutes, then reused).
+#   PostgreSQL's server binaries (a real cluster mirrored and started in the tests), and
+#   python3 (scripts/garage-cluster.sh). Garage, the S3 server of the tests, is installed by
+#   scripts/prereqs-garage.sh, which `make test` runs (not the demo: it takes ~10 minutes once).
 # Idempotent: does nothing (and never runs apt-get) when everything is present.
 # Needs root and apt-get to install; exits non-zero with a one-line message otherwise.
 set -euo pipefail
@@ -26,10 +26,7 @@ if [ ! -e /dev/fuse ]; then
     echo "prereqs.sh: warning: /dev/fuse does not exist; FUSE mounts will fail (try: modprobe fuse)" >&2
 fi
 
-garage() { bash "$(dirname "${BASH_SOURCE[0]}")/prereqs-garage.sh"; }
-
 if [ "${#missing[@]}" -eq 0 ]; then
-    garage
     exit 0
 fi
 
@@ -47,4 +44,3 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "prereqs.sh: installed ${missing[*]}"
-garage

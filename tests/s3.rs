@@ -278,3 +278,48 @@ fn bad_s3_input_is_one_clear_line() {
     // A prefix with no objects under it.
     fail(base(g.url("nothing-here")), "no object \"nothing-here\"");
 }
+
+#[test]
+fn the_mount_s_background_mirror_fills_a_verified_local_copy_of_a_bucket() {
+    require_fuse!();
+    require_s3!();
+    let g = Garage::start(3);
+    let src = tempfile::tempdir().unwrap();
+    source_tree(src.path());
+    let n = g.put_tree(src.path(), "");
+    let cache = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("mnt")).unwrap();
+    let mut args: Vec<String> = g.args();
+    args.extend([
+        "--cache-dir".into(),
+        cache.path().to_str().unwrap().into(),
+        "--mirror".into(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let m = TestMount::mount_env(dir, &g.url(""), &args, &g.credentials());
+    // Readers meanwhile get the right bytes.
+    run(std::process::Command::new("cmp")
+        .arg(m.path().join("big.bin"))
+        .arg(src.path().join("big.bin")));
+    let done = ferry_tests::wait_for(Duration::from_secs(60), || {
+        ferry_tests::status(&m.path())["state"] == "complete"
+    });
+    let s = ferry_tests::status(&m.path());
+    assert!(done, "mirror did not complete: {s}\n{}", m.log_text());
+    assert_eq!(s["files_total"].as_u64().unwrap(), n as u64, "{s}");
+    assert_eq!(s["files_total"], s["files_done"], "{s}");
+    assert_eq!(s["error_count"], 0, "{s}");
+    // The local copy is the bucket, and reads are served from it.
+    assert_same_contents(src.path(), cache.path());
+    let before = ferry_tests::status(&m.path())["mount"]["passthrough_opens"]
+        .as_u64()
+        .unwrap();
+    run(std::process::Command::new("cmp")
+        .arg(m.path().join("big.bin"))
+        .arg(src.path().join("big.bin")));
+    let after = ferry_tests::status(&m.path())["mount"]["passthrough_opens"]
+        .as_u64()
+        .unwrap();
+    assert!(after > before, "no passthrough open: {before} -> {after}");
+}

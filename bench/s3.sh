@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# ferry over an S3 store (issue 19) beside rclone, on the same 3-node Garage cluster
+# (replication factor 3, scripts/garage-cluster.sh) inside the benchmark namespace, on emulated
+# links (bench/lib.sh): 1gbit shapes the namespace's loopback; wan puts every S3 endpoint behind
+# its own toxiproxy proxy (20 ms each way, 25 MB/s per TCP connection), as bench/run.sh does for
+# ferryd.
+#
+#   bench/s3.sh [--links wan,1gbit] [--methods LIST] [--repeat N] [--out FILE]
+#
+# Data (made once in bench/out/s3-data, uploaded with rclone copy each run of the script):
+#   big.bin  1 GiB of random bytes (S3 sends bytes as stored: compression plays no part)
+#   src      a real source tree: /usr/include and the Python standard library (bench/lib.sh)
+# Methods:
+#   ferry-cp        cp of big.bin out of `ferry mount s3://…` (all three endpoints)
+#   rclone-mount    cp of big.bin out of `rclone mount --vfs-cache-mode full` (one endpoint)
+#   rclone-copy     `rclone copy --multi-thread-streams 8` of big.bin
+#   ferry-mirror    `ferry mirror s3://…/src`
+#   rclone-tree     `rclone copy --transfers 32` of src
+#   ferry-fio, rclone-fio   16 KiB random reads, 4 jobs, 20 s, through each mount (IOPS)
+#   ferry-kill      ferry-cp with node 2 of 3 killed 1 s into the copy (restarted after)
+# Every copy is checked (cmp against the source, diff -r for the tree); the page cache is
+# dropped and each mount is fresh before every run; medians of --repeat runs. Output: a
+# markdown report (default bench/out/s3.md). No namespace, mount or process is left behind.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+links=wan,1gbit
+methods=ferry-cp,rclone-mount,rclone-copy,ferry-mirror,rclone-tree,ferry-fio,rclone-fio,ferry-kill
+repeat=1
+out=bench/out/s3.md
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --links) links=$2; shift 2 ;;
+        --methods) methods=$2; shift 2 ;;
+        --repeat) repeat=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        *) echo "s3.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
+    esac
+done
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain 2>/dev/null)" ] || commit="$commit (+ uncommitted changes)"
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "s3.sh: $*"; exit 1; }
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+
+[ "$(id -u)" -eq 0 ] || die "run as root: it creates a network namespace, mounts FUSE and drops caches"
+bash scripts/prereqs.sh
+bash scripts/prereqs-garage.sh
+ns_install ip:iproute2 tc:iproute2 nsenter:util-linux curl:curl rclone:rclone fio:fio
+ns_toxiproxy "$links"
+log "building ferry (release)"
+cargo build --release --bins -q
+DATA=$ROOT/bench/out/s3-data
+real_trees "$DATA" src
+if [ ! -f "$DATA/big/big.bin" ]; then
+    mkdir -p "$DATA/big"
+    head -c 1G /dev/urandom > "$DATA/big/big.bin.tmp" && mv "$DATA/big/big.bin.tmp" "$DATA/big/big.bin"
+fi
+objects=$(find "$DATA/src" -type f | wc -l)
+
+ns_start
+GARAGE_DIR=$WORK/garage
+bench_extra_cleanup() {
+    in_ns bash "$ROOT/scripts/garage-cluster.sh" stop "$GARAGE_DIR" >/dev/null 2>&1 || true
+}
+log "starting a 3-node Garage cluster in the namespace"
+in_ns bash "$ROOT/scripts/garage-cluster.sh" start "$GARAGE_DIR" 3 >/dev/null
+# shellcheck disable=SC1091
+. "$GARAGE_DIR/env"
+export AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION
+IFS=, read -r -a NODE_EPS <<<"$FERRY_S3_ENDPOINTS"
+
+# rclone's remote "g", by environment (no config file).
+rclone_env() {
+    export RCLONE_CONFIG_G_TYPE=s3 RCLONE_CONFIG_G_PROVIDER=Other RCLONE_CONFIG_G_REGION=garage \
+        RCLONE_CONFIG_G_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID \
+        RCLONE_CONFIG_G_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY \
+        RCLONE_CONFIG_G_FORCE_PATH_STYLE=true RCLONE_CONFIG_G_ENDPOINT=$1
+}
+rclone_env "${NODE_EPS[0]}"
+log "uploading big.bin and src ($objects objects) with rclone"
+in_ns rclone copy --transfers 32 "$DATA/big" g:ferry-test/bench/big
+in_ns rclone copy --transfers 32 "$DATA/src" g:ferry-test/bench/src
+big_md5=$(md5sum < "$DATA/big/big.bin" | cut -d' ' -f1)
+
+ROWS=$WORK/rows   # link|method|value|unit
+: > "$ROWS"
+
+# The endpoints clients use on LINK: the nodes themselves, or on wan a toxiproxy proxy each.
+client_endpoints() {
+    local i port eps=()
+    if [ "$1" != wan ]; then
+        EPS=$FERRY_S3_ENDPOINTS
+        return
+    fi
+    for i in "${!NODE_EPS[@]}"; do
+        port=${NODE_EPS[$i]##*:}
+        toxi delete "s3n$i" 2>/dev/null || true
+        toxi create -l "127.0.0.1:$((15000 + i))" -u "127.0.0.1:$port" "s3n$i"
+        for dir in -d -u; do
+            toxi toxic add -t latency -a latency=20 "$dir" -n "lat$dir" "s3n$i"
+            toxi toxic add -t bandwidth -a rate=25000 "$dir" -n "bw$dir" "s3n$i"
+        done
+        eps+=("http://127.0.0.1:$((15000 + i))")
+    done
+    EPS=$(IFS=,; echo "${eps[*]}")
+}
+
+ferry_s3_mount() {  # ferry_s3_mount MNT
+    mkdir -p "$1"
+    in_ns "$ROOT/target/release/ferry" mount s3://ferry-test "$1" --endpoint "$EPS" --region garage \
+        --log-file "$WORK/logs/ferry-s3-$link.log" || return 1
+    for _ in $(seq 100); do grep -q " $1 " /proc/self/mountinfo && return 0; sleep 0.1; done
+    return 1
+}
+rclone_mount() {  # rclone_mount MNT
+    mkdir -p "$1"
+    rm -rf "$WORK/rclone-cache"
+    bg_ns rclone mount g:ferry-test "$1" --vfs-cache-mode full --cache-dir "$WORK/rclone-cache" \
+        --log-file "$WORK/logs/rclone-$link.log"
+    for _ in $(seq 100); do grep -q " $1 " /proc/self/mountinfo && return 0; sleep 0.1; done
+    return 1
+}
+unmount() {
+    fusermount3 -u "$1" 2>/dev/null || fusermount -u "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true
+    for _ in $(seq 100); do grep -q " $1 " /proc/self/mountinfo || return 0; sleep 0.1; done
+}
+
+check_big() { [ "$(md5sum < "$1" | cut -d' ' -f1)" = "$big_md5" ]; }
+
+# run_once METHOD: one run; prints "VALUE UNIT" or "failed (why)".
+run_once() {
+    local m=$1 mnt=$WORK/mnt/s3 t0 t1 dst=$WORK/dst
+    rm -rf "$dst" "$WORK/state"; mkdir -p "$dst"
+    drop_caches
+    case "$m" in
+        ferry-cp|ferry-kill|ferry-fio) ferry_s3_mount "$mnt" || { echo "failed (mount)"; return 0; } ;;
+        rclone-mount|rclone-fio) rclone_mount "$mnt" || { echo "failed (mount)"; return 0; } ;;
+    esac
+    t0=$(date +%s.%N)
+    local ok=1 killer=""
+    case "$m" in
+        ferry-cp|rclone-mount)
+            cp "$mnt/bench/big/big.bin" "$dst/big.bin" || ok=0 ;;
+        ferry-kill)
+            ( sleep 1; in_ns bash "$ROOT/scripts/garage-cluster.sh" kill-node "$GARAGE_DIR" 2 >/dev/null ) &
+            killer=$!
+            cp "$mnt/bench/big/big.bin" "$dst/big.bin" || ok=0
+            wait "$killer" || true ;;
+        rclone-copy)
+            in_ns rclone copy --multi-thread-streams 8 g:ferry-test/bench/big/big.bin "$dst" || ok=0 ;;
+        ferry-mirror)
+            in_ns "$ROOT/target/release/ferry" mirror s3://ferry-test/bench/src "$dst/src" --quiet \
+                --endpoint "$EPS" --region garage || ok=0 ;;
+        rclone-tree)
+            in_ns rclone copy --transfers 32 g:ferry-test/bench/src "$dst/src" || ok=0 ;;
+        ferry-fio|rclone-fio)
+            fio_randread "$mnt/bench/big/big.bin" 20 "$WORK/fio.json" || ok=0 ;;
+    esac
+    t1=$(date +%s.%N)
+    local secs; secs=$(echo "$t1 - $t0" | bc -l)
+    case "$m" in
+        ferry-cp|rclone-mount|rclone-copy|ferry-kill)
+            [ "$ok" = 1 ] && check_big "$dst/big.bin" || ok=0 ;;
+        ferry-mirror|rclone-tree)
+            [ "$ok" = 1 ] && diff -r "$DATA/src" "$dst/src" >/dev/null || ok=0 ;;
+    esac
+    case "$m" in
+        ferry-*|rclone-mount|rclone-fio) unmount "$mnt" ;;
+    esac
+    if [ "$m" = ferry-kill ]; then
+        in_ns bash "$ROOT/scripts/garage-cluster.sh" restart-node "$GARAGE_DIR" 2 >/dev/null \
+            || log "node 2 did not come back"
+    fi
+    [ "$ok" = 1 ] || { echo "failed (copy or check)"; return 0; }
+    case "$m" in
+        ferry-fio|rclone-fio)
+            python3 -c 'import json,sys; print("%.0f IOPS" % json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"])' "$WORK/fio.json" ;;
+        ferry-mirror|rclone-tree) printf '%.2f s\n' "$secs" ;;
+        *) printf '%.1f MB/s\n' "$(echo "1073.741824 / $secs" | bc -l)" ;;
+    esac
+}
+
+for link in ${links//,/ }; do
+    log "link $link"
+    set_link "$link"
+    client_endpoints "$link"
+    rclone_env "${EPS%%,*}"
+    for m in ${methods//,/ }; do
+        for r in $(seq "$repeat"); do
+            v=$(run_once "$m")
+            log "  $m run $r: $v"
+            echo "$link|$m|$v" >> "$ROWS"
+        done
+    done
+done
+
+mkdir -p "$(dirname "$out")"
+{
+    echo "# ferry over S3 beside rclone ($(date -u +%Y-%m-%d), $commit)"
+    echo
+    echo "3-node Garage 2.5.0 cluster, replication 3, in the benchmark namespace on this machine;"
+    echo "ferry uses all three endpoints, rclone $(rclone version 2>/dev/null | head -1 | cut -d' ' -f2) one. big.bin: 1 GiB random;"
+    echo "src: $objects objects. Median of $repeat; page cache dropped before each run; every copy checked."
+    echo
+    echo "| link | method | median | runs |"
+    echo "| --- | --- | ---: | --- |"
+    python3 - "$ROWS" <<'EOF'
+import sys, statistics, collections
+rows = collections.OrderedDict()
+for line in open(sys.argv[1]):
+    link, method, value = line.rstrip("\n").split("|", 2)
+    rows.setdefault((link, method), []).append(value)
+for (link, method), vals in rows.items():
+    nums = [float(v.split()[0]) for v in vals if not v.startswith("failed")]
+    unit = next((v.split()[1] for v in vals if not v.startswith("failed")), "")
+    med = f"{statistics.median(nums):.2f} {unit}" if nums else "failed"
+    print(f"| {link} | {method} | {med} | {', '.join(vals)} |")
+EOF
+} > "$out"
+log "report: $out"
+cat "$out"
