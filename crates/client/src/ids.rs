@@ -45,7 +45,14 @@ impl NameMap {
         if want.is_empty() {
             return;
         }
-        let found: Vec<(Id, u32)> = match client.id_names(&want).await {
+        // An S3 source's owners are the local user's already (crate::s3): nothing to name.
+        let named = if client.s3().is_some() {
+            Ok(Vec::new())
+        } else {
+            client.id_names(&want).await
+        };
+        let found: Vec<(Id, u32)> = match named {
+            Ok(names) if names.is_empty() => want.into_iter().map(|id| (id, number(id))).collect(),
             Ok(names) => names
                 .into_iter()
                 .map(|n| {

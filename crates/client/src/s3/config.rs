@@ -11,6 +11,7 @@
 //!   `AWS_SHARED_CREDENTIALS_FILE` (`~/.aws/credentials`), then in `AWS_CONFIG_FILE`
 //!   (`~/.aws/config`, where profiles are `[profile NAME]`), else none: requests go
 //!   unsigned (a public bucket);
+//! - CA bundle for `https` endpoints (besides the system's): `--ca`, `AWS_CA_BUNDLE`;
 //! - addressing: `--s3-addressing`, else path style for a given endpoint (what Garage,
 //!   MinIO and most gateways serve) and virtual-hosted style for AWS itself.
 //!
@@ -307,7 +308,10 @@ impl S3Config {
             region,
             addressing,
             credentials,
-            ca_file: opts.ca_file.clone(),
+            ca_file: opts
+                .ca_file
+                .clone()
+                .or_else(|| env.var("AWS_CA_BUNDLE").map(PathBuf::from)),
         })
     }
 }
@@ -384,8 +388,10 @@ mod tests {
             addressing: Some(Addressing::VirtualHost),
             ..S3Options::default()
         };
+        e.insert("AWS_CA_BUNDLE".into(), "/etc/ca.pem".into());
         let c = S3Config::resolve("bkt", &o, &e).unwrap();
         assert_eq!(c.credentials.unwrap().key, "E");
+        assert_eq!(c.ca_file.as_deref(), Some(Path::new("/etc/ca.pem")));
         assert_eq!(c.region, "garage");
         assert_eq!(c.addressing, Addressing::VirtualHost);
         assert_eq!(c.endpoints.len(), 1);
