@@ -79,6 +79,17 @@ fn mirror_of_a_bucket_is_its_objects_verified_and_a_rerun_moves_nothing() {
     g.put("src/dir with space/", b"", false);
     g.put("src/bad//name", b"x", false);
     g.put("elsewhere.txt", b"not under the prefix", false);
+    // A directory of more objects than one listing page (1,000) holds.
+    std::fs::create_dir(src.path().join("many")).unwrap();
+    let many: Vec<(String, Vec<u8>)> = (0..1100)
+        .map(|i| {
+            let body = format!("object {i}\n").into_bytes();
+            std::fs::write(src.path().join(format!("many/{i:05}")), &body).unwrap();
+            (format!("src/many/{i:05}"), body)
+        })
+        .collect();
+    g.put_many(many);
+    let n = n + 1100;
 
     let dst = tempfile::tempdir().unwrap();
     let copy = dst.path().join("copy");
@@ -322,4 +333,42 @@ fn the_mount_s_background_mirror_fills_a_verified_local_copy_of_a_bucket() {
         .as_u64()
         .unwrap();
     assert!(after > before, "no passthrough open: {before} -> {after}");
+}
+
+#[test]
+fn https_endpoints_are_checked_against_the_ca_given() {
+    require_s3!();
+    let g = Garage::start(1);
+    let data = tempfile::tempdir().unwrap();
+    write_random(&data.path().join("a.bin"), (3 << 20) + 17, 5);
+    g.put(
+        "t/a.bin",
+        &std::fs::read(data.path().join("a.bin")).unwrap(),
+        true,
+    );
+    let front = ferry_tests::s3::TlsFront::start(g.endpoints());
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("copy");
+    let cmd = |ca: Option<&Path>| {
+        let mut c = g.ferry();
+        c.env_remove("AWS_CA_BUNDLE")
+            .arg("mirror")
+            .arg(g.url("t"))
+            .arg(&copy)
+            .arg("--quiet")
+            .args(["--endpoint", &front.url, "--region", "garage"]);
+        if let Some(ca) = ca {
+            c.arg("--ca").arg(ca);
+        }
+        c.output().unwrap()
+    };
+    // A CA that did not sign it: refused, in one line that says why.
+    let out = cmd(None);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("certificate"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // The CA that did: the copy, over TLS.
+    ok(&cmd(Some(&front.ca)));
+    assert_same_contents(data.path(), &copy);
 }

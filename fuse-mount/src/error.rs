@@ -62,7 +62,8 @@ impl ToErrno for ClientError {
             // file, and EIO is what network file systems (NFS hard mounts aside) report.
             ClientError::Timeout(_)
             | ClientError::ConnectionLost
-            | ClientError::Unreachable { .. } => libc::EIO,
+            | ClientError::Unreachable { .. }
+            | ClientError::S3(_) => libc::EIO,
             // Setting up a stream failed. Only `Client::connect` returns these (a failed
             // reconnect reaches a request as `Unreachable`), so a reader should never see
             // them. Debatable: EACCES would fit a refused token, but the reader can do

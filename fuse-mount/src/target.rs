@@ -232,7 +232,7 @@ mod tests {
         );
         assert_eq!(
             e.to_string(),
-            "bad port \"port\" in \"db1:port\": expected HOST[:PORT][:/PATH], e.g. db1:7070:/oradata"
+            "bad port \"port\" in \"db1:port\": expected HOST[:PORT][:/PATH], e.g. db1:7070:/oradata, or s3://BUCKET[/PREFIX]"
         );
         let e = Target::parse("db1:/a/../b").unwrap_err();
         assert_eq!(e.to_string(), "bad remote path \"/a/../b\"");

@@ -113,18 +113,28 @@ impl Garage {
         ]
     }
 
-    /// The key's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+    /// The key's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), and empty values
+    /// (which ferry takes for unset) for what the caller's environment might add to it.
     pub fn credentials(&self) -> Vec<(String, String)> {
-        ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+        let mut v: Vec<(String, String)> = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
             .iter()
             .map(|k| (k.to_string(), self.env[*k].clone()))
-            .collect()
+            .collect();
+        for k in [
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT_URL_S3",
+        ] {
+            v.push((k.to_string(), String::new()));
+        }
+        v
     }
 
     /// A `ferry` command with the key in its environment.
     pub fn ferry(&self) -> Command {
         let mut c = crate::ferry();
-        c.env_remove("AWS_PROFILE").envs(self.credentials());
+        c.envs(self.credentials());
         c
     }
 
@@ -170,6 +180,33 @@ impl Garage {
             r.status(),
             self.rt.block_on(r.text()).unwrap_or_default()
         );
+    }
+
+    /// Puts many small objects at once (32 requests in flight): `(key, bytes)`.
+    pub fn put_many(&self, objects: Vec<(String, Vec<u8>)>) {
+        let (bucket, creds) = (self.bucket(0), self.creds());
+        let reqs: Vec<_> = objects
+            .into_iter()
+            .map(|(key, data)| {
+                let url = bucket
+                    .put_object(Some(&creds), &key)
+                    .sign(Duration::from_secs(600));
+                (key, self.http.put(url).body(data))
+            })
+            .collect();
+        self.rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for (key, req) in reqs {
+                if set.len() >= 32 {
+                    let r = set.join_next().await.expect("task").expect("join");
+                    check_put(r);
+                }
+                set.spawn(async move { (key, req.send().await) });
+            }
+            while let Some(r) = set.join_next().await {
+                check_put(r.expect("join"));
+            }
+        });
     }
 
     /// Puts every regular file under `root` as `prefix/RELATIVE`.
@@ -229,5 +266,106 @@ impl Drop for Garage {
             .arg("stop")
             .arg(self.dir.path())
             .output();
+    }
+}
+
+fn check_put((key, r): (String, reqwest::Result<reqwest::Response>)) {
+    let r = r.unwrap_or_else(|e| panic!("PUT {key}: {e}"));
+    assert!(r.status().is_success(), "PUT {key}: {}", r.status());
+}
+
+/// A TLS front for a gateway, as a TLS-terminating load balancer before a store: TLS with a
+/// certificate for 127.0.0.1 signed by a CA made for the test (`ca`, PEM), the bytes relayed
+/// to the gateway unchanged.
+#[derive(Debug)]
+pub struct TlsFront {
+    /// `https://127.0.0.1:PORT`.
+    pub url: String,
+    /// The CA that signed the front's certificate.
+    pub ca: PathBuf,
+    _dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TlsFront {
+    /// A front for `upstream` (`http://127.0.0.1:PORT`).
+    pub fn start(upstream: &str) -> TlsFront {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca_key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name
+            .push(DnType::CommonName, "ferry S3 test CA");
+        let ca_cert = p.self_signed(&ca_key).expect("CA");
+        let key = KeyPair::generate().expect("key");
+        let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .expect("params")
+            .signed_by(&key, &ca_cert, &ca_key)
+            .expect("leaf");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, ca_cert.pem()).expect("write CA");
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let up = upstream
+            .strip_prefix("http://")
+            .expect("an http:// upstream")
+            .to_string();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(listener).expect("listener");
+                loop {
+                    tokio::select! {
+                        _ = &mut stopped => break,
+                        a = l.accept() => {
+                            let Ok((s, _)) = a else { continue };
+                            let (acc, up) = (acceptor.clone(), up.clone());
+                            tokio::spawn(async move {
+                                let Ok(mut tls) = acc.accept(s).await else { return };
+                                let Ok(mut u) = tokio::net::TcpStream::connect(up).await else {
+                                    return;
+                                };
+                                let _ = tokio::io::copy_bidirectional(&mut tls, &mut u).await;
+                            });
+                        }
+                    }
+                }
+            });
+        });
+        TlsFront {
+            url: format!("https://127.0.0.1:{port}"),
+            ca,
+            _dir: dir,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }

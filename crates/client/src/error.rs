@@ -109,6 +109,9 @@ pub enum ClientError {
         /// How long the request waited.
         waited: Duration,
     },
+    /// An S3 source cannot be used (no gateway answers, no such bucket, access denied, …).
+    #[error("{0}")]
+    S3(String),
     /// The connection carrying the request closed before the answer arrived.
     #[error("connection to the server was lost")]
     ConnectionLost,
@@ -162,7 +165,7 @@ impl ClientError {
                 false
             }
             // Already waited the whole request timeout for a connection.
-            ClientError::Unreachable { .. } => false,
+            ClientError::Unreachable { .. } | ClientError::S3(_) => false,
             ClientError::InvalidName(_) => false,
             ClientError::Changed(_) => false,
         }

@@ -329,7 +329,7 @@ impl Client {
         let up = futures_join_all(probes).await;
         if up.iter().all(Result::is_err) {
             let why: Vec<String> = up.into_iter().filter_map(Result::err).collect();
-            return Err(ClientError::Protocol(format!(
+            return Err(ClientError::S3(format!(
                 "cannot use {}: {}",
                 source.label(),
                 why.join("; ")

@@ -14,8 +14,10 @@ pub fn init_logging_at(verbose: u8, file: Option<&PathBuf>, quiet: &str) -> anyh
         1 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // The TLS verifier of S3 endpoints logs each failure itself; ferry's own one line says it.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{default},rustls_platform_verifier=off"))
+    });
     let b = tracing_subscriber::fmt().with_env_filter(filter);
     match file {
         Some(path) => {

@@ -101,7 +101,7 @@ impl Client {
                 Err(e) => last = e.0,
             }
         }
-        Err(ClientError::Protocol(format!("{}: {last}", s3.label())))
+        Err(ClientError::S3(format!("{}: {last}", s3.label())))
     }
 
     /// Whether the server answers HashSparse.

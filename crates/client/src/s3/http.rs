@@ -56,16 +56,21 @@ pub(crate) struct Http {
     credentials: Option<Credentials>,
 }
 
-fn unreachable(e: &reqwest::Error, url: &url::Url) -> Unreachable {
+fn unreachable(e: reqwest::Error, url: &url::Url) -> Unreachable {
     let host = url.host_str().unwrap_or("?");
     let port = url.port_or_known_default().unwrap_or(0);
+    // Never the URL: it carries a signature valid for minutes.
+    let e = e.without_url();
     // The full chain: reqwest's own text says little ("error sending request").
     let mut msg = e.to_string();
-    let mut src = std::error::Error::source(e);
+    let mut src = std::error::Error::source(&e);
     while let Some(s) = src {
         msg.push_str(": ");
         msg.push_str(&s.to_string());
         src = s.source();
+    }
+    if msg.contains("invalid peer certificate") {
+        msg.push_str(" (give the CA that signed the endpoint's certificate with --ca)");
     }
     Unreachable(format!("S3 endpoint {host}:{port}: {msg}"))
 }
@@ -194,7 +199,7 @@ impl Http {
                     config.bucket.clone(),
                     config.region.clone(),
                 )
-                .map_err(|e| crate::ClientError::Protocol(format!("S3 endpoint: {e}")))
+                .map_err(|e| crate::ClientError::S3(format!("S3 endpoint: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut b = reqwest::Client::builder()
@@ -206,17 +211,17 @@ impl Http {
             .no_proxy();
         if let Some(ca) = &config.ca_file {
             let pem = std::fs::read(ca).map_err(|e| {
-                crate::ClientError::Protocol(format!("--ca {}: cannot read it: {e}", ca.display()))
+                crate::ClientError::S3(format!("CA file {}: cannot read it: {e}", ca.display()))
             })?;
             for c in reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| crate::ClientError::Protocol(format!("--ca {}: {e}", ca.display())))?
+                .map_err(|e| crate::ClientError::S3(format!("CA file {}: {e}", ca.display())))?
             {
                 b = b.add_root_certificate(c);
             }
         }
         let client = b
             .build()
-            .map_err(|e| crate::ClientError::Protocol(format!("HTTP client: {e}")))?;
+            .map_err(|e| crate::ClientError::S3(format!("HTTP client: {e}")))?;
         let credentials = config.credentials.as_ref().map(|c| match &c.token {
             Some(t) => Credentials::new_with_token(c.key.clone(), c.secret.clone(), t.clone()),
             None => Credentials::new(c.key.clone(), c.secret.clone()),
@@ -247,7 +252,7 @@ impl Http {
         let mut tries = 0;
         loop {
             tries += 1;
-            let r = build().send().await.map_err(|e| unreachable(&e, url))?;
+            let r = build().send().await.map_err(|e| unreachable(e, url))?;
             let busy = matches!(r.status().as_u16(), 429 | 500 | 502 | 503 | 504);
             if !busy || tries >= BUSY_TRIES {
                 return Ok(r);
@@ -317,7 +322,7 @@ impl Http {
         if !r.status().is_success() {
             return Ok(false);
         }
-        let body = r.text().await.map_err(|e| unreachable(&e, &url))?;
+        let body = r.text().await.map_err(|e| unreachable(e, &url))?;
         Ok(rusty_s3::actions::ListObjectsV2::parse_response(&body)
             .is_ok_and(|l| !l.contents.is_empty() || !l.common_prefixes.is_empty()))
     }
@@ -343,7 +348,7 @@ impl Http {
             let url = a.sign(SIGN_FOR);
             let r = self.send(|| self.client.get(url.clone()), &url).await?;
             let status = r.status();
-            let body = r.text().await.map_err(|e| unreachable(&e, &url))?;
+            let body = r.text().await.map_err(|e| unreachable(e, &url))?;
             if !status.is_success() {
                 return Ok(Err(status_error(
                     &format!("listing {prefix:?}"),
@@ -457,7 +462,7 @@ impl Http {
                     format!("{key}: GET without ETag, Content-Range or Last-Modified"),
                 )));
             };
-            let mut data = r.bytes().await.map_err(|e| unreachable(&e, &url))?;
+            let mut data = r.bytes().await.map_err(|e| unreachable(e, &url))?;
             if status.as_u16() == 200 {
                 let start = (offset as usize).min(data.len());
                 let end = (start + len as usize).min(data.len());

@@ -9,6 +9,9 @@
 //! work is in flight and a reader read recently it also samples how long the process's
 //! foreground threads waited for a CPU, for the CPU pace (`cpu.rs`).
 //!
+//! With an S3 source a probe is a HEAD of the bucket, which the store serves like any request:
+//! probes are then at least 10 ms apart.
+//!
 //! Invariant: the task holds the pool only weakly between probes, so it ends when the
 //! pool is dropped; a probe never takes the place of a request (it is sent only when its
 //! stream has a free request slot) and never counts as reader activity.
@@ -24,6 +27,8 @@ use super::super::Inner;
 
 /// Pings sent at start, one after the other, on the idle link.
 const START_PINGS: usize = 3;
+/// The shortest pause between probes of an S3 source.
+const S3_PROBE_FLOOR: Duration = Duration::from_millis(10);
 /// While no background work is in flight, how often the prober checks whether the pool
 /// is still there.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -47,6 +52,13 @@ pub(in crate::pool) async fn run(inner: Weak<Inner>) {
             continue;
         }
         let interval = i.schedule.probe_interval();
+        // A probe of an S3 store is an HTTP request the store serves (a HEAD of the bucket):
+        // at most one per S3_PROBE_FLOOR.
+        let interval = if i.s3.is_some() {
+            interval.max(S3_PROBE_FLOOR)
+        } else {
+            interval
+        };
         if cpu_sampled.is_none_or(|t| t.elapsed() >= super::cpu::INTERVAL)
             && i.schedule.wants_cpu_samples()
         {
