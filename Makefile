@@ -11,7 +11,7 @@ ifeq ($(shell command -v $(CARGO) 2>/dev/null),)
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help demo prereqs test build install uninstall lint clean-mounts bench bench-quick bench-loopback bench-readers bench-trees bench-compression fuzz-build fuzz-smoke
+.PHONY: help demo prereqs test build install uninstall lint clean-mounts bench bench-quick bench-loopback bench-readers bench-trees bench-compression bench-s3 fuzz-build fuzz-smoke
 
 help:
 	@echo "make demo          build, export generated data with ferryd, mount it, copy and verify (FERRY_DEMO_MIB=512)"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-readers   reads through the mount alone vs during its background mirror (issue 13) -> bench/out/readers.md"
 	@echo "make bench-trees     cp -r, rsync, tar, mirror, find, ls -lR of trees of real shapes (issue 14) -> bench/out/trees.md"
 	@echo "make bench-compression  --compression auto vs lz4 vs nc|zstd -1 on real data, 4 links (issue 18) -> bench/out/compression.md"
+	@echo "make bench-s3      ferry vs rclone on a 3-node Garage S3 cluster, 1gbit and wan (issue 19) -> bench/out/s3.md"
 	@echo "make fuzz-build    build the cargo-fuzz targets (nightly; installs cargo-fuzz if missing)"
 	@echo "make fuzz-smoke    run each fuzz target for FUZZ_SECONDS (60) and report executions"
 
@@ -108,6 +109,11 @@ bench-trees:
 # beside zstd -1 -T0 | nc, on 1gbit, 100mbit, wan and loopback; bench/out/compression.md.
 bench-compression:
 	bash bench/compression.sh --repeat 5
+
+# S3 sources (bench/s3.sh, issue 19): ferry mount/mirror of a 3-node Garage cluster beside
+# rclone mount/copy, on 1gbit and wan; bench/out/s3.md.
+bench-s3:
+	bash bench/s3.sh --links wan,1gbit --repeat 3
 
 # Fuzzing (fuzz/, cargo-fuzz on the nightly toolchain): the frame and message decoders, and
 # ferryd's whole connection handling on arbitrary client bytes.

@@ -6,6 +6,7 @@
 # ferryd.
 #
 #   bench/s3.sh [--links wan,1gbit] [--methods LIST] [--repeat N] [--out FILE]
+#   (FERRY_ARGS: extra options for the ferry mounts, e.g. "--chunk-size 4096")
 #
 # Data (made once in bench/out/s3-data, uploaded with rclone copy each run of the script):
 #   big.bin  1 GiB of random bytes (S3 sends bytes as stored: compression plays no part)
@@ -126,8 +127,9 @@ client_endpoints() {
 
 ferry_s3_mount() {  # ferry_s3_mount MNT
     mkdir -p "$1"
+    # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
     in_ns "$ROOT/target/release/ferry" mount s3://ferry-test "$1" --endpoint "$EPS" --region garage \
-        --log-file "$WORK/logs/ferry-s3-$link.log" || return 1
+        --log-file "$WORK/logs/ferry-s3-$link.log" ${FERRY_ARGS:-} || return 1
     for _ in $(seq 100); do grep -q " $1 " /proc/self/mountinfo && return 0; sleep 0.1; done
     return 1
 }
