@@ -55,6 +55,7 @@ bench_ferryd() {
 #                                      calls bench_extra_cleanup when the caller defines it
 #   in_ns CMD..., bg_ns CMD...         run CMD in the namespace (bg_ns: in the background,
 #                                      killed by the cleanup)
+#   wan_proxy NAME LISTEN UPSTREAM     a toxiproxy proxy with the WAN profile
 #   ns_ferryd EXPORT                   ferryd on 127.0.0.1:7070 in the namespace; $ferryd_pid
 #   set_link LINK                      loopback, 1gbit or wan; sets $P_FERRY (and the ports of
 #                                      the other services) and, on wan, $WAN_RTT_MS
@@ -136,6 +137,16 @@ ns_ferryd() {
 }
 
 toxi() { in_ns "$BIN/toxiproxy-cli" -h "$TOXI" "$@" >/dev/null; }
+# wan_proxy NAME LISTEN UPSTREAM: a toxiproxy proxy 127.0.0.1:LISTEN -> 127.0.0.1:UPSTREAM with
+# the WAN profile: 20 ms each way, 25 MB/s per connection (toxiproxy's bandwidth is in KB/s).
+wan_proxy() {
+    toxi delete "$1" 2>/dev/null || true
+    toxi create -l "127.0.0.1:$2" -u "127.0.0.1:$3" "$1"
+    for dir in -d -u; do
+        toxi toxic add -t latency -a latency=20 "$dir" -n "lat$dir" "$1"
+        toxi toxic add -t bandwidth -a rate=25000 "$dir" -n "bw$dir" "$1"
+    done
+}
 set_link() {
     tc -n "$NS" qdisc del dev lo root 2>/dev/null || true
     # shellcheck disable=SC2034 # the other ports are used by bench/run.sh's methods
@@ -155,13 +166,7 @@ set_link() {
         fi
         for p in ferry:17070:7070 tls:17071:7071 ssh:12222:2222 nc:19000:9000 probe:19100:9100; do
             IFS=: read -r name listen upstream <<<"$p"
-            toxi delete "$name" 2>/dev/null || true
-            toxi create -l "127.0.0.1:$listen" -u "127.0.0.1:$upstream" "$name"
-            for dir in -d -u; do
-                toxi toxic add -t latency -a latency=20 "$dir" -n "lat$dir" "$name"
-                # toxiproxy's bandwidth is in KB/s, per connection.
-                toxi toxic add -t bandwidth -a rate=25000 "$dir" -n "bw$dir" "$name"
-            done
+            wan_proxy "$name" "$listen" "$upstream"
         done
         # shellcheck disable=SC2034 # the other ports are used by bench/run.sh's methods
         P_FERRY=17070 P_FERRY_TLS=17071 P_SSH=12222 P_NC=19000

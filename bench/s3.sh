@@ -114,12 +114,7 @@ client_endpoints() {
     fi
     for i in "${!NODE_EPS[@]}"; do
         port=${NODE_EPS[$i]##*:}
-        toxi delete "s3n$i" 2>/dev/null || true
-        toxi create -l "127.0.0.1:$((15000 + i))" -u "127.0.0.1:$port" "s3n$i"
-        for dir in -d -u; do
-            toxi toxic add -t latency -a latency=20 "$dir" -n "lat$dir" "s3n$i"
-            toxi toxic add -t bandwidth -a rate=25000 "$dir" -n "bw$dir" "s3n$i"
-        done
+        wan_proxy "s3n$i" "$((15000 + i))" "$port"
         eps+=("http://127.0.0.1:$((15000 + i))")
     done
     EPS=$(IFS=,; echo "${eps[*]}")
