@@ -85,10 +85,27 @@ pub fn hash_local_with(
 /// other kind when the source vouches with one.
 pub type LocalDigest = ([u8; 32], Option<ferry_client::Digest>);
 
-/// Both sides of a verification: the source's digest of `remote`, and the local copy's
-/// (after `prepare` of it, e.g. a sync, on the background threads, once `gate` lets
-/// background work run). At once where the local kind is known ahead (ferryd: BLAKE3);
-/// after the source's answer where it is not (S3: the object says which).
+/// The local side of a verification: `prepare` of the copy at `local` (e.g. a sync), then its
+/// [`hash_local_with`], on the background threads once `gate` lets background work run.
+pub(crate) async fn local_digest<T: Send + 'static>(
+    local: std::path::PathBuf,
+    sparse: bool,
+    other: Option<ferry_client::DigestKind>,
+    gate: background::DemandGate,
+    prepare: impl FnOnce(&std::path::Path) -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<(LocalDigest, T)> {
+    gate.wait().await;
+    background::run_long(move || {
+        let t = prepare(&local)?;
+        hash_local_with(&local, sparse, other).map(|h| (h, t))
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// Both sides of a verification: the source's digest of `remote`, and [`local_digest`] of
+/// the copy. At once where the local kind is known ahead (ferryd: BLAKE3); after the source's
+/// answer where it is not (S3: the object says which).
 pub(crate) async fn both_digests<T: Send + 'static>(
     client: &ferry_client::Client,
     remote: bytes::Bytes,
@@ -100,29 +117,15 @@ pub(crate) async fn both_digests<T: Send + 'static>(
     Result<ferry_client::RemoteDigest, ferry_client::ClientError>,
     std::io::Result<(LocalDigest, T)>,
 ) {
-    let run = |other: Option<ferry_client::DigestKind>| {
-        tokio::spawn(async move {
-            gate.wait().await;
-            background::run_long(move || {
-                let t = prepare(&local)?;
-                hash_local_with(&local, sparse, other).map(|h| (h, t))
-            })
-            .await
-        })
-    };
-    let joined = |r: Result<Result<std::io::Result<_>, _>, tokio::task::JoinError>| match r {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => Err(std::io::Error::other(e)),
-        Err(e) => Err(std::io::Error::other(e)),
-    };
     if client.s3().is_none() {
-        let mine = run(None);
-        let theirs = client.remote_digest(remote, sparse).await;
-        return (theirs, joined(mine.await));
+        return tokio::join!(
+            client.remote_digest(remote, sparse),
+            local_digest(local, sparse, None, gate, prepare)
+        );
     }
     let theirs = client.remote_digest(remote, sparse).await;
     let other = theirs.as_ref().ok().and_then(|t| t.other_kind());
-    let mine = joined(run(other).await);
+    let mine = local_digest(local, sparse, other, gate, prepare).await;
     (theirs, mine)
 }
 

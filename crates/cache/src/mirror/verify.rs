@@ -64,17 +64,7 @@ pub(super) async fn written(
         && std::fs::metadata(&local).is_ok_and(|m| crate::sparse_hash_for(&ctx.client, &m));
     let (server, local_hash) = if attr.size == 0 || whole_file_hash.is_some() {
         let gate = ctx.gate.clone();
-        let h = tokio::spawn(async move {
-            gate.wait().await;
-            crate::background::run_long(move || crate::hash_local(&local, sparse)).await
-        })
-        .await;
-        let h = match h {
-            Ok(Ok(Ok(h))) => Ok(((h, None), ())),
-            Ok(Ok(Err(e))) => Err(e),
-            Ok(Err(e)) => Err(e.into()),
-            Err(e) => Err(std::io::Error::other(e)),
-        };
+        let h = crate::local_digest(local, sparse, None, gate, |_| Ok(())).await;
         (None, h)
     } else {
         let (s, h) = crate::both_digests(
