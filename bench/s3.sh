@@ -18,6 +18,8 @@
 #   ferry-mirror    `ferry mirror s3://…/src`
 #   rclone-tree     `rclone copy --transfers 32` of src
 #   ferry-fio, rclone-fio   16 KiB random reads, 4 jobs, 20 s, through each mount (IOPS)
+#   ferry-fio-cache the same through `ferry mount --cache-dir --mirror` (a local copy filled in
+#                   the background, as rclone's full cache mode downloads around the reads)
 #   ferry-kill      ferry-cp with node 2 of 3 killed 1 s into the copy (restarted after)
 # Every copy is checked (MD5 against the source's, per file for the tree); the page cache is
 # dropped and each mount is fresh before every run; medians of --repeat runs. Output: a
@@ -148,8 +150,13 @@ run_once() {
     local m=$1 mnt=$WORK/mnt/s3 t0 t1 dst=$WORK/dst
     rm -rf "$dst" "$WORK/state"; mkdir -p "$dst"
     drop_caches
+    rm -rf "$WORK/ferry-cache"
     case "$m" in
         ferry-cp|ferry-kill|ferry-fio) ferry_s3_mount "$mnt" || { echo "failed (mount)"; return 0; } ;;
+        ferry-fio-cache)
+            mkdir -p "$WORK/ferry-cache"
+            FERRY_ARGS="${FERRY_ARGS:-} --cache-dir $WORK/ferry-cache --mirror" ferry_s3_mount "$mnt" \
+                || { echo "failed (mount)"; return 0; } ;;
         rclone-mount|rclone-fio) rclone_mount "$mnt" || { echo "failed (mount)"; return 0; } ;;
     esac
     t0=$(date +%s.%N)
@@ -169,7 +176,7 @@ run_once() {
                 --endpoint "$EPS" --region garage || ok=0 ;;
         rclone-tree)
             in_ns rclone copy --transfers 32 g:ferry-test/bench/src "$dst/src" || ok=0 ;;
-        ferry-fio|rclone-fio)
+        ferry-fio|ferry-fio-cache|rclone-fio)
             fio_randread "$mnt/bench/big/big.bin" 20 "$WORK/fio.json" || ok=0 ;;
     esac
     t1=$(date +%s.%N)
@@ -189,7 +196,7 @@ run_once() {
     fi
     [ "$ok" = 1 ] || { echo "failed (copy or check)"; return 0; }
     case "$m" in
-        ferry-fio|rclone-fio)
+        ferry-fio|ferry-fio-cache|rclone-fio)
             python3 -c 'import json,sys; print("%.0f IOPS" % json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"])' "$WORK/fio.json" ;;
         ferry-mirror|rclone-tree) printf '%.2f s\n' "$secs" ;;
         *) printf '%.1f MB/s\n' "$(echo "1073.741824 / $secs" | bc -l)" ;;
