@@ -372,3 +372,38 @@ fn https_endpoints_are_checked_against_the_ca_given() {
     ok(&cmd(Some(&front.ca)));
     assert_same_contents(data.path(), &copy);
 }
+
+#[test]
+fn an_object_uploaded_in_parts_without_a_checksum_is_copied_and_its_copy_rechecked() {
+    require_s3!();
+    let g = Garage::start(1);
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("parts.bin"), (12 << 20) + 99, 9);
+    let bytes = std::fs::read(src.path().join("parts.bin")).unwrap();
+    g.put_multipart("m/parts.bin", &bytes, 5 << 20);
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("copy");
+    ok(&mirror(&g, "m", &copy, &[]));
+    assert_same_contents(src.path(), &copy);
+    let s = status_json(&copy);
+    assert_eq!(s["files_verified"], 1, "{s}");
+    // --checksum of an intact copy: nothing fetched (the store has no digest of it; the
+    // BLAKE3 recorded at completion is what it is checked against).
+    ok(&mirror(&g, "m", &copy, &["--checksum"]));
+    assert_eq!(status_json(&copy)["bytes_fetched"], 0);
+    // Edited by hand, size and mtime kept: found against that BLAKE3 and fetched again (not
+    // taken back as the source's by its size and mtime: the store has no digest to confirm it).
+    let f = copy.join("parts.bin");
+    let m = std::fs::metadata(&f).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .write_all_at(b"Y", 7 << 20)
+        .unwrap();
+    use std::os::unix::fs::MetadataExt;
+    set_mtime(&f, m.mtime(), m.mtime_nsec());
+    ok(&mirror(&g, "m", &copy, &["--checksum"]));
+    assert_same_contents(src.path(), &copy);
+    assert!(status_json(&copy)["bytes_fetched"].as_u64().unwrap() > 0);
+}

@@ -70,7 +70,9 @@ pub struct RemoteDigest {
 
 impl RemoteDigest {
     /// Whether a local copy with BLAKE3 `blake3` (of the same form: sparse when this is
-    /// sparse) and `other` (its digest of this one's kind, when not a BLAKE3) is this file.
+    /// sparse) and `other` (its digest of this one's kind, when not a BLAKE3) is this file, as
+    /// far as the source can tell: `true` when it has no digest (a copy just fetched, each
+    /// piece checked against the version, is then taken as it is).
     pub fn matches(&self, blake3: &[u8; 32], other: Option<&Digest>) -> bool {
         match &self.digest {
             None => true,
@@ -79,6 +81,12 @@ impl RemoteDigest {
             }
             Some(d) => other == Some(d),
         }
+    }
+
+    /// As [`RemoteDigest::matches`], but only a digest can confirm: `false` when the source has
+    /// none (a local file of unknown origin is then never taken for the source's).
+    pub fn confirms(&self, blake3: &[u8; 32], other: Option<&Digest>) -> bool {
+        self.digest.is_some() && self.matches(blake3, other)
     }
 
     /// The kind a local copy must be hashed with besides BLAKE3, if any.
@@ -186,6 +194,29 @@ mod tests {
             Digest::of(DigestKind::Blake3, v).value,
             blake3::hash(v).as_bytes().to_vec()
         );
+        // What a source's digest says of a copy.
+        let blake = *blake3::hash(v).as_bytes();
+        let crc = Digest::of(DigestKind::Crc32c, v);
+        let version = ferry_proto::Version::default();
+        let none = RemoteDigest {
+            version,
+            digest: None,
+        };
+        assert!(none.matches(&blake, None) && !none.confirms(&blake, None));
+        let b3 = RemoteDigest {
+            version,
+            digest: Some(Digest::blake3(blake, false)),
+        };
+        assert!(b3.confirms(&blake, None) && !b3.matches(&[0; 32], None));
+        assert_eq!(b3.other_kind(), None);
+        let c = RemoteDigest {
+            version,
+            digest: Some(crc.clone()),
+        };
+        assert_eq!(c.other_kind(), Some(DigestKind::Crc32c));
+        assert!(c.confirms(&[0; 32], Some(&crc)));
+        assert!(!c.matches(&blake, Some(&Digest::of(DigestKind::Crc32c, b"other"))));
+        assert!(!c.matches(&blake, None));
         // In pieces, the same.
         let mut d = Digester::new(DigestKind::Crc64Nvme);
         d.update(b"1234");

@@ -281,14 +281,23 @@ async fn recheck_verified(
     // A sparse copy is hashed without reading its holes (the kind of hash it was verified
     // with, chosen from the local file then as now).
     let sparse = crate::sparse_hash_for(&ctx.client, &m);
-    // With --checksum the source's digest now; else the BLAKE3 recorded when verified.
+    // With --checksum the source's digest now; else (or when the source has none, as for an
+    // S3 object uploaded in parts without a checksum) the BLAKE3 recorded when verified.
+    let recorded = ferry_client::RemoteDigest {
+        version: attr.version(),
+        digest: Some(ferry_client::Digest::blake3(
+            st.verified.unwrap_or_default(),
+            sparse,
+        )),
+    };
     let expected = if ctx.cfg.checksum && attr.size > 0 {
         match ctx
             .client
             .remote_digest(remote_path(&ctx.root, rel), sparse)
             .await
         {
-            Ok(h) if h.version == attr.version() => h,
+            Ok(h) if h.version == attr.version() && h.digest.is_some() => h,
+            Ok(h) if h.version == attr.version() => recorded,
             Ok(_) => return Ok(FileOutcome::Changed(None)),
             Err(e) => {
                 return Err(std::io::Error::other(format!(
@@ -297,13 +306,7 @@ async fn recheck_verified(
             }
         }
     } else {
-        ferry_client::RemoteDigest {
-            version: attr.version(),
-            digest: Some(ferry_client::Digest::blake3(
-                st.verified.unwrap_or_default(),
-                sparse,
-            )),
-        }
+        recorded
     };
     let local = ctx.cache.local_path(rel);
     let gate = ctx.gate.clone();
@@ -365,7 +368,7 @@ async fn adopt(ctx: &Arc<Ctx>, rel: &Bytes, attr: &Attr) -> std::io::Result<bool
         return Ok(false);
     };
     match theirs {
-        Ok(h) if h.version == attr.version() && h.matches(&mine, other.as_ref()) => {}
+        Ok(h) if h.version == attr.version() && h.confirms(&mine, other.as_ref()) => {}
         _ => return Ok(false),
     }
     let generation = ctx.cache.begin(rel, attr.version(), cs);
