@@ -63,6 +63,12 @@ const ETAGS: usize = 1 << 16;
 /// A listing kept for paging, with when it was fetched.
 type Kept = (Instant, Arc<Vec<DirEntry>>);
 
+/// A directory's whole listing, an error status, or a lost gateway.
+type Listed = Result<Result<Arc<Vec<DirEntry>>, Response>, Unreachable>;
+
+/// A LIST in flight, shared by the listings of its directory asked for meanwhile.
+type Flight = Arc<tokio::sync::OnceCell<Listed>>;
+
 /// An S3 bucket answering the pool's requests. Shared by all its streams.
 pub struct S3Source {
     http: Http,
@@ -73,6 +79,8 @@ pub struct S3Source {
     etags: Mutex<LruCache<Bytes, Arc<str>>>,
     /// Directory → its whole listing, for the pages after the first.
     listings: Mutex<LruCache<Bytes, Kept>>,
+    /// Directory → the LIST in flight for it.
+    flights: Mutex<std::collections::HashMap<Bytes, Flight>>,
     instance: [u8; 16],
 }
 
@@ -87,7 +95,7 @@ impl std::fmt::Debug for S3Source {
 
 /// The gateway could not be reached: the stream is lost (the pool sends the request
 /// elsewhere and probes the gateway until it answers again).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Unreachable(pub(crate) String);
 
 /// A request's outcome: an answer (possibly an error status), or a lost gateway.
@@ -151,6 +159,7 @@ impl S3Source {
             gid: nix::unistd::getgid().as_raw(),
             etags: Mutex::new(LruCache::new(NonZeroUsize::new(ETAGS).expect("nonzero"))),
             listings: Mutex::new(LruCache::new(NonZeroUsize::new(LISTINGS).expect("nonzero"))),
+            flights: Mutex::new(std::collections::HashMap::new()),
             instance: id,
         })
     }
@@ -240,6 +249,7 @@ impl S3Source {
 
     /// Answers one request through gateway `endpoint`.
     pub(crate) async fn answer(&self, endpoint: usize, request: Request) -> Answered {
+        tracing::trace!("S3 request to endpoint {endpoint}: {request:?}");
         match request {
             Request::Ping => self
                 .http
@@ -314,12 +324,12 @@ impl S3Source {
     }
 
     /// The whole listing of directory `path`, kept for its later pages.
-    async fn listing(
-        &self,
-        endpoint: usize,
-        path: &Bytes,
-        fresh: bool,
-    ) -> Result<Result<Arc<Vec<DirEntry>>, Response>, Unreachable> {
+    ///
+    /// Listings of one directory asked for while one is in flight share it (a LIST costs the
+    /// store a scan of everything under the prefix; a mount's walk may ask for the same
+    /// directory again before the first answer, e.g. a listing ahead dropped and started
+    /// anew): the answer then reflects the store from at most one LIST's duration before.
+    async fn listing(&self, endpoint: usize, path: &Bytes, fresh: bool) -> Listed {
         if !fresh {
             let mut l = self.listings.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((at, v)) = l.get(path) {
@@ -328,6 +338,27 @@ impl S3Source {
                 }
             }
         }
+        let flight = self
+            .flights
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(path.clone())
+            .or_default()
+            .clone();
+        let got = flight
+            .get_or_init(|| self.fetch_listing(endpoint, path))
+            .await
+            .clone();
+        // Done: the next listing of the directory is a LIST of its own.
+        let mut f = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+        if f.get(path).is_some_and(|c| Arc::ptr_eq(c, &flight)) {
+            f.remove(path);
+        }
+        got
+    }
+
+    /// One LIST of directory `path`, as a listing ([`S3Source::listing`]).
+    async fn fetch_listing(&self, endpoint: usize, path: &Bytes) -> Listed {
         let Some(dir) = Self::key_of(path) else {
             return Ok(Err(not_utf8()));
         };
