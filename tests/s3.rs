@@ -58,6 +58,16 @@ fn mirror(g: &Garage, prefix: &str, dir: &Path, extra: &[&str]) -> std::process:
         .unwrap()
 }
 
+/// `ferry mount` of the whole bucket with the cluster's endpoints, the key and `extra`.
+fn mount_bucket(g: &Garage, extra: &[&str]) -> TestMount {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("mnt")).unwrap();
+    let mut args: Vec<String> = g.args();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    TestMount::mount_env(dir, &g.url(""), &args, &g.credentials())
+}
+
 fn ok(out: &std::process::Output) {
     assert!(
         out.status.success(),
@@ -145,12 +155,7 @@ fn the_mount_reads_a_bucket_with_cp_and_a_replaced_object_is_an_error_never_a_sp
     let old_bytes = std::fs::read(old.path()).unwrap();
     g.put("t2/replaced.bin", &old_bytes, false);
 
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("mnt")).unwrap();
-    let mut args: Vec<String> = g.args();
-    args.extend(["--open-timeout".into(), "0".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let m = TestMount::mount_env(dir, &g.url(""), &args, &g.credentials());
+    let m = mount_bucket(&g, &["--open-timeout", "0"]);
     let mnt = m.path();
 
     // cp -r of the tree out of the mount is the tree.
@@ -216,11 +221,7 @@ fn a_gateway_killed_during_a_copy_is_skipped_and_the_copy_is_whole() {
     source_tree(src.path());
     g.put_tree(src.path(), "tree");
 
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("mnt")).unwrap();
-    let args: Vec<String> = g.args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let m = TestMount::mount_env(dir, &g.url(""), &args, &g.credentials());
+    let m = mount_bucket(&g, &[]);
     let out = tempfile::tempdir().unwrap();
     let mut cp = std::process::Command::new("cp")
         .arg(m.path().join("big/one.bin"))
@@ -299,16 +300,10 @@ fn the_mount_s_background_mirror_fills_a_verified_local_copy_of_a_bucket() {
     source_tree(src.path());
     let n = g.put_tree(src.path(), "");
     let cache = tempfile::tempdir().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("mnt")).unwrap();
-    let mut args: Vec<String> = g.args();
-    args.extend([
-        "--cache-dir".into(),
-        cache.path().to_str().unwrap().into(),
-        "--mirror".into(),
-    ]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let m = TestMount::mount_env(dir, &g.url(""), &args, &g.credentials());
+    let m = mount_bucket(
+        &g,
+        &["--cache-dir", cache.path().to_str().unwrap(), "--mirror"],
+    );
     // Readers meanwhile get the right bytes.
     run(std::process::Command::new("cmp")
         .arg(m.path().join("big.bin"))

@@ -230,21 +230,8 @@ impl S3Source {
     fn dir_attr(&self, path: &[u8]) -> Attr {
         let mut k = b"dir:".to_vec();
         k.extend_from_slice(path);
-        Attr {
-            ino: if path.is_empty() { 1 } else { hash64(&k) },
-            kind: FileKind::Directory,
-            perm: 0o755,
-            nlink: 2,
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
-            size: 0,
-            blocks: 0,
-            atime: Timestamp::default(),
-            mtime: Timestamp::default(),
-            ctime: Timestamp::default(),
-            btime: Timestamp::default(),
-        }
+        let ino = if path.is_empty() { 1 } else { hash64(&k) };
+        Attr::bare_directory(ino, self.uid, self.gid)
     }
 
     /// Answers one request through gateway `endpoint`.

@@ -189,6 +189,26 @@ impl Attr {
         self.ino == other.ino && self.btime == other.btime && self.kind == other.kind
     }
 
+    /// Attributes of a directory that has no others to show (a mount's `.` and `..`, an
+    /// object store's prefix): mode 0755, two links, owned by `uid`:`gid`, size and times 0.
+    pub fn bare_directory(ino: u64, uid: u32, gid: u32) -> Attr {
+        Attr {
+            ino,
+            kind: FileKind::Directory,
+            perm: 0o755,
+            nlink: 2,
+            uid,
+            gid,
+            rdev: 0,
+            size: 0,
+            blocks: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            btime: Timestamp::default(),
+        }
+    }
+
     /// The version of the contents these attributes describe.
     pub fn version(&self) -> Version {
         Version {

@@ -196,9 +196,8 @@ struct DirsAhead {
     by_path: HashMap<Bytes, (Instant, ListingCell)>,
     order: VecDeque<Bytes>,
     /// Directories found but not listed yet, by their position in the walk: listings ahead
-    /// go in depth-first listing order, the order `cp -r`, `tar`, `find` and `du` walk in
-    /// (each found at the time given).
-    todo: BTreeMap<Pos, (Bytes, Instant)>,
+    /// go in depth-first listing order, the order `cp -r`, `tar`, `find` and `du` walk in.
+    todo: BTreeMap<Pos, Bytes>,
     /// The position in the walk of each directory found in it, siblings in the order the
     /// walker seems to take: listing order (`cp -r`, `tar`, `find`, `du`) or, when
     /// `by_name`, name order (`rsync`, `ls -R`).
@@ -252,9 +251,9 @@ impl DirsAhead {
             self.by_name = want_by_name;
             std::mem::swap(&mut self.pos, &mut self.other);
             let todo = std::mem::take(&mut self.todo);
-            for (_, (p, found)) in todo {
+            for (_, p) in todo {
                 if let Some(k) = self.pos.get(&p) {
-                    self.todo.insert(k.clone(), (p, found));
+                    self.todo.insert(k.clone(), p);
                 }
             }
         }
@@ -281,7 +280,7 @@ impl DirsAhead {
                         let ahead = |k: &Pos| self.walker.as_ref().is_none_or(|w| k >= w);
                         if let Some(pos) = self.pos.get(&p).filter(|k| walking && ahead(k)) {
                             let pos = pos.clone();
-                            self.todo.insert(pos, (p, Instant::now()));
+                            self.todo.insert(pos, p);
                         }
                     }
                 }
@@ -621,7 +620,6 @@ impl Lister {
                 (Pos::new(), Pos::new())
             }
         };
-        let now = Instant::now();
         let dirs: Vec<(usize, &DirEntry)> = entries
             .iter()
             .enumerate()
@@ -648,7 +646,7 @@ impl Lister {
             o.push(theirs);
             a.pos.insert(child.clone(), p.clone());
             a.other.insert(child.clone(), o);
-            a.todo.insert(p, (child, now));
+            a.todo.insert(p, child);
         }
         while a.todo.len() > TODO_MAX {
             a.todo.pop_last(); // the furthest from the walker
@@ -691,10 +689,10 @@ impl Lister {
                 a.by_path.remove(&far);
                 a.order.retain(|p| p != &far);
                 if let Some(k) = a.pos.get(&far).cloned() {
-                    a.todo.insert(k, (far, Instant::now()));
+                    a.todo.insert(k, far);
                 }
             }
-            let Some((child, _found)) = a.todo.remove(&next) else {
+            let Some(child) = a.todo.remove(&next) else {
                 break;
             };
             // Walked within the TTL (`expire` forgets older walks): its walker has listed it

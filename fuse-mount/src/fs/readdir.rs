@@ -13,7 +13,7 @@
 //! reports the known mount inode, or failing that the server inode as an informational
 //! `d_ino`.
 
-use ferry_proto::{Attr, FileKind, Timestamp};
+use ferry_proto::Attr;
 
 use super::listing::DirItem;
 use super::Fs;
@@ -50,21 +50,7 @@ fn dir_positions(items: &[DirItem], offset: u64) -> impl Iterator<Item = (u64, D
 /// Placeholder attributes of `.` or `..` (directory inode `ino`): the kernel takes no
 /// reference for them and does not cache them.
 fn dot_attr(ino: u64) -> Attr {
-    Attr {
-        ino,
-        kind: FileKind::Directory,
-        perm: 0o755,
-        nlink: 2,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        size: 0,
-        blocks: 0,
-        atime: Timestamp::default(),
-        mtime: Timestamp::default(),
-        ctime: Timestamp::default(),
-        btime: Timestamp::default(),
-    }
+    Attr::bare_directory(ino, 0, 0)
 }
 
 /// Whether a reply's entries count as kernel lookups.
