@@ -2,18 +2,19 @@
 # Installs the runtime prerequisites of ferry's demo and tests, only those that are missing:
 #   fusermount3 (Debian package fuse3), rsync, lz4, pv (a slowed reader in the tests),
 #   setfattr/setfacl (attr, acl: extended attributes and ACLs in the tests), and
-#   PostgreSQL's server binaries (a real cluster mirrored and started in the tests), and
-#   python3 (scripts/garage-cluster.sh). Garage, the S3 server of the tests, is installed by
+#   PostgreSQL's server binaries (a real cluster mirrored and started in the tests),
+#   python3 (scripts/garage-cluster.sh), and rclone and s3fs (trees uploaded to the S3
+#   tests' bucket with the modes, owners and times those tools keep in object metadata). Garage, the S3 server of the tests, is installed by
 #   scripts/prereqs-garage.sh, which `make test` runs (not the demo: it takes ~10 minutes once).
 # Idempotent: does nothing (and never runs apt-get) when everything is present.
 # Needs root and apt-get to install; exits non-zero with a one-line message otherwise.
 set -euo pipefail
 
 # command -> Debian package
-declare -A PKG=([fusermount3]=fuse3 [rsync]=rsync [lz4]=lz4 [pv]=pv [setfattr]=attr [setfacl]=acl [python3]=python3)
+declare -A PKG=([fusermount3]=fuse3 [rsync]=rsync [lz4]=lz4 [pv]=pv [setfattr]=attr [setfacl]=acl [python3]=python3 [rclone]=rclone [s3fs]=s3fs)
 
 missing=()
-for cmd in fusermount3 rsync lz4 pv setfattr setfacl python3; do
+for cmd in fusermount3 rsync lz4 pv setfattr setfacl python3 rclone s3fs; do
     if ! command -v "$cmd" >/dev/null 2>&1; then
         missing+=("${PKG[$cmd]}")
     fi

@@ -8,25 +8,12 @@
 #![allow(clippy::unwrap_used)] // tests may panic on setup failures
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use ferry_tests::pg::{chown, root_or_skip, socket_dir, source_cluster, Postgres};
 use ferry_tests::{bin, is_root, mirror, run, wait_for, TestMount, TestServer};
-
-/// Skips (returns false) when not root, unless FERRY_REQUIRE_FUSE=1 (then fails): only root
-/// may give files away.
-fn root_or_skip(what: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
-        "{what} needs root (FERRY_REQUIRE_FUSE=1 is set)"
-    );
-    eprintln!("skipped: {what} needs root");
-    false
-}
 
 /// ferryd in a private mount namespace whose /etc/passwd and /etc/group are `passwd` and
 /// `group`: the server names ids differently from this machine. Killed on drop.
@@ -79,10 +66,6 @@ impl Drop for NsServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn chown(p: &Path, uid: u32, gid: u32) {
-    std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
 }
 
 fn owner(p: &Path) -> (u32, u32) {
@@ -207,127 +190,6 @@ fn a_bad_chown_is_one_clear_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no user named no-such-user-here"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-}
-
-/// The binaries of the newest PostgreSQL installed (Debian's layout), if any.
-fn pg_bin() -> Option<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|b| b.join("initdb").exists())
-        .collect();
-    v.sort();
-    v.pop()
-}
-
-/// A PostgreSQL server on a data directory, stopped on drop.
-struct Postgres {
-    bin: PathBuf,
-    data: PathBuf,
-    socket: PathBuf,
-}
-
-impl Postgres {
-    fn as_postgres(&self, prog: &str) -> Command {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(self.bin.join(prog));
-        c
-    }
-
-    fn start(bin: &Path, data: &Path, socket: &Path) -> Postgres {
-        let pg = Postgres {
-            bin: bin.to_path_buf(),
-            data: data.to_path_buf(),
-            socket: socket.to_path_buf(),
-        };
-        let opts = format!(
-            "-c listen_addresses='' -c unix_socket_directories={} -c fsync=off",
-            socket.display()
-        );
-        run(pg
-            .as_postgres("pg_ctl")
-            .arg("-D")
-            .arg(data)
-            .args(["-w", "-t", "60", "-l"])
-            .arg(socket.join("log"))
-            .args(["-o", &opts, "start"]));
-        pg
-    }
-
-    fn sql(&self, q: &str) -> String {
-        run(self
-            .as_postgres("psql")
-            .arg("-h")
-            .arg(&self.socket)
-            .args(["-X", "-A", "-t", "-d", "postgres", "-c", q]))
-        .trim()
-        .to_string()
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let _ = self
-            .as_postgres("pg_ctl")
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "immediate", "-w", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// A stopped PostgreSQL cluster with a table of 20,000 rows in `top/export/pgdata`, in
-/// directories postgres can enter; `None` (skipped) without root or PostgreSQL. Returns the
-/// binaries' directory, the export, and postgres's uid and gid.
-fn source_cluster(top: &Path) -> Option<(PathBuf, PathBuf, (u32, u32))> {
-    if !root_or_skip("a PostgreSQL data directory") {
-        return None;
-    }
-    let Some(pg) = pg_bin() else {
-        assert!(
-            std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
-            "PostgreSQL is not installed (scripts/prereqs.sh installs it)"
-        );
-        eprintln!("skipped: PostgreSQL is not installed");
-        return None;
-    };
-    std::fs::set_permissions(top, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let (export, sock) = (top.join("export"), top.join("sock"));
-    let (uid, gid) = {
-        use nix::unistd::User;
-        let u = User::from_name("postgres").unwrap().unwrap();
-        (u.uid.as_raw(), u.gid.as_raw())
-    };
-    for d in [&export, &sock] {
-        std::fs::create_dir(d).unwrap();
-        chown(d, uid, gid);
-    }
-    let data = export.join("pgdata");
-    run(Command::new("runuser")
-        .args(["-u", "postgres", "--"])
-        .arg(pg.join("initdb"))
-        .args(["-D"])
-        .arg(&data)
-        .args(["-A", "trust", "--no-sync", "-E", "UTF8"])
-        .stdout(Stdio::null()));
-    let src = Postgres::start(&pg, &data, &sock);
-    src.sql("create table t as select g as id, md5(g::text) as v from generate_series(1, 20000) g");
-    run(src
-        .as_postgres("pg_ctl")
-        .arg("-D")
-        .arg(&data)
-        .args(["-m", "fast", "-w", "stop"]));
-    Some((pg, export, (uid, gid)))
-}
-
-/// A directory postgres may keep its socket in.
-fn socket_dir(top: &Path, name: &str, owner: (u32, u32)) -> PathBuf {
-    let d = top.join(name);
-    std::fs::create_dir(&d).unwrap();
-    chown(&d, owner.0, owner.1);
-    d
 }
 
 #[test]

@@ -402,3 +402,204 @@ fn an_object_uploaded_in_parts_without_a_checksum_is_copied_and_its_copy_recheck
     assert_same_contents(src.path(), &copy);
     assert!(status_json(&copy)["bytes_fetched"].as_u64().unwrap() > 0);
 }
+
+/// Whether the upload tools the metadata tests use are here; fails instead under
+/// FERRY_REQUIRE_FUSE=1 (scripts/prereqs.sh installs them).
+fn upload_tools() -> bool {
+    let missing: Vec<&str> = ["rclone", "s3fs"]
+        .into_iter()
+        .filter(|t| ferry_tests::which(t).is_none())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
+        "{missing:?} not installed (scripts/prereqs.sh installs them)"
+    );
+    eprintln!("skipped: {missing:?} not installed");
+    false
+}
+
+/// A tree whose modes, owners and times matter: private directories and files, another
+/// owner, nanosecond mtimes, a setuid file, a symlink, and a real header directory.
+fn owned_tree(root: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    std::fs::create_dir_all(root.join("data")).unwrap();
+    std::fs::create_dir_all(root.join("conf")).unwrap();
+    std::fs::write(root.join("data/f1"), b"private\n").unwrap();
+    write_random(&root.join("data/big.bin"), 5 * 1024 * 1024 + 3, 11);
+    std::fs::write(root.join("conf/x.conf"), b"key = value\n").unwrap();
+    std::fs::write(root.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    std::fs::write(root.join("empty"), b"").unwrap();
+    std::os::unix::fs::symlink("data/f1", root.join("link")).unwrap();
+    let headers = Path::new("/usr/include/linux/netfilter");
+    if headers.is_dir() {
+        run(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(headers)
+            .arg(root.join("headers")));
+    }
+    mode(&root.join("data/f1"), 0o600);
+    mode(&root.join("data/big.bin"), 0o640);
+    mode(&root.join("conf/x.conf"), 0o640);
+    mode(&root.join("run.sh"), 0o4755);
+    set_mtime(&root.join("data/f1"), 981_173_106, 123_456_789);
+    set_mtime(&root.join("data/big.bin"), 1_500_000_000, 5);
+    set_mtime(&root.join("conf/x.conf"), 1_600_000_000, 500_000_000);
+    for p in ["data/f1", "data/big.bin", "data"] {
+        ferry_tests::pg::chown(&root.join(p), 1234, 2345);
+    }
+    mode(&root.join("conf"), 0o750);
+    mode(&root.join("data"), 0o700);
+}
+
+/// Each file and symlink of `src` is in `copy` with its mode (less setuid and setgid, which
+/// are never taken from metadata), owner and mtime (files) or target (links); with `dirs`,
+/// each directory with its mode and owner.
+fn assert_same_attributes(src: &Path, copy: &Path, dirs: bool) {
+    let theirs: std::collections::HashMap<_, _> = ferry_tests::walk(copy)
+        .into_iter()
+        .map(|m| (m.rel.clone(), m))
+        .collect();
+    let mut checked = 0;
+    for m in ferry_tests::walk(src) {
+        let Some(c) = theirs.get(&m.rel) else {
+            panic!("{} is not in {}", m.rel.display(), copy.display());
+        };
+        let what = format!("{} in {}", m.rel.display(), copy.display());
+        match m.mode & 0o170_000 {
+            0o100_000 => {
+                assert_eq!(c.mode, m.mode & !0o6000, "mode of {what}");
+                assert_eq!(c.owner, m.owner, "owner of {what}");
+                assert_eq!(
+                    (c.mtime, c.mtime_nsec),
+                    (m.mtime, m.mtime_nsec),
+                    "mtime of {what}"
+                );
+                assert_eq!(c.size, m.size, "size of {what}");
+            }
+            0o120_000 => assert_eq!(c.target, m.target, "target of {what}"),
+            _ if dirs && !m.rel.as_os_str().is_empty() => {
+                assert_eq!(c.mode, m.mode, "mode of {what}");
+                assert_eq!(c.owner, m.owner, "owner of {what}");
+            }
+            _ => continue,
+        }
+        checked += 1;
+    }
+    assert!(checked >= 7, "only {checked} entries compared");
+}
+
+#[test]
+fn modes_owners_times_and_links_kept_by_rclone_and_s3fs_are_the_copy_s() {
+    require_fuse!();
+    require_s3!();
+    if !ferry_tests::pg::root_or_skip("owners kept in object metadata") || !upload_tools() {
+        return;
+    }
+    let g = Garage::start(1);
+    let src = tempfile::tempdir().unwrap();
+    owned_tree(src.path());
+    // Uploaded as users do: rclone with its metadata and links, and cp -a into s3fs.
+    run(g
+        .rclone()
+        .args(["copy", "--metadata", "--links"])
+        .arg(src.path())
+        .arg("g:ferry-test/rc"));
+    let s3fs = g.s3fs();
+    run(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(src.path())
+        .arg(s3fs.mnt.join("sf")));
+    s3fs.unmount();
+
+    let dst = tempfile::tempdir().unwrap();
+    for (prefix, dirs) in [("rc", false), ("sf", true)] {
+        let copy = dst.path().join(prefix);
+        ok(&mirror(&g, prefix, &copy, &[]));
+        assert_same_contents(src.path(), &copy);
+        assert_same_attributes(src.path(), &copy, dirs);
+        // The listing's HEADs and the reads described each object alike: nothing moves.
+        ok(&mirror(&g, prefix, &copy, &[]));
+        let s = status_json(&copy);
+        assert_eq!(s["bytes_fetched"], 0, "{prefix}: {s}");
+        assert_eq!(s["state"], "complete", "{prefix}: {s}");
+    }
+    // rclone keeps no directories: they get the documented default.
+    let m = std::fs::metadata(dst.path().join("rc/data")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(m.mode() & 0o7777, 0o755);
+
+    // Through the mount: the same attributes, the links, and cp -a out of it.
+    let mnt = mount_bucket(&g, &[]);
+    let f1 = std::fs::symlink_metadata(mnt.path().join("rc/data/f1")).unwrap();
+    assert_eq!((f1.mode(), f1.uid(), f1.gid()), (0o100_600, 1234, 2345));
+    assert_eq!((f1.mtime(), f1.mtime_nsec()), (981_173_106, 123_456_789));
+    for p in ["rc/link", "sf/link"] {
+        assert_eq!(
+            std::fs::read_link(mnt.path().join(p)).unwrap(),
+            Path::new("data/f1"),
+            "{p}"
+        );
+    }
+    let out = tempfile::tempdir().unwrap();
+    run(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(mnt.path().join("sf"))
+        .arg(out.path().join("sf")));
+    assert_same_contents(src.path(), &out.path().join("sf"));
+    assert_same_attributes(src.path(), &out.path().join("sf"), true);
+    drop(mnt);
+
+    // --s3-metadata off: the defaults, and rclone's link is the file it is stored as.
+    let plain = dst.path().join("plain");
+    ok(&mirror(&g, "rc", &plain, &["--s3-metadata", "off"]));
+    let m = std::fs::metadata(plain.join("data/f1")).unwrap();
+    assert_eq!((m.mode(), m.uid()), (0o100_644, 0));
+    assert_ne!(m.mtime(), 981_173_106);
+    assert_eq!(
+        std::fs::read(plain.join("link.rclonelink")).unwrap(),
+        b"data/f1"
+    );
+}
+
+#[test]
+fn a_postgresql_data_directory_written_through_s3fs_mirrors_and_starts() {
+    require_fuse!();
+    require_s3!();
+    let top = tempfile::tempdir().unwrap();
+    let Some((pg, export, pg_owner)) = ferry_tests::pg::source_cluster(top.path()) else {
+        return;
+    };
+    if !upload_tools() {
+        return;
+    }
+    let g = Garage::start(1);
+    let s3fs = g.s3fs();
+    run(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(export.join("pgdata"))
+        .arg(s3fs.mnt.join("pgdata")));
+    s3fs.unmount();
+    let dst = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dst.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let copy = dst.path().join("pgdata");
+    ok(&mirror(&g, "pgdata", &copy, &[]));
+    use std::os::unix::fs::MetadataExt;
+    for p in [&copy, &copy.join("base"), &copy.join("PG_VERSION")] {
+        let m = std::fs::metadata(p).unwrap();
+        assert_eq!((m.uid(), m.gid()), pg_owner, "{}", p.display());
+    }
+    assert_eq!(std::fs::metadata(&copy).unwrap().mode() & 0o777, 0o700);
+    let sock = ferry_tests::pg::socket_dir(top.path(), "sock2", pg_owner);
+    let db = ferry_tests::pg::Postgres::start(&pg, &copy, &sock);
+    assert_eq!(db.sql("select count(*), sum(id) from t"), "20000|200010000");
+}

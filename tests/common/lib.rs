@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use rand::{RngCore, SeedableRng};
 
+pub mod pg;
 pub mod proxy;
 pub mod s3;
 

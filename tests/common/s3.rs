@@ -282,6 +282,68 @@ impl Garage {
         assert!(r.status().is_success(), "DELETE {key}: {}", r.status());
     }
 
+    /// `rclone` (the real one, as users upload trees with it) with a remote `g:` for this
+    /// cluster's first node, e.g. `g.rclone().args(["copy", "-M", SRC, "g:ferry-test/P"])`.
+    pub fn rclone(&self) -> Command {
+        let conf = self.dir.path().join("rclone.conf");
+        if !conf.exists() {
+            let ep = self.endpoints().split(',').next().expect("endpoint");
+            std::fs::write(
+                &conf,
+                format!(
+                    "[g]\ntype = s3\nprovider = Other\naccess_key_id = {}\nsecret_access_key = {}\nendpoint = {ep}\nregion = {}\n",
+                    self.env["AWS_ACCESS_KEY_ID"], self.env["AWS_SECRET_ACCESS_KEY"], self.env["AWS_REGION"]
+                ),
+            )
+            .expect("rclone.conf");
+        }
+        let mut c = Command::new("rclone");
+        // Debian's rclone 1.60 fails on an AWS_CA_BUNDLE naming no CA it can use.
+        c.env_remove("AWS_CA_BUNDLE").arg("--config").arg(conf);
+        c
+    }
+
+    /// The bucket mounted with s3fs (the real one, as users write trees with it) at a new
+    /// directory; unmounted on drop.
+    pub fn s3fs(&self) -> S3fs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (pw, mnt) = (dir.path().join("passwd"), dir.path().join("mnt"));
+        std::fs::write(
+            &pw,
+            format!(
+                "{}:{}\n",
+                self.env["AWS_ACCESS_KEY_ID"], self.env["AWS_SECRET_ACCESS_KEY"]
+            ),
+        )
+        .expect("passwd file");
+        std::fs::set_permissions(&pw, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
+        std::fs::create_dir(&mnt).expect("mkdir");
+        let ep = self.endpoints().split(',').next().expect("endpoint");
+        let out = Command::new("s3fs")
+            .arg(format!("{}:/", self.env["FERRY_S3_BUCKET"]))
+            .arg(&mnt)
+            .arg("-o")
+            .arg(format!(
+                "passwd_file={},url={ep},use_path_request_style,endpoint={}",
+                pw.display(),
+                self.env["AWS_REGION"]
+            ))
+            .output()
+            .expect("run s3fs (scripts/prereqs.sh installs it)");
+        assert!(
+            out.status.success(),
+            "s3fs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let m = S3fs { dir, mnt };
+        assert!(
+            crate::wait_for(Duration::from_secs(10), || crate::is_mounted(&m.mnt)),
+            "s3fs did not mount"
+        );
+        m
+    }
+
     /// Kills node `k` (1-based).
     pub fn kill_node(&self, k: usize) {
         let out = Command::new("bash")
@@ -306,6 +368,29 @@ impl Drop for Garage {
             .arg("stop")
             .arg(self.dir.path())
             .output();
+    }
+}
+
+/// A bucket mounted with s3fs ([`Garage::s3fs`]).
+#[derive(Debug)]
+pub struct S3fs {
+    dir: tempfile::TempDir,
+    /// The mount point.
+    pub mnt: PathBuf,
+}
+
+impl S3fs {
+    /// Unmounts (s3fs has written every closed file by then).
+    pub fn unmount(self) {}
+}
+
+impl Drop for S3fs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        if crate::is_mounted(&self.mnt) {
+            crate::force_unmount(&self.mnt);
+        }
+        let _ = &self.dir;
     }
 }
 

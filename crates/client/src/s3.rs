@@ -14,8 +14,16 @@
 //! is a regular file (size, Last-Modified as its times). A key that no file name can carry
 //! (empty segments, `.`, `..`, over 255 bytes) is left out, and so is a directory marker
 //! (a key ending in `/`). A name that is both an object and a prefix is shown as the
-//! directory. Modes and owners: files 0644, directories 0755, owned by the user running
-//! ferry.
+//! directory. Modes, owners and times: from the objects' metadata as rclone, s3fs and
+//! s3cmd keep them ([`meta`]) when the session reads it (`--s3-metadata`: always, never,
+//! or when one of the first keys under the source's path has some); a directory's from its
+//! marker object (`DIR/`, as s3fs writes it). An object whose metadata says it is a
+//! symbolic link is one (its bytes are the target); rclone's `NAME.rclonelink` is shown as
+//! `NAME`. Otherwise: files 0644 with Last-Modified as their times, directories 0755 with
+//! the session's start, owned by the user running ferry. Reading metadata costs a HEAD per
+//! object listed (kept while the object's ETag and Last-Modified stay), since a listing
+//! carries none: every answer describes an object alike, whether a listing, a HEAD or a GET
+//! gave it, so a file's version never changes with the request that saw it.
 //!
 //! Versions: an object's inode number is a hash of its key, its size and mtime are the
 //! object's, and its birth time is a hash of its ETag, so a replaced object is another file
@@ -34,6 +42,7 @@
 
 mod config;
 mod http;
+mod meta;
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -48,9 +57,10 @@ use lru::LruCache;
 use tracing::debug;
 
 pub use self::config::{
-    Addressing, Env, ProcessEnv, S3Config, S3ConfigError, S3Credentials, S3Options,
+    Addressing, Env, Metadata, ProcessEnv, S3Config, S3ConfigError, S3Credentials, S3Options,
 };
 use self::http::{Http, Object};
+use self::meta::{Meta, S_IFLNK};
 use crate::digest::Digest;
 
 /// Listings kept for paging (a listing is fetched whole at its first page).
@@ -59,6 +69,16 @@ const LISTINGS: usize = 64;
 const LISTING_TTL: Duration = Duration::from_secs(30);
 /// ETags remembered for `If-Match`.
 const ETAGS: usize = 1 << 16;
+/// Objects' HEADs kept for the listings that show their metadata.
+const HEADS: usize = 1 << 16;
+/// Keys looked at to decide whether the bucket's objects carry metadata (`auto`).
+const SAMPLE: usize = 16;
+/// HEADs one listing runs at once.
+const HEADS_AT_ONCE: usize = 32;
+/// The longest symbolic link target read from an object.
+const LINK_MAX: u32 = 4096;
+/// The name ending of rclone's symbolic links (`--links`).
+const RCLONE_LINK: &str = ".rclonelink";
 
 /// A listing kept for paging, with when it was fetched.
 type Kept = (Instant, Arc<Vec<DirEntry>>);
@@ -81,6 +101,16 @@ pub struct S3Source {
     listings: Mutex<LruCache<Bytes, Kept>>,
     /// Directory → the LIST in flight for it.
     flights: Mutex<std::collections::HashMap<Bytes, Flight>>,
+    /// Whether objects' metadata gives modes, owners and times, once decided.
+    use_meta: tokio::sync::OnceCell<bool>,
+    /// Key → the object as its last HEAD described it, metadata included.
+    heads: Mutex<LruCache<Bytes, Object>>,
+    /// Directory → its marker's metadata (the object `DIR/`), and when it was read.
+    markers: Mutex<LruCache<Bytes, (Instant, Option<Meta>)>>,
+    /// Path shown → its key, where they differ (rclone's `NAME.rclonelink` shown as `NAME`).
+    aliases: Mutex<LruCache<Bytes, Bytes>>,
+    /// When the session began (whole seconds): the times of directories without a marker.
+    started: Timestamp,
     instance: [u8; 16],
 }
 
@@ -126,6 +156,29 @@ fn etag_stamp(etag: &str) -> Timestamp {
     }
 }
 
+/// The outcomes of `requests`, in their order, run [`HEADS_AT_ONCE`] at a time; the first
+/// lost gateway ends them all.
+async fn at_once<T, F>(requests: impl Iterator<Item = F>) -> Result<Vec<T>, Unreachable>
+where
+    F: std::future::Future<Output = Result<T, Unreachable>>,
+{
+    use futures_util::StreamExt;
+    let mut running = futures_util::stream::FuturesOrdered::new();
+    let mut out = Vec::new();
+    for r in requests {
+        if running.len() >= HEADS_AT_ONCE {
+            if let Some(done) = running.next().await {
+                out.push(done?);
+            }
+        }
+        running.push_back(r);
+    }
+    while let Some(done) = running.next().await {
+        out.push(done?);
+    }
+    Ok(out)
+}
+
 /// Whether a key's segment can be a file name here.
 fn usable_name(n: &str) -> bool {
     !n.is_empty() && n != "." && n != ".." && n.len() <= 255 && !n.contains('\0')
@@ -160,6 +213,16 @@ impl S3Source {
             etags: Mutex::new(LruCache::new(NonZeroUsize::new(ETAGS).expect("nonzero"))),
             listings: Mutex::new(LruCache::new(NonZeroUsize::new(LISTINGS).expect("nonzero"))),
             flights: Mutex::new(std::collections::HashMap::new()),
+            use_meta: tokio::sync::OnceCell::new(),
+            heads: Mutex::new(LruCache::new(NonZeroUsize::new(HEADS).expect("nonzero"))),
+            markers: Mutex::new(LruCache::new(NonZeroUsize::new(LISTINGS).expect("nonzero"))),
+            aliases: Mutex::new(LruCache::new(NonZeroUsize::new(ETAGS).expect("nonzero"))),
+            started: Timestamp {
+                sec: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64),
+                nsec: 0,
+            },
             instance: id,
         })
     }
@@ -205,33 +268,179 @@ impl S3Source {
         }
     }
 
-    fn file_attr(&self, key: &[u8], o: &Object) -> Attr {
-        let t = Timestamp {
+    /// The attributes of object `key` as `o` describes it, with its metadata when `meta`
+    /// (the session reads metadata: [`S3Source::use_meta`]).
+    fn file_attr(&self, key: &[u8], o: &Object, meta: bool) -> Attr {
+        let stored = Timestamp {
             sec: o.last_modified,
             nsec: 0,
         };
+        let m = if meta { o.meta } else { None };
+        let link = m.is_some_and(|m| m.kind() == S_IFLNK);
+        let mtime = m.and_then(|m| m.mtime).unwrap_or(stored);
         Attr {
             ino: hash64(key),
-            kind: FileKind::File,
-            perm: 0o644,
+            kind: if link {
+                FileKind::Symlink
+            } else {
+                FileKind::File
+            },
+            perm: if link {
+                0o777
+            } else {
+                m.and_then(|m| m.perm(false)).unwrap_or(0o644)
+            },
             nlink: 1,
-            uid: self.uid,
-            gid: self.gid,
+            uid: m.and_then(|m| m.uid).unwrap_or(self.uid),
+            gid: m.and_then(|m| m.gid).unwrap_or(self.gid),
             rdev: 0,
             size: o.size,
             blocks: o.size.div_ceil(512),
-            atime: t,
-            mtime: t,
-            ctime: t,
+            atime: m.and_then(|m| m.atime).unwrap_or(mtime),
+            mtime,
+            // When the store took this version (a metadata change is a new one too).
+            ctime: stored,
             btime: etag_stamp(&o.etag),
         }
     }
 
-    fn dir_attr(&self, path: &[u8]) -> Attr {
+    /// The attributes of directory `path`, with its marker's metadata if it has one (else
+    /// 0755, the user running ferry, and the session's start as its times).
+    fn dir_attr(&self, path: &[u8], m: Option<&Meta>) -> Attr {
         let mut k = b"dir:".to_vec();
         k.extend_from_slice(path);
         let ino = if path.is_empty() { 1 } else { hash64(&k) };
-        Attr::bare_directory(ino, self.uid, self.gid)
+        let mut a = Attr::bare_directory(ino, self.uid, self.gid);
+        (a.mtime, a.ctime, a.atime) = (self.started, self.started, self.started);
+        if let Some(m) = m {
+            a.perm = m.perm(true).unwrap_or(a.perm);
+            a.uid = m.uid.unwrap_or(a.uid);
+            a.gid = m.gid.unwrap_or(a.gid);
+            if let Some(t) = m.mtime {
+                (a.mtime, a.ctime, a.atime) = (t, t, m.atime.unwrap_or(t));
+            }
+        }
+        a
+    }
+
+    /// Whether this session reads modes, owners and times from objects' metadata: as
+    /// configured, or for `auto`, whether one of the first keys under `near` (the path of
+    /// the session's first request) carries some. Decided once per session, so every
+    /// answer describes a version alike.
+    async fn use_meta(&self, endpoint: usize, near: &[u8]) -> Result<bool, Unreachable> {
+        match self.config().metadata {
+            Metadata::On => return Ok(true),
+            Metadata::Off => return Ok(false),
+            Metadata::Auto => {}
+        }
+        self.use_meta
+            .get_or_try_init(|| async {
+                let near = String::from_utf8_lossy(near);
+                let keys = self.http.sample(endpoint, &near, SAMPLE).await?;
+                let heads = self.head_all(endpoint, &keys).await?;
+                let found = heads.iter().any(|h| matches!(h, Ok(o) if o.meta.is_some()));
+                debug!(
+                    "{}: {} of the first {} keys under {near:?} carry metadata: modes, owners and times {}",
+                    self.label(),
+                    heads.iter().filter(|h| matches!(h, Ok(o) if o.meta.is_some())).count(),
+                    keys.len(),
+                    if found { "from metadata" } else { "the defaults" }
+                );
+                Ok(found)
+            })
+            .await
+            .copied()
+    }
+
+    /// HEADs of `keys`, in their order, [`HEADS_AT_ONCE`] at a time.
+    async fn head_all(
+        &self,
+        endpoint: usize,
+        keys: &[String],
+    ) -> Result<Vec<Result<Object, Response>>, Unreachable> {
+        at_once(keys.iter().map(|k| self.http.head(endpoint, k))).await
+    }
+
+    /// `objects` of one listing as HEADs describe them (metadata included; a HEAD kept
+    /// from before serves while the object's ETag and Last-Modified are the listing's).
+    /// An object gone since the listing is left out; one replaced since is described as
+    /// it is now.
+    async fn described(
+        &self,
+        endpoint: usize,
+        objects: Vec<Object>,
+    ) -> Result<Result<Vec<Object>, Response>, Unreachable> {
+        let mut out = Vec::with_capacity(objects.len());
+        let mut ask = Vec::new();
+        {
+            let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+            for o in objects {
+                match heads.get(o.key.as_bytes()) {
+                    Some(h) if h.etag == o.etag && h.last_modified == o.last_modified => {
+                        out.push(h.clone());
+                    }
+                    _ => ask.push(o.key),
+                }
+            }
+        }
+        let answers = self.head_all(endpoint, &ask).await?;
+        for a in answers {
+            match a {
+                Ok(o) => {
+                    self.heads
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .put(Bytes::from(o.key.clone()), o.clone());
+                    out.push(o);
+                }
+                Err(Response::Error {
+                    status: Status::NotFound,
+                    ..
+                }) => {}
+                Err(r) => return Ok(Err(r)),
+            }
+        }
+        Ok(Ok(out))
+    }
+
+    /// The metadata of directory `path`'s marker (the object `PATH/`, as s3fs writes it),
+    /// kept for [`LISTING_TTL`]; `None` without one.
+    async fn marker(&self, endpoint: usize, path: &[u8]) -> Result<Option<Meta>, Unreachable> {
+        if path.is_empty() {
+            return Ok(None);
+        }
+        if let Some((at, m)) = self
+            .markers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(path)
+        {
+            if at.elapsed() < LISTING_TTL {
+                return Ok(*m);
+            }
+        }
+        let key = format!("{}/", String::from_utf8_lossy(path));
+        let m = self
+            .http
+            .head(endpoint, &key)
+            .await?
+            .ok()
+            .and_then(|o| o.meta);
+        self.markers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .put(Bytes::copy_from_slice(path), (Instant::now(), m));
+        Ok(m)
+    }
+
+    /// The key of the object shown at `path`.
+    fn key_for(&self, path: &Bytes) -> Bytes {
+        self.aliases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(path)
+            .cloned()
+            .unwrap_or_else(|| path.clone())
     }
 
     /// Answers one request through gateway `endpoint`.
@@ -252,10 +461,7 @@ impl S3Source {
             Request::Read {
                 path, offset, len, ..
             } => self.read(endpoint, path, offset, len).await,
-            Request::ReadLink { .. } => Ok(error(
-                Status::InvalidArgument,
-                "an S3 bucket has no symbolic links",
-            )),
+            Request::ReadLink { path } => self.read_link(endpoint, path).await,
             // An object store has no free space to speak of.
             Request::StatFs => Ok(Response::StatFs(StatFs {
                 bsize: 1 << 20,
@@ -280,24 +486,34 @@ impl S3Source {
 
     async fn stat(&self, endpoint: usize, path: Bytes) -> Answered {
         if path.is_empty() {
-            return Ok(Response::Attr(self.dir_attr(&path)));
+            return Ok(Response::Attr(self.dir_attr(&path, None)));
         }
-        let Some(key) = Self::key_of(&path) else {
+        let key_b = self.key_for(&path);
+        let (Some(shown), Some(key)) = (Self::key_of(&path), Self::key_of(&key_b)) else {
             return Ok(not_utf8());
         };
-        // Both at once (one round trip): a name that is both is shown as the directory.
-        let prefix = format!("{key}/");
-        let (is_dir, head) = tokio::join!(
+        let meta = self.use_meta(endpoint, &path).await?;
+        // All at once (one round trip): a name that is both is shown as the directory.
+        let prefix = format!("{shown}/");
+        let marker = async {
+            if meta {
+                self.marker(endpoint, &path).await
+            } else {
+                Ok(None)
+            }
+        };
+        let (is_dir, head, marker) = tokio::join!(
             self.http.prefix_exists(endpoint, &prefix),
-            self.http.head(endpoint, key)
+            self.http.head(endpoint, key),
+            marker
         );
         if is_dir? {
-            return Ok(Response::Attr(self.dir_attr(&path)));
+            return Ok(Response::Attr(self.dir_attr(&path, marker?.as_ref())));
         }
         match head? {
             Ok(o) => {
-                self.remember(&path, &o.etag);
-                Ok(Response::Attr(self.file_attr(&path, &o)))
+                self.remember(&key_b, &o.etag);
+                Ok(Response::Attr(self.file_attr(&key_b, &o, meta)))
             }
             Err(Response::Error {
                 status: Status::NotFound,
@@ -364,14 +580,12 @@ impl S3Source {
                 format!("no objects under {prefix}"),
             )));
         }
-        let mut entries: Vec<(String, Attr)> = Vec::with_capacity(objects.len() + prefixes.len());
+        let meta = self.use_meta(endpoint, prefix.as_bytes()).await?;
         let mut dirs = std::collections::BTreeSet::new();
         for p in prefixes {
             let name = p.strip_prefix(&prefix).unwrap_or(&p).trim_end_matches('/');
             if usable_name(name) && !name.contains('/') {
                 dirs.insert(name.to_string());
-                let full = Bytes::from(format!("{prefix}{name}"));
-                entries.push((name.to_string(), self.dir_attr(&full)));
             } else {
                 debug!(
                     "{}: prefix {p:?} is not a usable name; left out",
@@ -379,18 +593,53 @@ impl S3Source {
                 );
             }
         }
-        for o in objects {
-            let name = o.key.strip_prefix(&prefix).unwrap_or(&o.key);
-            if name.is_empty() {
-                continue; // the directory marker
-            }
-            if !usable_name(name) || name.contains('/') || dirs.contains(name) {
-                debug!("{}: key {:?} left out of the tree", self.label(), o.key);
-                continue;
-            }
+        let name_of = |o: &Object| o.key.strip_prefix(&prefix).unwrap_or(&o.key).to_string();
+        let mut files: Vec<Object> = objects
+            .into_iter()
+            .filter(|o| {
+                let name = name_of(o);
+                // An empty name is the directory's marker.
+                let keep = name.is_empty()
+                    || (usable_name(&name) && !name.contains('/') && !dirs.contains(&name));
+                if !keep {
+                    debug!("{}: key {:?} left out of the tree", self.label(), o.key);
+                }
+                keep && !name.is_empty()
+            })
+            .collect();
+        let full = |name: &str| Bytes::from(format!("{prefix}{name}"));
+        let mut dir_meta = vec![None; dirs.len()];
+        if meta {
+            files = match self.described(endpoint, files).await? {
+                Ok(f) => f,
+                Err(r) => return Ok(Err(r)),
+            };
+            let paths: Vec<Bytes> = dirs.iter().map(|d| full(d)).collect();
+            dir_meta = at_once(paths.iter().map(|p| self.marker(endpoint, p))).await?;
+        }
+        let mut entries: Vec<(String, Attr)> = Vec::with_capacity(files.len() + dirs.len());
+        for (name, m) in dirs.iter().zip(&dir_meta) {
+            entries.push((name.clone(), self.dir_attr(&full(name), m.as_ref())));
+        }
+        let names: std::collections::HashSet<String> = files.iter().map(name_of).collect();
+        for o in files {
+            let mut name = name_of(&o);
             let key = Bytes::from(o.key.clone());
+            let attr = self.file_attr(&key, &o, meta);
+            // rclone's symlink NAME.rclonelink is shown as NAME (unless NAME is taken).
+            if attr.kind == FileKind::Symlink {
+                if let Some(bare) = name.strip_suffix(RCLONE_LINK) {
+                    if usable_name(bare) && !names.contains(bare) && !dirs.contains(bare) {
+                        self.aliases
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .put(full(bare), key.clone());
+                        name = bare.to_string();
+                    }
+                }
+            }
             self.remember(&key, &o.etag);
-            entries.push((name.to_string(), self.file_attr(&key, &o)));
+            entries.push((name, attr));
         }
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         let list: Vec<DirEntry> = entries
@@ -425,9 +674,11 @@ impl S3Source {
     }
 
     async fn read(&self, endpoint: usize, path: Bytes, offset: u64, len: u32) -> Answered {
+        let path = self.key_for(&path);
         let Some(key) = Self::key_of(&path) else {
             return Ok(not_utf8());
         };
+        let meta = self.use_meta(endpoint, &path).await?;
         let etag = self
             .etags
             .lock()
@@ -446,7 +697,7 @@ impl S3Source {
                 Err(r) => return Ok(r),
             };
             self.remember(&path, &got.object.etag);
-            let version: Version = self.file_attr(&path, &got.object).version();
+            let version: Version = self.file_attr(&path, &got.object, meta).version();
             let whole = offset == 0 && got.data.len() as u64 == got.object.size;
             let mut file_hash = None;
             if whole {
@@ -493,17 +744,57 @@ impl S3Source {
         endpoint: usize,
         path: &Bytes,
     ) -> Result<Result<(Version, Option<Digest>), Response>, Unreachable> {
+        let path = &self.key_for(path);
         let Some(key) = Self::key_of(path) else {
             return Ok(Err(not_utf8()));
         };
+        let meta = self.use_meta(endpoint, path).await?;
         Ok(match self.http.head(endpoint, key).await? {
             Ok(o) => {
                 self.remember(path, &o.etag);
-                let v = self.file_attr(path, &o).version();
+                let v = self.file_attr(path, &o, meta).version();
                 Ok((v, o.digest))
             }
             Err(r) => Err(r),
         })
+    }
+
+    /// The target of the symbolic link at `path`: the object's bytes, when its metadata
+    /// says it is a link (s3fs and rclone write links so).
+    async fn read_link(&self, endpoint: usize, path: Bytes) -> Answered {
+        let path = self.key_for(&path);
+        let Some(key) = Self::key_of(&path) else {
+            return Ok(not_utf8());
+        };
+        let not_link = || {
+            Ok(error(
+                Status::InvalidArgument,
+                format!("{key}: not a symbolic link"),
+            ))
+        };
+        if !self.use_meta(endpoint, &path).await? {
+            return not_link();
+        }
+        match self
+            .http
+            .get_range(endpoint, key, 0, LINK_MAX, None)
+            .await?
+        {
+            Ok(g) if g.object.meta.is_some_and(|m| m.kind() == S_IFLNK) => {
+                if g.data.len() as u64 != g.object.size || g.data.is_empty() {
+                    return Ok(error(
+                        Status::InvalidArgument,
+                        format!(
+                            "{key}: a symbolic link's target of {} bytes (1 to {LINK_MAX} are links)",
+                            g.object.size
+                        ),
+                    ));
+                }
+                Ok(Response::Link(g.data))
+            }
+            Ok(_) => not_link(),
+            Err(r) => Ok(r),
+        }
     }
 }
 

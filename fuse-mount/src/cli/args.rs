@@ -265,6 +265,11 @@ pub struct S3Args {
     /// (virtual; the default for AWS).
     #[arg(long, value_name = "path|virtual", value_parser = ["path", "virtual"])]
     pub s3_addressing: Option<String>,
+    /// Modes, owners and times from objects' metadata as rclone, s3fs and s3cmd write it:
+    /// auto (when one of the first 16 objects has some), on (a HEAD of every object
+    /// listed), off (files 0644, directories 0755, the store's times, your user).
+    #[arg(long, value_name = "auto|on|off", value_parser = ["auto", "on", "off"])]
+    pub s3_metadata: Option<String>,
 }
 
 /// Encryption and authentication (mount and mirror).

@@ -116,6 +116,11 @@ pub fn connection(remote: &str, n: &NetArgs, what: &str) -> anyhow::Result<(Targ
                 _ => ferry_client::s3::Addressing::Path,
             }),
             ca_file: security.ca.clone(),
+            metadata: match n.s3.s3_metadata.as_deref() {
+                Some("on") => ferry_client::s3::Metadata::On,
+                Some("off") => ferry_client::s3::Metadata::Off,
+                _ => ferry_client::s3::Metadata::Auto,
+            },
         };
         Some(
             ferry_client::s3::S3Config::resolve(&target.host, &opts, &ferry_client::s3::ProcessEnv)
@@ -126,8 +131,9 @@ pub fn connection(remote: &str, n: &NetArgs, what: &str) -> anyhow::Result<(Targ
             n.s3.endpoint.is_none()
                 && n.s3.region.is_none()
                 && n.s3.profile.is_none()
-                && n.s3.s3_addressing.is_none(),
-            "--endpoint, --region, --profile and --s3-addressing are for s3://BUCKET sources"
+                && n.s3.s3_addressing.is_none()
+                && n.s3.s3_metadata.is_none(),
+            "--endpoint, --region, --profile, --s3-addressing and --s3-metadata are for s3://BUCKET sources"
         );
         None
     };

@@ -30,6 +30,20 @@ pub enum Addressing {
     VirtualHost,
 }
 
+/// Whether modes, owners and times are read from objects' user metadata (the conventions
+/// of rclone, s3fs and s3cmd: [`crate::s3`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Metadata {
+    /// Read when one of the first keys under the source's path carries some (decided once
+    /// per session).
+    #[default]
+    Auto,
+    /// Always read: a HEAD of every object listed.
+    On,
+    /// Never: the documented defaults.
+    Off,
+}
+
 /// Credentials for signing requests (AWS signature version 4).
 #[derive(Clone, PartialEq, Eq)]
 pub struct S3Credentials {
@@ -66,6 +80,8 @@ pub struct S3Config {
     pub credentials: Option<S3Credentials>,
     /// Trust this CA (PEM) for `https` endpoints, besides the system's.
     pub ca_file: Option<PathBuf>,
+    /// Whether object metadata gives modes, owners and times.
+    pub metadata: Metadata,
 }
 
 /// What the user gave on the command line (each `None` when not given).
@@ -81,6 +97,8 @@ pub struct S3Options {
     pub addressing: Option<Addressing>,
     /// `--ca` (for `https` endpoints).
     pub ca_file: Option<PathBuf>,
+    /// `--s3-metadata`.
+    pub metadata: Metadata,
 }
 
 /// Why an S3 source could not be set up; each says what to do.
@@ -312,6 +330,7 @@ impl S3Config {
                 .ca_file
                 .clone()
                 .or_else(|| env.var("AWS_CA_BUNDLE").map(PathBuf::from)),
+            metadata: opts.metadata,
         })
     }
 }

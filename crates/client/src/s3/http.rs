@@ -16,6 +16,7 @@ use reqwest::StatusCode;
 use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
 use tracing::debug;
 
+use super::meta::Meta;
 use super::{error, Addressing, S3Config, Unreachable};
 use crate::digest::{Digest, DigestKind};
 
@@ -37,6 +38,8 @@ pub(crate) struct Object {
     pub(crate) etag: String,
     /// The store's digest of the whole object, if it gives one (HEAD and GET only).
     pub(crate) digest: Option<Digest>,
+    /// Modes, owners and times in its user metadata (HEAD and GET only).
+    pub(crate) meta: Option<Meta>,
 }
 
 /// A ranged GET's answer.
@@ -150,6 +153,10 @@ fn object_of(key: &str, h: &reqwest::header::HeaderMap, size: Option<u64>) -> Op
         size,
         last_modified: parse_time(header(h, "last-modified")?)?,
         digest: digest_of(h, &etag),
+        meta: Meta::from_headers(
+            h.iter()
+                .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?))),
+        ),
         etag,
     })
 }
@@ -327,6 +334,29 @@ impl Http {
             .is_ok_and(|l| !l.contents.is_empty() || !l.common_prefixes.is_empty()))
     }
 
+    /// The first `n` keys (at any depth) that begin with `prefix`.
+    pub(crate) async fn sample(
+        &self,
+        endpoint: usize,
+        prefix: &str,
+        n: usize,
+    ) -> Result<Vec<String>, Unreachable> {
+        let mut a = self
+            .bucket(endpoint)
+            .list_objects_v2(self.credentials.as_ref());
+        a.with_prefix(prefix);
+        a.with_max_keys(n);
+        let url = a.sign(SIGN_FOR);
+        let r = self.send(|| self.client.get(url.clone()), &url).await?;
+        if !r.status().is_success() {
+            return Ok(Vec::new());
+        }
+        let body = r.text().await.map_err(|e| unreachable(e, &url))?;
+        Ok(rusty_s3::actions::ListObjectsV2::parse_response(&body)
+            .map(|l| l.contents.into_iter().map(|c| c.key).collect())
+            .unwrap_or_default())
+    }
+
     /// Every object and common prefix directly under `prefix` (all pages).
     pub(crate) async fn list(
         &self,
@@ -378,6 +408,7 @@ impl Http {
                     last_modified,
                     etag: unquote(&etag),
                     digest: None,
+                    meta: None,
                 });
             }
             prefixes.extend(page.common_prefixes.into_iter().map(|p| p.prefix));
