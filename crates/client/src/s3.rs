@@ -20,10 +20,11 @@
 //! marker object (`DIR/`, as s3fs writes it). An object whose metadata says it is a
 //! symbolic link is one (its bytes are the target); rclone's `NAME.rclonelink` is shown as
 //! `NAME`. Otherwise: files 0644 with Last-Modified as their times, directories 0755 with
-//! the session's start, owned by the user running ferry. Reading metadata costs a HEAD per
-//! object listed (kept while the object's ETag and Last-Modified stay), since a listing
-//! carries none: every answer describes an object alike, whether a listing, a HEAD or a GET
-//! gave it, so a file's version never changes with the request that saw it.
+//! the session's start, owned by the user running ferry. A listing carries no metadata, so
+//! reading it costs a request per object listed ([`S3Source::described`]: a GET of a small
+//! object, whose bytes serve the read that follows, a HEAD of a larger one): every answer
+//! describes an object alike, whether a listing, a HEAD or a GET gave it, so a file's
+//! version never changes with the request that saw it.
 //!
 //! Versions: an object's inode number is a hash of its key, its size and mtime are the
 //! object's, and its birth time is a hash of its ETag, so a replaced object is another file
@@ -77,8 +78,47 @@ const SAMPLE: usize = 16;
 const HEADS_AT_ONCE: usize = 32;
 /// The longest symbolic link target read from an object.
 const LINK_MAX: u32 = 4096;
+/// Bytes of small objects' bodies kept from the listings that read them whole.
+const BODIES: usize = 32 << 20;
 /// The name ending of rclone's symbolic links (`--links`).
 const RCLONE_LINK: &str = ".rclonelink";
+
+/// A small object read whole while a listing described it (metadata mode), kept for the
+/// reads that follow: one GET instead of a HEAD and then a GET.
+#[derive(Debug, Clone)]
+struct Body {
+    at: Instant,
+    object: Object,
+    data: Bytes,
+}
+
+/// [`Body`]s by key, at most [`BODIES`] bytes of them.
+#[derive(Debug)]
+struct Bodies {
+    map: LruCache<Bytes, Body>,
+    bytes: usize,
+}
+
+impl Bodies {
+    fn put(&mut self, key: Bytes, body: Body) {
+        self.bytes += body.data.len();
+        if let Some(old) = self.map.put(key, body) {
+            self.bytes -= old.data.len();
+        }
+        while self.bytes > BODIES {
+            match self.map.pop_lru() {
+                Some((_, b)) => self.bytes -= b.data.len(),
+                None => break,
+            }
+        }
+    }
+
+    fn take(&mut self, key: &Bytes) -> Option<Body> {
+        let b = self.map.pop(key)?;
+        self.bytes -= b.data.len();
+        Some(b)
+    }
+}
 
 /// A listing kept for paging, with when it was fetched.
 type Kept = (Instant, Arc<Vec<DirEntry>>);
@@ -109,6 +149,8 @@ pub struct S3Source {
     markers: Mutex<LruCache<Bytes, (Instant, Option<Meta>)>>,
     /// Path shown → its key, where they differ (rclone's `NAME.rclonelink` shown as `NAME`).
     aliases: Mutex<LruCache<Bytes, Bytes>>,
+    /// Small objects read whole by listings, for the reads that follow.
+    bodies: Mutex<Bodies>,
     /// When the session began (whole seconds): the times of directories without a marker.
     started: Timestamp,
     instance: [u8; 16],
@@ -217,6 +259,10 @@ impl S3Source {
             heads: Mutex::new(LruCache::new(NonZeroUsize::new(HEADS).expect("nonzero"))),
             markers: Mutex::new(LruCache::new(NonZeroUsize::new(LISTINGS).expect("nonzero"))),
             aliases: Mutex::new(LruCache::new(NonZeroUsize::new(ETAGS).expect("nonzero"))),
+            bodies: Mutex::new(Bodies {
+                map: LruCache::unbounded(),
+                bytes: 0,
+            }),
             started: Timestamp {
                 sec: std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -361,17 +407,19 @@ impl S3Source {
         at_once(keys.iter().map(|k| self.http.head(endpoint, k))).await
     }
 
-    /// `objects` of one listing as HEADs describe them (metadata included; a HEAD kept
-    /// from before serves while the object's ETag and Last-Modified are the listing's).
-    /// An object gone since the listing is left out; one replaced since is described as
-    /// it is now.
+    /// `objects` of one listing as the store describes them now, metadata included: a
+    /// small object (1 byte to [`crate::SMALL_FILE_MAX`]) by a GET of the whole of it, its
+    /// bytes kept for the read that follows ([`Bodies`]), a larger one by a HEAD; a
+    /// description kept from before serves while the object's ETag and Last-Modified are
+    /// the listing's. An object gone since the listing is left out; one replaced since is
+    /// described as it is now.
     async fn described(
         &self,
         endpoint: usize,
         objects: Vec<Object>,
     ) -> Result<Result<Vec<Object>, Response>, Unreachable> {
         let mut out = Vec::with_capacity(objects.len());
-        let mut ask = Vec::new();
+        let (mut small, mut large) = (Vec::new(), Vec::new());
         {
             let mut heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
             for o in objects {
@@ -379,12 +427,42 @@ impl S3Source {
                     Some(h) if h.etag == o.etag && h.last_modified == o.last_modified => {
                         out.push(h.clone());
                     }
-                    _ => ask.push(o.key),
+                    _ if (1..=u64::from(crate::SMALL_FILE_MAX)).contains(&o.size) => small.push(o),
+                    _ => large.push(o),
                 }
             }
         }
-        let answers = self.head_all(endpoint, &ask).await?;
-        for a in answers {
+        let (heads, gets) = tokio::join!(
+            at_once(large.iter().map(|o| self.http.head(endpoint, &o.key))),
+            at_once(small.iter().map(|o| {
+                self.http
+                    .get_range(endpoint, &o.key, 0, o.size as u32, None)
+            }))
+        );
+        let gets = gets?;
+        let mut described = heads?;
+        described.reserve(gets.len());
+        for g in gets {
+            described.push(g.map(|got| {
+                let whole = got.data.len() as u64 == got.object.size
+                    && got
+                        .digest
+                        .as_ref()
+                        .is_none_or(|d| &Digest::of(d.kind, &got.data) == d);
+                if whole {
+                    self.bodies.lock().unwrap_or_else(|e| e.into_inner()).put(
+                        Bytes::from(got.object.key.clone()),
+                        Body {
+                            at: Instant::now(),
+                            object: got.object.clone(),
+                            data: got.data,
+                        },
+                    );
+                }
+                got.object
+            }));
+        }
+        for a in described {
             match a {
                 Ok(o) => {
                     self.heads
@@ -401,6 +479,23 @@ impl S3Source {
             }
         }
         Ok(Ok(out))
+    }
+
+    /// The body of `key` a listing read, if it is still the version last seen for the key
+    /// and recent; taken out of the keep.
+    fn kept_body(&self, key: &Bytes) -> Option<Body> {
+        let b = self
+            .bodies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(key)?;
+        let current = self
+            .etags
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .is_some_and(|e| **e == *b.object.etag);
+        (current && b.at.elapsed() < LISTING_TTL).then_some(b)
     }
 
     /// The metadata of directory `path`'s marker (the object `PATH/`, as s3fs writes it),
@@ -679,6 +774,20 @@ impl S3Source {
             return Ok(not_utf8());
         };
         let meta = self.use_meta(endpoint, &path).await?;
+        if let Some(b) = self.kept_body(&path) {
+            // Read whole (and checked) by the listing that described it.
+            let start = (offset as usize).min(b.data.len());
+            let end = (start + len as usize).min(b.data.len());
+            let data = b.data.slice(start..end);
+            let whole = start == 0 && end == b.data.len();
+            if !whole {
+                self.bodies
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .put(path.clone(), b.clone());
+            }
+            return Ok(self.read_data(&path, &b.object, meta, data, whole));
+        }
         let etag = self
             .etags
             .lock()
@@ -697,9 +806,7 @@ impl S3Source {
                 Err(r) => return Ok(r),
             };
             self.remember(&path, &got.object.etag);
-            let version: Version = self.file_attr(&path, &got.object, meta).version();
             let whole = offset == 0 && got.data.len() as u64 == got.object.size;
-            let mut file_hash = None;
             if whole {
                 // The whole object: checked against what the store says of it.
                 if let Some(want) = &got.digest {
@@ -719,18 +826,30 @@ impl S3Source {
                         ));
                     }
                 }
-                file_hash = Some(*blake3::hash(&got.data).as_bytes());
             }
-            let checksum = xxhash_rust::xxh3::xxh3_64(&got.data);
-            return Ok(Response::Read(ReadData {
-                version,
-                encoding: Encoding::Raw,
-                decoded_len: got.data.len() as u32,
-                checksum,
-                file_hash,
-                data: got.data,
-            }));
+            return Ok(self.read_data(&path, &got.object, meta, got.data, whole));
         }
+    }
+
+    /// The answer to a Read: `data` of object `key` as `object` describes it (`whole`: all
+    /// of it, checked, so its BLAKE3 goes with it).
+    fn read_data(
+        &self,
+        key: &[u8],
+        object: &Object,
+        meta: bool,
+        data: Bytes,
+        whole: bool,
+    ) -> Response {
+        let version: Version = self.file_attr(key, object, meta).version();
+        Response::Read(ReadData {
+            version,
+            encoding: Encoding::Raw,
+            decoded_len: data.len() as u32,
+            checksum: xxhash_rust::xxh3::xxh3_64(&data),
+            file_hash: whole.then(|| *blake3::hash(&data).as_bytes()),
+            data,
+        })
     }
 
     /// The store's digest of object `path` and the version it belongs to (`None`: the
