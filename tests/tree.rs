@@ -320,3 +320,28 @@ fn a_tree_larger_than_the_chunk_memory_copies_whole() {
     run(Command::new("cp").arg("-r").arg(mount.path()).arg(&copy));
     run(Command::new("diff").arg("-r").arg(src.path()).arg(&copy));
 }
+
+#[test]
+fn find_ls_lr_and_du_over_a_deep_tree_move_no_file_data() {
+    // A walk that only lists gets listings ahead, never file contents (an opendir used to
+    // fetch the first files of every directory it opened).
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    deep_source_tree(src.path());
+    let server = TestServer::start(src.path());
+    let mount = TestMount::mount(&server.addr, &[]);
+    let decoded = || ferry_tests::status(&mount.path())["mount"]["decoded_bytes"].as_u64();
+    run(Command::new("find").arg(mount.path()));
+    run(Command::new("ls").arg("-lR").arg(mount.path()));
+    run(Command::new("du").arg("-s").arg(mount.path()));
+    // Anything fetched ahead would have landed by now.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(decoded(), Some(0), "{}", mount.log_text());
+    // A read moves data, so the count is not zero by construction.
+    let f = mount.path().join("top0/level0/f3.h");
+    assert_eq!(
+        std::fs::read(&f).unwrap(),
+        std::fs::read(src.path().join("top0/level0/f3.h")).unwrap()
+    );
+    assert!(decoded().unwrap() > 0);
+}

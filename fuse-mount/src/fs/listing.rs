@@ -794,8 +794,12 @@ impl Fs {
         let items = self.list_and_keep(ino, &path, true).await?;
         let fh = self.next_fh();
         lock(&self.dirs.open).insert(fh, items);
-        // The first files of the directory are on their way before the first is opened.
-        self.pipeline_files(ino, &path, 0);
+        // While files are being read (a copy), the first files of the directory are on
+        // their way before the first is opened; a walk that only lists (`find`, `ls -lR`,
+        // `du`) moves no file data.
+        if self.lister().reading() {
+            self.pipeline_files(ino, &path, 0);
+        }
         Ok(fh)
     }
 
