@@ -514,12 +514,7 @@ fn all_xattrs(p: &Path) -> String {
 
 #[test]
 fn mirror_copies_xattrs_and_acls_and_drops_those_the_server_no_longer_has() {
-    if ferry_tests::which("setfacl").is_none() || ferry_tests::which("setfattr").is_none() {
-        assert!(
-            std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
-            "setfacl and setfattr are needed (apt-get install acl attr; scripts/prereqs.sh)"
-        );
-        eprintln!("skipped: setfacl or setfattr missing");
+    if !ferry_tests::have_tools(&["setfacl", "setfattr"]) {
         return;
     }
     let export = tempfile::tempdir().unwrap();
@@ -694,15 +689,8 @@ fn assert_same_tree(src: &Path, copy: &Path, how: &str) {
 #[test]
 fn rsync_ahaxs_out_of_the_mount_and_ferry_mirror_each_give_the_source() {
     ferry_tests::require_fuse!();
-    for tool in ["rsync", "setfacl", "setfattr", "getfattr"] {
-        if ferry_tests::which(tool).is_none() {
-            assert!(
-                std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
-                "{tool} is needed (scripts/prereqs.sh)"
-            );
-            eprintln!("skipped: {tool} missing");
-            return;
-        }
+    if !ferry_tests::have_tools(&["rsync", "setfacl", "setfattr", "getfattr"]) {
+        return;
     }
     let export = tempfile::tempdir().unwrap();
     let e = export.path().join("tree");
@@ -786,12 +774,7 @@ fn rsync_ahaxs_out_of_the_mount_and_ferry_mirror_each_give_the_source() {
 #[test]
 fn rsync_ahaxs_and_ferry_mirror_of_a_real_data_directory_and_source_tree_give_the_source() {
     ferry_tests::require_fuse!();
-    if ferry_tests::which("rsync").is_none() || ferry_tests::which("getfattr").is_none() {
-        assert!(
-            std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
-            "rsync and getfattr are needed (scripts/prereqs.sh)"
-        );
-        eprintln!("skipped: rsync or getfattr missing");
+    if !ferry_tests::have_tools(&["rsync", "getfattr"]) {
         return;
     }
     let top = tempfile::tempdir().unwrap();

@@ -403,24 +403,6 @@ fn an_object_uploaded_in_parts_without_a_checksum_is_copied_and_its_copy_recheck
     assert!(status_json(&copy)["bytes_fetched"].as_u64().unwrap() > 0);
 }
 
-/// Whether the upload tools the metadata tests use are here; fails instead under
-/// FERRY_REQUIRE_FUSE=1 (scripts/prereqs.sh installs them).
-fn upload_tools() -> bool {
-    let missing: Vec<&str> = ["rclone", "s3fs"]
-        .into_iter()
-        .filter(|t| ferry_tests::which(t).is_none())
-        .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
-        "{missing:?} not installed (scripts/prereqs.sh installs them)"
-    );
-    eprintln!("skipped: {missing:?} not installed");
-    false
-}
-
 /// A tree whose modes, owners and times matter: private directories and files, another
 /// owner, nanosecond mtimes, a setuid file, a symlink, and a real header directory.
 fn owned_tree(root: &Path) {
@@ -498,7 +480,9 @@ fn assert_same_attributes(src: &Path, copy: &Path, dirs: bool) {
 fn modes_owners_times_and_links_kept_by_rclone_and_s3fs_are_the_copy_s() {
     require_fuse!();
     require_s3!();
-    if !ferry_tests::pg::root_or_skip("owners kept in object metadata") || !upload_tools() {
+    if !ferry_tests::pg::root_or_skip("owners kept in object metadata")
+        || !ferry_tests::have_tools(&["rclone", "s3fs"])
+    {
         return;
     }
     let g = Garage::start(1);
@@ -575,7 +559,7 @@ fn a_postgresql_data_directory_written_through_s3fs_mirrors_and_starts() {
     let Some((pg, export, pg_owner)) = ferry_tests::pg::source_cluster(top.path()) else {
         return;
     };
-    if !upload_tools() {
+    if !ferry_tests::have_tools(&["rclone", "s3fs"]) {
         return;
     }
     let g = Garage::start(1);

@@ -111,6 +111,27 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The calling test cannot run here because of `why`: returns false (the test skips, saying
+/// why), or fails under `FERRY_REQUIRE_FUSE=1` (CI, where the prerequisites are installed).
+pub fn skip(why: &str) -> bool {
+    assert!(
+        std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
+        "{why} (FERRY_REQUIRE_FUSE=1 is set; scripts/prereqs.sh installs what tests need)"
+    );
+    eprintln!("skipped: {why}");
+    false
+}
+
+/// Whether every command of `tools` is on PATH; else [`skip`]s naming those missing.
+pub fn have_tools(tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|t| which(t).is_none())
+        .collect();
+    missing.is_empty() || skip(&format!("{} not installed", missing.join(", ")))
+}
+
 /// Full path of a command on PATH.
 pub fn which(cmd: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {

@@ -6,18 +6,9 @@ use std::process::{Command, Stdio};
 
 use crate::{is_root, run};
 
-/// Skips (returns false) when not root, unless FERRY_REQUIRE_FUSE=1 (then fails): only root
-/// may give files away.
+/// Whether this is root; else [`crate::skip`]s (only root may give files away).
 pub fn root_or_skip(what: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
-        "{what} needs root (FERRY_REQUIRE_FUSE=1 is set)"
-    );
-    eprintln!("skipped: {what} needs root");
-    false
+    is_root() || crate::skip(&format!("{what} needs root"))
 }
 
 /// Gives `p` (not following a symlink) to `uid`:`gid`.
@@ -103,11 +94,7 @@ pub fn source_cluster(top: &Path) -> Option<(PathBuf, PathBuf, (u32, u32))> {
         return None;
     }
     let Some(pg) = pg_bin() else {
-        assert!(
-            std::env::var_os("FERRY_REQUIRE_FUSE").is_none(),
-            "PostgreSQL is not installed (scripts/prereqs.sh installs it)"
-        );
-        eprintln!("skipped: PostgreSQL is not installed");
+        crate::skip("PostgreSQL is not installed");
         return None;
     };
     std::fs::set_permissions(top, std::os::unix::fs::PermissionsExt::from_mode(0o755))

@@ -26,8 +26,8 @@
 //! describes an object alike, whether a listing, a HEAD or a GET gave it, so a file's
 //! version never changes with the request that saw it.
 //!
-//! Versions: an object's inode number is a hash of its key, its size and mtime are the
-//! object's, and its birth time is a hash of its ETag, so a replaced object is another file
+//! Versions: an object's inode number is a hash of its key, its size and times are the
+//! object's (ctime its Last-Modified), and its birth time is a hash of its ETag, so a replaced object is another file
 //! to the engine: an open handle reads one object version and gets ESTALE after a
 //! replacement, never a splice. Every ranged GET carries `If-Match` with the ETag the
 //! source last saw for the key, and every response states the version its bytes belong to
@@ -70,11 +70,11 @@ const LISTINGS: usize = 64;
 const LISTING_TTL: Duration = Duration::from_secs(30);
 /// ETags remembered for `If-Match`.
 const ETAGS: usize = 1 << 16;
-/// Objects' HEADs kept for the listings that show their metadata.
+/// Objects' descriptions (metadata included) kept for the listings that show them.
 const HEADS: usize = 1 << 16;
 /// Keys looked at to decide whether the bucket's objects carry metadata (`auto`).
 const SAMPLE: usize = 16;
-/// HEADs one listing runs at once.
+/// Requests one listing runs at once to describe its objects (HEADs, GETs of small ones).
 const HEADS_AT_ONCE: usize = 32;
 /// The longest symbolic link target read from an object.
 const LINK_MAX: u32 = 4096;
@@ -143,7 +143,7 @@ pub struct S3Source {
     flights: Mutex<std::collections::HashMap<Bytes, Flight>>,
     /// Whether objects' metadata gives modes, owners and times, once decided.
     use_meta: tokio::sync::OnceCell<bool>,
-    /// Key → the object as its last HEAD described it, metadata included.
+    /// Key → the object as its last HEAD or whole GET described it, metadata included.
     heads: Mutex<LruCache<Bytes, Object>>,
     /// Directory → its marker's metadata (the object `DIR/`), and when it was read.
     markers: Mutex<LruCache<Bytes, (Instant, Option<Meta>)>>,
