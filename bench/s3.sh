@@ -6,7 +6,8 @@
 # ferryd.
 #
 #   bench/s3.sh [--links wan,1gbit] [--methods LIST] [--repeat N] [--out FILE]
-#   (FERRY_ARGS: extra options for the ferry mounts, e.g. "--chunk-size 4096")
+#   (FERRY_ARGS: extra options for the ferry mounts, e.g. "--chunk-size 4096";
+#    FERRY_MIRROR_ARGS: for ferry mirror, e.g. "--s3-metadata off")
 #
 # Data (made once in bench/out/s3-data, uploaded with rclone copy each run of the script):
 #   big.bin  1 GiB of random bytes (S3 sends bytes as stored: compression plays no part)
@@ -172,8 +173,9 @@ run_once() {
         rclone-copy)
             in_ns rclone copy --multi-thread-streams 8 g:ferry-test/bench/big/big.bin "$dst" || ok=0 ;;
         ferry-mirror)
+            # shellcheck disable=SC2086 # FERRY_MIRROR_ARGS: extra options, split on purpose
             in_ns "$ROOT/target/release/ferry" mirror s3://ferry-test/bench/src "$dst/src" --quiet \
-                --endpoint "$EPS" --region garage || ok=0 ;;
+                --endpoint "$EPS" --region garage ${FERRY_MIRROR_ARGS:-} || ok=0 ;;
         rclone-tree)
             in_ns rclone copy --transfers 32 g:ferry-test/bench/src "$dst/src" || ok=0 ;;
         ferry-fio|ferry-fio-cache|rclone-fio)

@@ -75,7 +75,7 @@ const HEADS: usize = 1 << 16;
 /// Keys looked at to decide whether the bucket's objects carry metadata (`auto`).
 const SAMPLE: usize = 16;
 /// Requests one listing runs at once to describe its objects (HEADs, GETs of small ones).
-const HEADS_AT_ONCE: usize = 32;
+const HEADS_AT_ONCE: usize = 128;
 /// The longest symbolic link target read from an object.
 const LINK_MAX: u32 = 4096;
 /// Bytes of small objects' bodies kept from the listings that read them whole.
