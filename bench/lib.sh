@@ -53,6 +53,7 @@ bench_ferryd() {
 #   ns_start                           sets $NS (a new namespace) and $WORK (a temp dir with
 #                                      logs/ and mnt/); traps EXIT to ns_cleanup, which first
 #                                      calls bench_extra_cleanup when the caller defines it
+#                                      (BENCH_LOGS=DIR: logs/ is copied there at exit)
 #   in_ns CMD..., bg_ns CMD...         run CMD in the namespace (bg_ns: in the background,
 #                                      killed by the cleanup)
 #   wan_proxy NAME LISTEN UPSTREAM     a toxiproxy proxy with the WAN profile
@@ -108,6 +109,8 @@ ns_cleanup() {
     # Processes started in the namespace that we did not track (daemonised mounts).
     for pid in $(ip netns pids "$NS" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
     ip netns del "$NS" 2>/dev/null
+    # BENCH_LOGS=DIR keeps the run's logs (the mounts', ferryd's; RUST_LOG reaches them).
+    if [ -n "${BENCH_LOGS:-}" ]; then mkdir -p "$BENCH_LOGS" && cp -r "$WORK/logs/." "$BENCH_LOGS/"; fi
     rm -rf "$WORK"
 }
 

@@ -345,3 +345,26 @@ fn find_ls_lr_and_du_over_a_deep_tree_move_no_file_data() {
     );
     assert!(decoded().unwrap() > 0);
 }
+
+#[test]
+fn a_walk_that_only_lists_reads_symlink_targets_ahead() {
+    // `ls -l` asks for every link's target: read with each listing, they are there when it
+    // asks, even with the server gone (one round trip each in turn otherwise).
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    deep_source_tree(src.path());
+    let mut server = TestServer::start(src.path());
+    let mount = TestMount::mount(&server.addr, &["--timeout", "2"]);
+    run(Command::new("find").arg(mount.path()));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    server.kill9();
+    let mut links = 0;
+    for m in walk(src.path()) {
+        if let Some(target) = m.target {
+            let got = std::fs::read_link(mount.path().join(&m.rel));
+            assert_eq!(got.ok(), Some(target), "{}", m.rel.display());
+            links += 1;
+        }
+    }
+    assert_eq!(links, 20);
+}

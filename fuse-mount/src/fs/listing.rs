@@ -11,9 +11,10 @@
 //!   used by its `opendir` if younger than the TTL, and listed again while a walk goes on if
 //!   it grew older. Directories larger than [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Off
 //!   when the attribute TTL is zero.
+//! - Symlink targets: read ahead with every listing (small, and `ls -l` asks for each).
 //! - Files ahead, only while files are being read (one opened within [`READING`]): with each
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
-//!   the others ([`fetch_files_ahead`]), and its symlinks' targets, within the chunk memory;
+//!   the others ([`fetch_files_ahead`]), within the chunk memory;
 //!   what did not fit is taken up as the copy frees room ([`PendingData`]). Opening a file
 //!   also fetches the files after it in its directory's kept listing, and those before it not
 //!   fetched yet ([`PIPELINE_FILES`]); a directory whose listing is no longer kept is listed
@@ -380,9 +381,9 @@ fn key_of(dir: &Bytes, name: &Bytes, attr: &Attr) -> FileKey {
     }
 }
 
-/// The entries of directory `path` (a plain listing: the walker goes on at once), and,
-/// when files are being read (`reading`), the contents of its small files fetched behind it
-/// ([`fetch_files_ahead`]).
+/// The entries of directory `path` (a plain listing: the walker goes on at once), its
+/// symlinks' targets read behind it, and, when files are being read (`reading`), the
+/// contents of its small files fetched behind it ([`fetch_files_ahead`]).
 async fn fetch_listing(
     l: &Lister,
     path: Bytes,
@@ -397,10 +398,12 @@ async fn fetch_listing(
         // Owners not met yet are named before the listing is used (one request).
         ids.learn(client, entries.iter().map(|e| &e.attr)).await;
     }
+    // Symlink targets are read ahead for every walk: `ls -l`, `find -printf %l` and the
+    // copies all ask for them, one round trip each in turn otherwise.
+    l.read_links_ahead(&path, &entries);
     // Not reading yet (a walk that only lists, or a copy before its first open): the
     // files wait in the pending queue, taken up once files are opened.
     let stopped = if reading {
-        l.read_links_ahead(&path, &entries);
         fetch_files_ahead(client, store, &path, &entries, 0..entries.len())
     } else {
         0
