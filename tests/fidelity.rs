@@ -806,3 +806,48 @@ fn rsync_ahaxs_and_ferry_mirror_of_a_real_data_directory_and_source_tree_give_th
         assert_same_tree(&export.join(tree), &mi.path().join(tree), "ferry mirror");
     }
 }
+
+/// `getfattr -R -d` of `dir` under `root`, with paths relative to `root`.
+fn tree_xattrs(root: &Path, dir: &str) -> String {
+    run(Command::new("getfattr")
+        .args(["-R", "-d", "-m", "-", "-e", "hex", dir])
+        .current_dir(root))
+}
+
+#[test]
+fn a_directory_with_over_a_mib_of_xattrs_is_copied_whole_by_mirror_and_mount() {
+    // One DirXattrs answer holds 1 MiB of names and values: a directory past that (labels on
+    // tens of thousands of files) comes in pages (XATTRS_PAGED), not as an error.
+    ferry_tests::require_fuse!();
+    if !ferry_tests::have_tools(&["setfattr", "getfattr"]) {
+        return;
+    }
+    let export = tempfile::tempdir().unwrap();
+    let e = export.path();
+    std::fs::create_dir(e.join("d")).unwrap();
+    let mut dump = String::new();
+    for i in 0..1300 {
+        std::fs::write(e.join(format!("d/f{i:04}")), format!("{i}\n")).unwrap();
+        let value = format!("{i:04}-").repeat(180); // 900 bytes each: 1.2 MB in all
+        dump.push_str(&format!("# file: d/f{i:04}\nuser.big=\"{value}\"\n\n"));
+    }
+    dump.push_str("# file: d\nuser.dir=\"the directory's own\"\n\n");
+    std::fs::write(e.join("dump"), dump).unwrap();
+    run(Command::new("setfattr")
+        .arg("--restore=dump")
+        .current_dir(e));
+    std::fs::remove_file(e.join("dump")).unwrap();
+    let want = tree_xattrs(e, "d");
+    assert!(
+        want.len() > (1 << 20) * 2,
+        "{} bytes of getfattr output",
+        want.len()
+    );
+    let server = TestServer::start(e);
+    let dst = tempfile::tempdir().unwrap();
+    let out = mirror_output(&server.addr, dst.path(), &[]);
+    assert!(!out.contains("not copied"), "{out}");
+    assert_eq!(tree_xattrs(dst.path(), "d"), want);
+    let m = TestMount::mount(&server.addr, &[]);
+    assert_eq!(tree_xattrs(&m.path(), "d"), want);
+}

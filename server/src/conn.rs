@@ -342,6 +342,13 @@ where
         {
             break Err(ConnError::Protocol("DirXattrs needs the XATTRS feature"));
         }
+        if matches!(request, Request::DirXattrsPage { .. })
+            && welcome.features & features::XATTRS_PAGED == 0
+        {
+            break Err(ConnError::Protocol(
+                "DirXattrsPage needs the XATTRS_PAGED feature",
+            ));
+        }
         if matches!(
             request,
             Request::Read {

@@ -439,17 +439,56 @@ impl Export {
     /// # Errors
     /// As [`Export::read_dir`]; `TooLarge` over the budget.
     pub fn dir_xattrs(&self, path: &[u8]) -> Result<Vec<EntryXattrs>, OpError> {
-        let mut budget = ferry_proto::MAX_DIR_XATTR_BYTES;
+        Ok(self.xattrs_from(path, 0, None)?.0)
+    }
+
+    /// One page of [`Export::dir_xattrs`] from `cookie` (0: the directory's own attributes
+    /// first): the entries until the next one's would pass `max_bytes` encoded (at most
+    /// [`ferry_proto::MAX_DIR_XATTR_BYTES`]), and the cookie the next page starts from (0:
+    /// the directory is done).
+    ///
+    /// # Errors
+    /// As [`Export::read_dir`]; `TooLarge` only when one entry's attributes (with the
+    /// directory's own, on the first page) pass the limit alone.
+    pub fn dir_xattrs_page(
+        &self,
+        path: &[u8],
+        cookie: u64,
+        max_bytes: usize,
+    ) -> Result<(Vec<EntryXattrs>, u64), OpError> {
+        self.xattrs_from(path, cookie, Some(max_bytes))
+    }
+
+    /// [`Export::dir_xattrs`] (`page` `None`: `TooLarge` over the limit) or
+    /// [`Export::dir_xattrs_page`] (pages of at most `page` bytes encoded).
+    fn xattrs_from(
+        &self,
+        path: &[u8],
+        cookie: u64,
+        page: Option<usize>,
+    ) -> Result<(Vec<EntryXattrs>, u64), OpError> {
+        let paged = page.is_some();
+        // Each attribute's name and value with 8 bytes for its framing (fd_xattrs); each
+        // entry's name and 4 bytes for its own (below); 16 for the page's.
+        let mut budget = page
+            .unwrap_or(usize::MAX)
+            .min(ferry_proto::MAX_DIR_XATTR_BYTES)
+            .saturating_sub(16);
         let mut out = Vec::new();
-        let me = self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
-        let attrs = fd_xattrs(&me, path, &mut budget)?;
-        if !attrs.is_empty() {
-            out.push(EntryXattrs {
-                name: Bytes::new(),
-                attrs,
-            });
+        if cookie == 0 {
+            let me = self.open_beneath(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
+            let attrs = fd_xattrs(&me, path, &mut budget)?;
+            if !attrs.is_empty() {
+                out.push(EntryXattrs {
+                    name: Bytes::new(),
+                    attrs,
+                });
+            }
         }
-        self.list(path, 0, usize::MAX, |dirfd, entry| {
+        // The position after the last entry done, and where the next page starts.
+        let (mut last, mut next) = (cookie, 0);
+        self.list(path, cookie, usize::MAX, |dirfd, entry| {
+            let before = std::mem::replace(&mut last, entry.cookie);
             let flags = match entry.attr.kind {
                 FileKind::File | FileKind::Fifo => {
                     OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY
@@ -468,7 +507,28 @@ impl Export {
                 // Gone or replaced (by a symlink) since listed, or not readable: none.
                 Err(_) => return Ok(true),
             };
-            let attrs = fd_xattrs(&fd, path, &mut budget)?;
+            let framed = fd_xattrs(&fd, path, &mut budget).and_then(|a| {
+                let entry = if a.is_empty() {
+                    0
+                } else {
+                    entry.name.len() + 4
+                };
+                if entry > budget {
+                    return Err(OpError::new(Status::TooLarge, "page full"));
+                }
+                budget -= entry;
+                Ok(a)
+            });
+            let attrs = match framed {
+                Ok(a) => a,
+                // This entry starts the next page; the page's first entry (with the
+                // directory's own attributes on the first page) cannot move: too large.
+                Err(e) if paged && e.status == Status::TooLarge && before != cookie => {
+                    next = before;
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            };
             if !attrs.is_empty() {
                 out.push(EntryXattrs {
                     name: entry.name,
@@ -477,7 +537,7 @@ impl Export {
             }
             Ok(true)
         })?;
-        Ok(out)
+        Ok((out, next))
     }
 
     /// Where regular file `path` holds data from `offset` on: at most `max` extents, found

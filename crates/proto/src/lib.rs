@@ -88,6 +88,9 @@ pub mod features {
     /// level (bit 3 of their flags byte, then the level), and the Welcome states the highest
     /// level the server compresses at.
     pub const ZSTD: u64 = 1 << 9;
+    /// The server answers [`crate::Request::DirXattrsPage`]: a directory's extended
+    /// attributes in pages, however many its entries have.
+    pub const XATTRS_PAGED: u64 = 1 << 10;
     /// Every feature this crate knows.
     pub const ALL: u64 = LZ4
         | HASH
@@ -98,7 +101,8 @@ pub mod features {
         | DATA_MAP
         | XATTRS
         | HASH_SPARSE
-        | ZSTD;
+        | ZSTD
+        | XATTRS_PAGED;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

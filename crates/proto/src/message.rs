@@ -46,6 +46,7 @@ const K_DATA_MAP: u8 = 0x19;
 const K_DIR_XATTRS: u8 = 0x1a;
 const K_HASH_SPARSE: u8 = 0x1b;
 const K_LOAD: u8 = 0x1c;
+const K_DIR_XATTRS_PAGE: u8 = 0x1d;
 /// A success response's kind is its request's kind with this bit set.
 const RESPONSE_BIT: u8 = 0x80;
 // Success response kinds, named so that `match` sees them as constants: a duplicate arm is
@@ -64,6 +65,7 @@ const K_DATA_MAP_DATA: u8 = K_DATA_MAP | RESPONSE_BIT;
 const K_DIR_XATTRS_DATA: u8 = K_DIR_XATTRS | RESPONSE_BIT;
 const K_HASH_SPARSE_DATA: u8 = K_HASH_SPARSE | RESPONSE_BIT;
 const K_LOAD_DATA: u8 = K_LOAD | RESPONSE_BIT;
+const K_DIR_XATTRS_PAGE_DATA: u8 = K_DIR_XATTRS_PAGE | RESPONSE_BIT;
 /// In a Read response's encoding byte: the whole file's BLAKE3 follows the checksum.
 const FILE_HASH_FLAG: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
@@ -255,6 +257,17 @@ pub enum Request {
     DirXattrs {
         /// The directory.
         path: Bytes,
+    },
+    /// One page of what [`Request::DirXattrs`] answers (requires the XATTRS_PAGED
+    /// feature), so a directory whose entries' attributes exceed [`MAX_DIR_XATTR_BYTES`]
+    /// (SELinux labels on tens of thousands of files) is copied whole.
+    /// Answer: [`Response::DirXattrsPage`].
+    DirXattrsPage {
+        /// The directory.
+        path: Bytes,
+        /// 0 for the first page (the directory's own attributes come with it), else the
+        /// `next` of the page before.
+        cookie: u64,
     },
 }
 
@@ -486,6 +499,14 @@ pub enum Response {
     /// Answer to [`Request::DirXattrs`]: the entries (and the directory, with an empty
     /// name) that have extended attributes.
     DirXattrs(Vec<EntryXattrs>),
+    /// Answer to [`Request::DirXattrsPage`].
+    DirXattrsPage {
+        /// As in [`Response::DirXattrs`], at most [`MAX_DIR_XATTR_BYTES`] of names and
+        /// values.
+        entries: Vec<EntryXattrs>,
+        /// The cookie of the next page; 0 when the directory is done.
+        next: u64,
+    },
     /// Answer to [`Request::ReadDirData`].
     DirData(DataPage),
     /// Answer to [`Request::Load`].
@@ -642,6 +663,40 @@ impl Handshake {
     }
 }
 
+/// The entries of a [`Response::DirXattrs`] or [`Response::DirXattrsPage`].
+fn put_entry_xattrs(b: &mut BytesMut, entries: &[EntryXattrs]) {
+    b.put_u32(entries.len() as u32);
+    for e in entries {
+        put_bytes16(b, &e.name);
+        b.put_u16(e.attrs.len() as u16);
+        for (n, v) in &e.attrs {
+            put_bytes16(b, n);
+            b.put_u32(v.len() as u32);
+            b.put_slice(v);
+        }
+    }
+}
+
+fn get_entry_xattrs(b: &mut Bytes) -> Result<Vec<EntryXattrs>, DecodeError> {
+    let n = get_u32(b, "entry count")? as usize;
+    let mut entries = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        let name = get_bytes16(b, "entry name")?;
+        let k = get_u16(b, "xattr count")? as usize;
+        let mut attrs = Vec::with_capacity(k);
+        for _ in 0..k {
+            let an = get_bytes16(b, "xattr name")?;
+            let len = get_u32(b, "xattr value length")? as usize;
+            if len > b.len() {
+                return Err(DecodeError::Truncated("xattr value"));
+            }
+            attrs.push((an, b.split_to(len)));
+        }
+        entries.push(EntryXattrs { name, attrs });
+    }
+    Ok(entries)
+}
+
 impl Request {
     /// The frame kind of this request.
     pub fn kind(&self) -> u8 {
@@ -658,6 +713,7 @@ impl Request {
             Request::IdNames { .. } => K_ID_NAMES,
             Request::DataMap { .. } => K_DATA_MAP,
             Request::DirXattrs { .. } => K_DIR_XATTRS,
+            Request::DirXattrsPage { .. } => K_DIR_XATTRS_PAGE,
             Request::Load => K_LOAD,
         }
     }
@@ -680,6 +736,10 @@ impl Request {
                 put_bytes16(&mut b, path);
                 b.put_u64(*cookie);
                 b.put_u32(*max_entries);
+            }
+            Request::DirXattrsPage { path, cookie } => {
+                put_bytes16(&mut b, path);
+                b.put_u64(*cookie);
             }
             Request::Read {
                 path,
@@ -792,6 +852,10 @@ impl Request {
             K_DIR_XATTRS => Request::DirXattrs {
                 path: get_bytes16(&mut b, "path")?,
             },
+            K_DIR_XATTRS_PAGE => Request::DirXattrsPage {
+                path: get_bytes16(&mut b, "path")?,
+                cookie: get_u64(&mut b, "xattrs page")?,
+            },
             K_DATA_MAP => Request::DataMap {
                 path: get_bytes16(&mut b, "path")?,
                 offset: get_u64(&mut b, "data map")?,
@@ -903,6 +967,7 @@ impl Response {
             Response::IdNames(_) => K_ID_NAMES_DATA,
             Response::DataMap(_) => K_DATA_MAP_DATA,
             Response::DirXattrs(_) => K_DIR_XATTRS_DATA,
+            Response::DirXattrsPage { .. } => K_DIR_XATTRS_PAGE_DATA,
             Response::Load(_) => K_LOAD_DATA,
             Response::DirData(_) => K_DIR_DATA,
             Response::Error { .. } => K_ERROR,
@@ -991,17 +1056,10 @@ impl Response {
                     put_bytes16(&mut b, &n.name);
                 }
             }
-            Response::DirXattrs(entries) => {
-                b.put_u32(entries.len() as u32);
-                for e in entries {
-                    put_bytes16(&mut b, &e.name);
-                    b.put_u16(e.attrs.len() as u16);
-                    for (n, v) in &e.attrs {
-                        put_bytes16(&mut b, n);
-                        b.put_u32(v.len() as u32);
-                        b.put_slice(v);
-                    }
-                }
+            Response::DirXattrs(entries) => put_entry_xattrs(&mut b, entries),
+            Response::DirXattrsPage { entries, next } => {
+                b.put_u64(*next);
+                put_entry_xattrs(&mut b, entries);
             }
             Response::DataMap(m) => {
                 m.version.encode(&mut b);
@@ -1141,24 +1199,13 @@ impl Response {
                 }
                 Response::IdNames(names)
             }
-            K_DIR_XATTRS_DATA => {
-                let n = get_u32(&mut b, "entry count")? as usize;
-                let mut entries = Vec::with_capacity(n.min(4096));
-                for _ in 0..n {
-                    let name = get_bytes16(&mut b, "entry name")?;
-                    let k = get_u16(&mut b, "xattr count")? as usize;
-                    let mut attrs = Vec::with_capacity(k);
-                    for _ in 0..k {
-                        let an = get_bytes16(&mut b, "xattr name")?;
-                        let len = get_u32(&mut b, "xattr value length")? as usize;
-                        if len > b.len() {
-                            return Err(DecodeError::Truncated("xattr value"));
-                        }
-                        attrs.push((an, b.split_to(len)));
-                    }
-                    entries.push(EntryXattrs { name, attrs });
+            K_DIR_XATTRS_DATA => Response::DirXattrs(get_entry_xattrs(&mut b)?),
+            K_DIR_XATTRS_PAGE_DATA => {
+                let next = get_u64(&mut b, "xattrs page next")?;
+                Response::DirXattrsPage {
+                    entries: get_entry_xattrs(&mut b)?,
+                    next,
                 }
-                Response::DirXattrs(entries)
             }
             K_DATA_MAP_DATA => {
                 let version = Version::decode(&mut b)?;

@@ -131,6 +131,8 @@ fn request() -> impl Strategy<Value = Request> {
             ),
         proptest::collection::vec(id(), 0..40).prop_map(|ids| Request::IdNames { ids }),
         bytes16().prop_map(|path| Request::DirXattrs { path }),
+        (bytes16(), any::<u64>())
+            .prop_map(|(path, cookie)| Request::DirXattrsPage { path, cookie }),
         (bytes16(), any::<u64>(), any::<u32>()).prop_map(|(path, offset, max_extents)| {
             Request::DataMap {
                 path,
@@ -173,6 +175,23 @@ fn response() -> impl Strategy<Value = Response> {
                 .map(|(name, attrs)| EntryXattrs { name, attrs })
                 .collect()
         )),
+        (
+            proptest::collection::vec(
+                (
+                    bytes16(),
+                    proptest::collection::vec((bytes16(), bytes16()), 0..4)
+                ),
+                0..6
+            ),
+            any::<u64>()
+        )
+            .prop_map(|(v, next)| Response::DirXattrsPage {
+                entries: v
+                    .into_iter()
+                    .map(|(name, attrs)| EntryXattrs { name, attrs })
+                    .collect(),
+                next
+            }),
         (
             attr(),
             any::<u64>(),

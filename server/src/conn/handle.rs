@@ -193,7 +193,9 @@ fn response_bound(request: &Request, session: &Session) -> u64 {
         }
         // Names and values up to the limit, and their framing (6 bytes an attribute at
         // most as many as a byte each).
-        Request::DirXattrs { .. } => 2 * ferry_proto::MAX_DIR_XATTR_BYTES as u64 + 4096,
+        Request::DirXattrs { .. } | Request::DirXattrsPage { .. } => {
+            2 * ferry_proto::MAX_DIR_XATTR_BYTES as u64 + 4096
+        }
         Request::DataMap { .. } => 64 + 16 * ferry_proto::MAX_DATA_EXTENTS as u64,
         Request::IdNames { ids } => 8 + 262 * ids.len() as u64,
         // The hash's read buffer while it runs.
@@ -286,6 +288,12 @@ pub(crate) async fn handle(
         Request::DirXattrs { path } => blocking(move || sh.export.dir_xattrs(&path))
             .await
             .map(Response::DirXattrs),
+        Request::DirXattrsPage { path, cookie } => {
+            let max = session.max_frame as usize - 64;
+            blocking(move || sh.export.dir_xattrs_page(&path, cookie, max))
+                .await
+                .map(|(entries, next)| Response::DirXattrsPage { entries, next })
+        }
         Request::DataMap {
             path,
             offset,

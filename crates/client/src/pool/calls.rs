@@ -182,20 +182,47 @@ impl Client {
     }
 
     /// The extended attributes of directory `path` and of its entries that have any
-    /// (`None` when the server lacks the XATTRS feature).
+    /// (`None` when the server lacks the XATTRS feature): in pages of at most
+    /// [`ferry_proto::MAX_DIR_XATTR_BYTES`] when the server has XATTRS_PAGED, else in one.
     ///
     /// # Errors
-    /// As [`Client::call`] (`TooLarge` over [`ferry_proto::MAX_DIR_XATTR_BYTES`]).
+    /// As [`Client::call`] (`TooLarge` over [`ferry_proto::MAX_DIR_XATTR_BYTES`] in one
+    /// entry, or in the whole directory from a server without XATTRS_PAGED).
     pub async fn dir_xattrs(
         &self,
         path: Bytes,
     ) -> Result<Option<Vec<ferry_proto::EntryXattrs>>, ClientError> {
-        if self.session().features & features::XATTRS == 0 {
+        let features = self.session().features;
+        if features & features::XATTRS == 0 {
             return Ok(None);
         }
-        match self.call(Request::DirXattrs { path }).await? {
-            Response::DirXattrs(e) => Ok(Some(e)),
-            r => Err(unexpected(&r)),
+        if features & features::XATTRS_PAGED == 0 {
+            return match self.call(Request::DirXattrs { path }).await? {
+                Response::DirXattrs(e) => Ok(Some(e)),
+                r => Err(unexpected(&r)),
+            };
+        }
+        let (mut all, mut cookie) = (Vec::new(), 0);
+        loop {
+            let request = Request::DirXattrsPage {
+                path: path.clone(),
+                cookie,
+            };
+            match self.call(request).await? {
+                Response::DirXattrsPage { entries, next } => {
+                    all.extend(entries);
+                    if next == 0 {
+                        return Ok(Some(all));
+                    }
+                    if next == cookie {
+                        return Err(ClientError::Protocol(
+                            "server sent an extended attributes page that does not advance".into(),
+                        ));
+                    }
+                    cookie = next;
+                }
+                r => return Err(unexpected(&r)),
+            }
         }
     }
 
