@@ -912,3 +912,48 @@ fn a_client_name_with_control_characters_is_logged_escaped() {
     );
     assert!(!log.contains('\x1b') && !log.contains('\x07'), "{log:?}");
 }
+
+#[test]
+fn dir_xattrs_pages_need_their_feature_and_a_forged_cookie_is_answered() {
+    use ferry_proto::{features, Request, Response};
+    use std::io::{Read, Write};
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir(src.path().join("d")).unwrap();
+    std::fs::write(src.path().join("d/f"), b"x").unwrap();
+    let server = TestServer::start(src.path());
+    let page = |cookie| Request::DirXattrsPage {
+        path: bytes::Bytes::from_static(b"d"),
+        cookie,
+    };
+    // A client from before pages (XATTRS only): a page request is a protocol error.
+    let (mut s, _, session) = handshaken_with(&server.addr, features::LZ4 | features::XATTRS);
+    assert_eq!(
+        session & features::XATTRS_PAGED,
+        0,
+        "not offered, not negotiated"
+    );
+    let mut out = bytes::BytesMut::new();
+    page(0).encode(1, &mut out);
+    s.write_all(&out).unwrap();
+    let mut rest = vec![];
+    match s.read_to_end(&mut rest) {
+        Ok(_) => assert!(rest.is_empty(), "answered: {rest:02x?}"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
+    }
+    // With it: the first page ends the directory; a cookie the server never gave gets a
+    // page or an error, and the connection goes on serving.
+    let (mut s, mut buf, session) = handshaken_with(&server.addr, features::ALL);
+    assert_ne!(session & features::XATTRS_PAGED, 0);
+    match ask(&mut s, &mut buf, 1, &page(0)) {
+        Response::DirXattrsPage { next, .. } => assert_eq!(next, 0),
+        other => panic!("{other:?}"),
+    }
+    match ask(&mut s, &mut buf, 2, &page(0x7fff_ffff_ffff)) {
+        Response::DirXattrsPage { .. } | Response::Error { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ask(&mut s, &mut buf, 3, &Request::Ping),
+        Response::Pong
+    ));
+}
