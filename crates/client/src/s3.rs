@@ -385,6 +385,15 @@ impl S3Source {
                 let keys = self.http.sample(endpoint, &near, SAMPLE).await?;
                 let heads = self.head_all(endpoint, &keys).await?;
                 let found = heads.iter().any(|h| matches!(h, Ok(o) if o.meta.is_some()));
+                tracing::info!(
+                    "{}: modes, owners and times {} (--s3-metadata auto)",
+                    self.label(),
+                    if found {
+                        "from object metadata (rclone, s3fs, s3cmd): a request per object listed"
+                    } else {
+                        "as defaults: no metadata on the first objects"
+                    }
+                );
                 debug!(
                     "{}: {} of the first {} keys under {near:?} carry metadata: modes, owners and times {}",
                     self.label(),
