@@ -192,6 +192,20 @@ fn handshaken(addr: &str) -> (TcpStream, bytes::BytesMut) {
 }
 
 /// [`handshaken`] offering `features`; also returns the session's features.
+/// Sends `request` on `s` and asserts the server closes the connection without answering
+/// it (a protocol error: a request the session has no feature for).
+fn assert_closed_unanswered(s: &mut TcpStream, request: &ferry_proto::Request, what: &str) {
+    use std::io::{Read, Write};
+    let mut out = bytes::BytesMut::new();
+    request.encode(1, &mut out);
+    s.write_all(&out).unwrap();
+    let mut rest = vec![];
+    match s.read_to_end(&mut rest) {
+        Ok(_) => assert!(rest.is_empty(), "{what}: answered: {rest:02x?}"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{what}"),
+    }
+}
+
 fn handshaken_with(addr: &str, features: u64) -> (TcpStream, bytes::BytesMut, u64) {
     use ferry_proto::{Frame, Handshake};
     let mut s = TcpStream::connect(addr).unwrap();
@@ -499,21 +513,14 @@ fn a_read_with_a_class_in_a_session_without_priority_closes_the_connection() {
             0,
             "not offered, not negotiated"
         );
-        let mut out = bytes::BytesMut::new();
-        Request::Read {
+        let read = Request::Read {
             path: bytes::Bytes::from_static(b"f"),
             offset: 0,
             len: 4096,
             compression: ferry_proto::Compression::None,
             class,
-        }
-        .encode(1, &mut out);
-        s.write_all(&out).unwrap();
-        let mut rest = vec![];
-        match s.read_to_end(&mut rest) {
-            Ok(_) => assert!(rest.is_empty(), "{class}: answered: {rest:02x?}"),
-            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{class}"),
-        }
+        };
+        assert_closed_unanswered(&mut s, &read, &class.to_string());
     }
     assert!(
         ferry_tests::wait_for(Duration::from_secs(5), || server
@@ -561,14 +568,7 @@ fn zstd_and_load_without_the_zstd_feature_close_the_connection_and_a_pre_zstd_cl
     for req in [read(Compression::Zstd(1)), Request::Load] {
         let (mut s, _, session) = handshaken_with(&server.addr, features::LZ4);
         assert_eq!(session & features::ZSTD, 0, "not offered, not negotiated");
-        let mut out = bytes::BytesMut::new();
-        req.encode(1, &mut out);
-        s.write_all(&out).unwrap();
-        let mut rest = vec![];
-        match s.read_to_end(&mut rest) {
-            Ok(_) => assert!(rest.is_empty(), "answered: {rest:02x?}"),
-            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
-        }
+        assert_closed_unanswered(&mut s, &req, "a zstd read or Load without ZSTD");
     }
     // It still gets lz4 when it asks for it.
     let (mut s, mut buf, _) = handshaken_with(&server.addr, features::LZ4);
@@ -916,7 +916,6 @@ fn a_client_name_with_control_characters_is_logged_escaped() {
 #[test]
 fn dir_xattrs_pages_need_their_feature_and_a_forged_cookie_is_answered() {
     use ferry_proto::{features, Request, Response};
-    use std::io::{Read, Write};
     let src = tempfile::tempdir().unwrap();
     std::fs::create_dir(src.path().join("d")).unwrap();
     std::fs::write(src.path().join("d/f"), b"x").unwrap();
@@ -932,14 +931,7 @@ fn dir_xattrs_pages_need_their_feature_and_a_forged_cookie_is_answered() {
         0,
         "not offered, not negotiated"
     );
-    let mut out = bytes::BytesMut::new();
-    page(0).encode(1, &mut out);
-    s.write_all(&out).unwrap();
-    let mut rest = vec![];
-    match s.read_to_end(&mut rest) {
-        Ok(_) => assert!(rest.is_empty(), "answered: {rest:02x?}"),
-        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
-    }
+    assert_closed_unanswered(&mut s, &page(0), "DirXattrsPage without XATTRS_PAGED");
     // With it: the first page ends the directory; a cookie the server never gave gets a
     // page or an error, and the connection goes on serving.
     let (mut s, mut buf, session) = handshaken_with(&server.addr, features::ALL);
