@@ -587,3 +587,75 @@ fn a_postgresql_data_directory_written_through_s3fs_mirrors_and_starts() {
     let db = ferry_tests::pg::Postgres::start(&pg, &copy, &sock);
     assert_eq!(db.sql("select count(*), sum(id) from t"), "20000|200010000");
 }
+
+#[test]
+fn a_profile_s_credential_process_gives_the_credentials_and_a_failing_one_is_one_line() {
+    // As aws-vault, SSO helpers and vaults give credentials: a command in the profile that
+    // prints them (with an expiry); no keys in the environment or the files.
+    require_s3!();
+    let g = Garage::start(1);
+    g.put(
+        "cp/a.txt",
+        b"signed with a credential_process's keys\n",
+        false,
+    );
+    let keys: std::collections::HashMap<String, String> = g.credentials().into_iter().collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (runs, script, conf) = (
+        dir.path().join("runs"),
+        dir.path().join("creds.sh"),
+        dir.path().join("config"),
+    );
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho run >> '{}'\nprintf '{{\"Version\":1,\"AccessKeyId\":\"%s\",\"SecretAccessKey\":\"%s\",\"Expiration\":\"%s\"}}' '{}' '{}' \"$(date -u -d '+1 hour' +%Y-%m-%dT%H:%M:%SZ)\"\n",
+            runs.display(),
+            keys["AWS_ACCESS_KEY_ID"],
+            keys["AWS_SECRET_ACCESS_KEY"]
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(
+        &conf,
+        format!(
+            "[profile vault]\ncredential_process = {}\n[profile expired]\ncredential_process = sh -c 'echo \"the session expired: run aws sso login\" >&2; exit 2'\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let ferry = |profile: &str, dst: &Path| {
+        let mut c = ferry_tests::ferry();
+        c.arg("mirror")
+            .arg(g.url("cp"))
+            .arg(dst)
+            .arg("--quiet")
+            .args(g.args())
+            .args(["--profile", profile])
+            .env("AWS_CONFIG_FILE", &conf)
+            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
+            .env("AWS_ACCESS_KEY_ID", "")
+            .env("AWS_SECRET_ACCESS_KEY", "")
+            .env("AWS_SESSION_TOKEN", "")
+            .env("AWS_PROFILE", "");
+        c.output().unwrap()
+    };
+    let dst = tempfile::tempdir().unwrap();
+    let out = ferry("vault", &dst.path().join("c"));
+    ok(&out);
+    assert_eq!(
+        std::fs::read(dst.path().join("c/a.txt")).unwrap(),
+        b"signed with a credential_process's keys\n"
+    );
+    assert!(std::fs::read_to_string(&runs).unwrap().lines().count() >= 1);
+    let out = ferry("expired", &dst.path().join("d"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("credential_process") && err.contains("run aws sso login"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

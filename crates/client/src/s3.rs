@@ -44,6 +44,7 @@
 mod config;
 mod http;
 mod meta;
+mod process;
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};

@@ -9,8 +9,9 @@
 //! - credentials: `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`),
 //!   else the profile (`--profile`, `AWS_PROFILE`, else `default`) in
 //!   `AWS_SHARED_CREDENTIALS_FILE` (`~/.aws/credentials`), then in `AWS_CONFIG_FILE`
-//!   (`~/.aws/config`, where profiles are `[profile NAME]`), else none: requests go
-//!   unsigned (a public bucket);
+//!   (`~/.aws/config`, where profiles are `[profile NAME]`): its keys, else its
+//!   `credential_process` ([`super::process`]), else none: requests go unsigned (a public
+//!   bucket);
 //! - CA bundle for `https` endpoints (besides the system's): `--ca`, `AWS_CA_BUNDLE`;
 //! - addressing: `--s3-addressing`, else path style for a given endpoint (what Garage,
 //!   MinIO and most gateways serve) and virtual-hosted style for AWS itself.
@@ -76,8 +77,11 @@ pub struct S3Config {
     pub region: String,
     /// Path or virtual-hosted addressing.
     pub addressing: Addressing,
-    /// `None`: unsigned requests.
+    /// `None` (and no `credential_process`): unsigned requests.
     pub credentials: Option<S3Credentials>,
+    /// The profile's `credential_process`: a command whose output (JSON, `Version` 1) gives
+    /// the credentials, run again before they expire.
+    pub credential_process: Option<String>,
     /// Trust this CA (PEM) for `https` endpoints, besides the system's.
     pub ca_file: Option<PathBuf>,
     /// Whether object metadata gives modes, owners and times.
@@ -320,12 +324,18 @@ impl S3Config {
                 _ => return Err(S3ConfigError::HalfKey(format!("profile {profile_name:?}"))),
             },
         };
+        // A command giving credentials, where none are given otherwise (as the AWS tools).
+        let credential_process = credentials
+            .is_none()
+            .then(|| profile("credential_process"))
+            .flatten();
         Ok(S3Config {
             bucket: bucket.to_string(),
             endpoints,
             region,
             addressing,
             credentials,
+            credential_process,
             ca_file: opts
                 .ca_file
                 .clone()
@@ -373,7 +383,7 @@ mod tests {
         .unwrap();
         std::fs::write(
             &conf,
-            "[profile bk]\nregion = eu-west-3\nendpoint_url = http://a:1, http://b:2\n",
+            "[profile bk]\nregion = eu-west-3\nendpoint_url = http://a:1, http://b:2\n[profile sso]\ncredential_process = aws-vault export --format=json sso\n[profile both]\naws_access_key_id=K\naws_secret_access_key=S\ncredential_process = never-run\n",
         )
         .unwrap();
         let files = [
@@ -417,6 +427,18 @@ mod tests {
         // No keys anywhere: unsigned.
         let c = S3Config::resolve("bkt", &o, &env(&[])).unwrap();
         assert!(c.credentials.is_none());
+        assert!(c.credential_process.is_none());
+        // A profile's credential_process, where it has no keys.
+        for (profile, process) in [
+            ("sso", Some("aws-vault export --format=json sso")),
+            ("both", None),
+        ] {
+            let mut e = env(&files);
+            e.insert("AWS_PROFILE".into(), profile.into());
+            let c = S3Config::resolve("bkt", &o, &e).unwrap();
+            assert_eq!(c.credential_process.as_deref(), process, "{profile}");
+            assert_eq!(c.credentials.is_some(), process.is_none(), "{profile}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
 use tracing::debug;
 
 use super::meta::Meta;
+use super::process::{self, Fetched};
 use super::{error, Addressing, S3Config, Unreachable};
 use crate::digest::{Digest, DigestKind};
 
@@ -56,7 +57,10 @@ pub(crate) struct Http {
     config: S3Config,
     client: reqwest::Client,
     buckets: Vec<Bucket>,
-    credentials: Option<Credentials>,
+    /// Given, or the last a `credential_process` gave.
+    credentials: std::sync::Mutex<Option<Fetched>>,
+    /// One refresh at a time.
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 fn unreachable(e: reqwest::Error, url: &url::Url) -> Unreachable {
@@ -229,16 +233,68 @@ impl Http {
         let client = b
             .build()
             .map_err(|e| crate::ClientError::S3(format!("HTTP client: {e}")))?;
-        let credentials = config.credentials.as_ref().map(|c| match &c.token {
-            Some(t) => Credentials::new_with_token(c.key.clone(), c.secret.clone(), t.clone()),
-            None => Credentials::new(c.key.clone(), c.secret.clone()),
-        });
+        let credentials = match (&config.credentials, &config.credential_process) {
+            (Some(c), _) => Some(Fetched {
+                credentials: match &c.token {
+                    Some(t) => {
+                        Credentials::new_with_token(c.key.clone(), c.secret.clone(), t.clone())
+                    }
+                    None => Credentials::new(c.key.clone(), c.secret.clone()),
+                },
+                at: jiff::Timestamp::now(),
+                expires: None,
+            }),
+            (None, Some(command)) => Some(process::run(command).map_err(crate::ClientError::S3)?),
+            (None, None) => None,
+        };
         Ok(Http {
             config,
             client,
             buckets,
-            credentials,
+            credentials: std::sync::Mutex::new(credentials),
+            refreshing: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The credentials to sign with now: those a `credential_process` gave are fetched
+    /// again before they expire ([`process`]); a failed refresh keeps them (logged).
+    async fn creds(&self) -> Option<Credentials> {
+        let now = jiff::Timestamp::now();
+        let held = || {
+            self.credentials
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        };
+        let current = held();
+        let Some(command) = &self.config.credential_process else {
+            return current.map(|f| f.credentials);
+        };
+        if current.as_ref().is_some_and(|f| !f.stale(now)) {
+            return current.map(|f| f.credentials);
+        }
+        let _one = self.refreshing.lock().await;
+        // Another request may have refreshed them meanwhile.
+        let current = held();
+        if current.as_ref().is_some_and(|f| !f.stale(now)) {
+            return current.map(|f| f.credentials);
+        }
+        let command = command.clone();
+        match tokio::task::spawn_blocking(move || process::run(&command)).await {
+            Ok(Ok(f)) => {
+                let c = f.credentials.clone();
+                *self.credentials.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+                Some(c)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("S3 credentials not renewed: {e}");
+                current.map(|f| f.credentials)
+            }
+            Err(e) => {
+                tracing::warn!("S3 credentials not renewed: {e}");
+                current.map(|f| f.credentials)
+            }
+        }
     }
 
     pub(crate) fn config(&self) -> &S3Config {
@@ -275,9 +331,10 @@ impl Http {
     }
 
     pub(crate) async fn head_bucket(&self, endpoint: usize) -> Result<u16, Unreachable> {
+        let creds = self.creds().await;
         let url = self
             .bucket(endpoint)
-            .head_bucket(self.credentials.as_ref())
+            .head_bucket(creds.as_ref())
             .sign(SIGN_FOR);
         let r = self.send(|| self.client.head(url.clone()), &url).await?;
         Ok(r.status().as_u16())
@@ -288,9 +345,8 @@ impl Http {
         endpoint: usize,
         key: &str,
     ) -> Result<Result<Object, Response>, Unreachable> {
-        let mut a = self
-            .bucket(endpoint)
-            .head_object(self.credentials.as_ref(), key);
+        let creds = self.creds().await;
+        let mut a = self.bucket(endpoint).head_object(creds.as_ref(), key);
         a.headers_mut().insert("x-amz-checksum-mode", "ENABLED");
         let url = a.sign(SIGN_FOR);
         let r = self
@@ -319,9 +375,8 @@ impl Http {
         endpoint: usize,
         prefix: &str,
     ) -> Result<bool, Unreachable> {
-        let mut a = self
-            .bucket(endpoint)
-            .list_objects_v2(self.credentials.as_ref());
+        let creds = self.creds().await;
+        let mut a = self.bucket(endpoint).list_objects_v2(creds.as_ref());
         a.with_prefix(prefix);
         a.with_max_keys(1);
         let url = a.sign(SIGN_FOR);
@@ -341,9 +396,8 @@ impl Http {
         prefix: &str,
         n: usize,
     ) -> Result<Vec<String>, Unreachable> {
-        let mut a = self
-            .bucket(endpoint)
-            .list_objects_v2(self.credentials.as_ref());
+        let creds = self.creds().await;
+        let mut a = self.bucket(endpoint).list_objects_v2(creds.as_ref());
         a.with_prefix(prefix);
         a.with_max_keys(n);
         let url = a.sign(SIGN_FOR);
@@ -366,9 +420,8 @@ impl Http {
         let (mut objects, mut prefixes) = (Vec::new(), Vec::new());
         let mut token: Option<String> = None;
         loop {
-            let mut a = self
-                .bucket(endpoint)
-                .list_objects_v2(self.credentials.as_ref());
+            let creds = self.creds().await;
+            let mut a = self.bucket(endpoint).list_objects_v2(creds.as_ref());
             a.with_prefix(prefix);
             a.with_delimiter("/");
             a.with_max_keys(LIST_PAGE);
@@ -430,9 +483,8 @@ impl Http {
         len: u32,
         etag: Option<&str>,
     ) -> Result<Result<Got, Response>, Unreachable> {
-        let mut a = self
-            .bucket(endpoint)
-            .get_object(self.credentials.as_ref(), key);
+        let creds = self.creds().await;
+        let mut a = self.bucket(endpoint).get_object(creds.as_ref(), key);
         a.headers_mut().insert("x-amz-checksum-mode", "ENABLED");
         let url = a.sign(SIGN_FOR);
         let last = offset + u64::from(len.max(1)) - 1;
