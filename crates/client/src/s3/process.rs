@@ -11,7 +11,6 @@
 //! failed refresh keeps the credentials held (logged); the store refuses them once expired.
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use jiff::Timestamp;
 use rusty_s3::Credentials;
@@ -94,9 +93,9 @@ impl Fetched {
         let Some(expires) = self.expires else {
             return false;
         };
-        let life = expires.duration_since(self.at).unsigned_abs();
-        let margin = (life / 5).min(Duration::from_secs(300));
-        now.duration_since(expires).unsigned_abs() <= margin || now >= expires
+        let life = expires.duration_since(self.at).as_secs_f64();
+        let left = expires.duration_since(now).as_secs_f64();
+        left <= (life / 5.0).min(300.0)
     }
 }
 
