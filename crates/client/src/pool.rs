@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use self::conn::{start_conn, Outgoing};
 use self::handshake::open_stream;
-use self::schedule::{Schedule, SMALL_SAMPLE};
+use self::schedule::{Sample, Schedule, SMALL_SAMPLE};
 use crate::error::ClientError;
 
 pub use self::compress::CompressionStatus;
@@ -178,7 +178,7 @@ pub struct Chunk {
 /// - all background bytes in flight together stay within a window that a delay
 ///   controller keeps small while readers are active (so the link's queue stays short)
 ///   and large when none is (so the mirror runs at full speed);
-/// - while readers are active, background reads go in pieces of about 1 ms of link time;
+/// - while readers are active, background reads go in pieces of about 0.5 ms of link time;
 /// - each stream carries at most one chunk's worth of background bytes at a time, and
 ///   while readers are active (a demand or prediction request in the last second),
 ///   background requests use only the first half of the streams, leaving the others to
@@ -528,13 +528,16 @@ impl Client {
         let conn = &assignment.conn;
         // The scheduler's samples: small demand requests (their own transfer time is
         // negligible next to the queue's).
-        let timed = match &request {
-            Request::Ping => true,
-            Request::Read { len, .. } => {
-                self.class == Class::Demand && u64::from(*len) <= SMALL_SAMPLE
+        let sample = match &request {
+            Request::Ping => Some(Sample::Probe),
+            Request::Read { len, .. }
+                if self.class == Class::Demand && u64::from(*len) <= SMALL_SAMPLE =>
+            {
+                Some(Sample::Read)
             }
-            _ => false,
+            _ => None,
         };
+        let timed = sample.is_some();
         let result = async {
             let _permit = conn
                 .inflight
@@ -555,8 +558,8 @@ impl Client {
         .await;
         let answer = result?;
         drop(assignment);
-        if let Some(rtt) = answer.rtt {
-            self.inner.schedule.on_sample(rtt);
+        if let (Some(rtt), Some(kind)) = (answer.rtt, sample) {
+            self.inner.schedule.on_sample(kind, rtt);
         }
         match answer.response {
             Response::Error { status, message } => Err(ClientError::Remote { status, message }),

@@ -27,7 +27,7 @@
 //!   background requests are also paced (`schedule/cpu.rs`, sampled by the prober), down
 //!   to a trickle; with no reader active there is no pace.
 //! - Background reads larger than the piece size ([`Schedule::piece`]: a chunk with no
-//!   reader, ≈1 ms of link time while readers are active) are fetched as several pieces
+//!   reader, ≈0.5 ms of link time while readers are active) are fetched as several pieces
 //!   (`pool/calls.rs`).
 //!
 //! Invariants: background bytes in flight never exceed W when a request is admitted
@@ -54,7 +54,7 @@ use super::conn::Conn;
 use crate::error::ClientError;
 use cpu::CpuPace;
 use delay::DelayController;
-pub(crate) use delay::SMALL_SAMPLE;
+pub(crate) use delay::{Sample, SMALL_SAMPLE};
 pub(super) use probe::run as run_probes;
 use window::{BackgroundWindow, WindowPermit};
 
@@ -319,10 +319,10 @@ impl Schedule {
     }
 
     /// A round-trip sample (a Ping, or a small demand read).
-    pub(super) fn on_sample(&self, rtt: Duration) {
+    pub(super) fn on_sample(&self, kind: Sample, rtt: Duration) {
         let w = {
             let mut c = self.controller();
-            c.on_sample(self.now(), rtt);
+            c.on_sample(self.now(), kind, rtt);
             c.window(self.now())
         };
         self.window.set_window(w);

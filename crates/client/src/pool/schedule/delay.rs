@@ -6,13 +6,20 @@
 //! simulated link (`delay/tests.rs`).
 //!
 //! - Samples are round trips of small requests (Ping probes, demand reads of at most
-//!   [`SMALL_SAMPLE`] bytes), from the request's write to its response's last byte.
-//! - base = the minimum sample of the last [`BASE_WINDOWS`] × [`BASE_WINDOW`] (kept as one
-//!   minimum per window, so it can rise again after a route change); queueing delay
-//!   q = min of the last [`FILTER`] samples − base (the short min-filter ignores the
-//!   queue's ripple of one piece and keeps its standing part).
+//!   [`SMALL_SAMPLE`] bytes), from the request's write to its response's last byte, of two
+//!   kinds ([`Sample`]): a Ping's round trip is the network's and both ends' event loops; a
+//!   read's adds the server's read of the file (its disk, its checksum), which is not
+//!   queueing but was counted as such when both shared one base (on the 1 Gbit/s link a
+//!   cold 4 KiB read takes ~200 µs more than a Ping, so every read looked like a queue over
+//!   the target and held the window at its minimum).
+//! - Each kind has its own base: the minimum of its samples over the last
+//!   [`BASE_WINDOWS`] × [`BASE_WINDOW`] (kept as one minimum per window, so it can rise
+//!   again after a route change). A sample's queueing delay is its round trip minus its own
+//!   kind's base; q = min of the last [`FILTER`] samples' delays (1: the latest; a
+//!   min-filter over 2 hid the reads' tail and let the window grow until the readers' p99
+//!   was 5–6× of alone at 1 Gbit/s). The base shown and used for the target is the Pings'.
 //! - Readers are active while a demand (or prediction) read was made within
-//!   [`READERS_QUIET`]. Target: clamp(base / 2, 100 µs, 5 ms) then; otherwise
+//!   [`READERS_QUIET`]. Target: clamp(base / 2, 125 µs, 5 ms) then; otherwise
 //!   clamp(2 × base, 1 ms, 25 ms), but at least one chunk's time on the link (a queue of
 //!   whole chunks cannot be kept shorter than one chunk without idling the link, and with
 //!   no reader full speed comes first).
@@ -24,11 +31,14 @@
 //!   link between chunks); it starts at the maximum (no reader: today's behaviour) and drops at once to [`DROP_PIECES`] pieces when readers become
 //!   active after a quiet spell (readers first: no waiting for the samples to tell).
 //! - Piece size: a chunk while no reader is active; while readers are, about
-//!   [`PIECE_TIME`] of link time and at most the window: clamp(min(rate × 1 ms, W),
-//!   [`MIN_PIECE`], chunk) rounded down to 4 KiB, rate being the EWMA of bytes delivered
-//!   per second ([`Rate`]). On a LAN whose base round trip is far below a piece's time on
-//!   the wire, one 1 ms piece in flight keeps the link busy on its own and every read
-//!   waits behind it; the window then shrinks below one such piece, and the pieces with it.
+//!   [`PIECE_TIME`] (0.5 ms) of link time and at most the window: clamp(min(peak ×
+//!   0.5 ms, W), [`MIN_PIECE`], chunk) rounded down to 4 KiB, peak being the highest
+//!   delivered rate of the last minute ([`Rate::peak`], the link's capacity as far as
+//!   seen). Sized from the current rate instead, pieces grew with the mirror's own speed,
+//!   and so did each step of the window: the controller jumped between the window's floor
+//!   and the whole link. On a LAN whose base round trip is far below a piece's time on the
+//!   wire, one piece in flight keeps the link busy on its own and every read waits behind
+//!   it; the window then shrinks below one such piece, and the pieces with it.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -40,8 +50,8 @@ pub(crate) const SMALL_SAMPLE: u64 = 16 << 10;
 pub(crate) const BASE_WINDOW: Duration = Duration::from_secs(10);
 /// Windows kept: the base is the minimum of the last minute.
 pub(crate) const BASE_WINDOWS: u64 = 6;
-/// Samples in the queueing delay's min-filter.
-pub(crate) const FILTER: usize = 2;
+/// Samples in the queueing delay's min-filter (1: the latest sample only).
+pub(crate) const FILTER: usize = 1;
 /// Readers are active while a demand request was made this recently.
 pub(crate) const READERS_QUIET: Duration = Duration::from_secs(1);
 /// Window growth per round trip, in pieces, at zero queueing delay.
@@ -53,19 +63,29 @@ pub(crate) const DROP_PIECES: u64 = 2;
 /// The window's minimum with no reader, in chunks.
 pub(crate) const ALONE_MIN_PIECES: u64 = 2;
 /// Link time of one background piece while readers are active.
-pub(crate) const PIECE_TIME: Duration = Duration::from_millis(1);
+pub(crate) const PIECE_TIME: Duration = Duration::from_micros(500);
 /// Smallest background piece.
 pub(crate) const MIN_PIECE: u64 = 16 << 10;
 /// Pieces are multiples of this.
 const PIECE_ALIGN: u64 = 4 << 10;
 
 /// Target bounds while readers are active.
-const ACTIVE_TARGET: (Duration, Duration) = (Duration::from_micros(100), Duration::from_millis(5));
+const ACTIVE_TARGET: (Duration, Duration) = (Duration::from_micros(125), Duration::from_millis(5));
 /// The longest chunk time the target with no reader grows to (a bound on a bad rate
 /// estimate: beyond it one chunk in flight nearly fills the link anyway).
 const MAX_CHUNK_TIME: Duration = Duration::from_secs(1);
 /// Target bounds with no reader (the mirror alone).
 const ALONE_TARGET: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(25));
+
+/// What a round-trip sample is of: each kind has its own base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sample {
+    /// A Ping probe: the network and both ends' event loops.
+    Probe = 0,
+    /// A small demand read: that plus the server's read of the file (its disk, its
+    /// checksum), which is not queueing on the link but is what readers wait for.
+    Read = 1,
+}
 
 /// The delivered rate: an EWMA of bytes per second over intervals of at least
 /// [`Rate::INTERVAL`] while data flows (idle gaps are not counted as slowness).
@@ -78,6 +98,9 @@ pub(crate) struct Rate {
     bytes: u64,
     /// When bytes last arrived.
     last: Duration,
+    /// The highest average per [`BASE_WINDOW`], by window number, oldest first (the
+    /// link's capacity as far as seen: the last [`BASE_WINDOWS`] windows).
+    peak: VecDeque<(u64, f64)>,
 }
 
 impl Rate {
@@ -112,6 +135,18 @@ impl Rate {
             } else {
                 self.ewma + Self::ALPHA * (sample - self.ewma)
             };
+            let slot = now.as_nanos() as u64 / BASE_WINDOW.as_nanos() as u64;
+            match self.peak.back_mut() {
+                Some((s, m)) if *s == slot => *m = m.max(self.ewma),
+                _ => self.peak.push_back((slot, self.ewma)),
+            }
+            while self
+                .peak
+                .front()
+                .is_some_and(|(s, _)| s + BASE_WINDOWS <= slot)
+            {
+                self.peak.pop_front();
+            }
             self.start = Some(now);
             self.bytes = 0;
         }
@@ -120,6 +155,11 @@ impl Rate {
     /// Bytes per second (0: not known yet).
     pub(crate) fn get(&self) -> f64 {
         self.ewma
+    }
+
+    /// The highest rate of the last minute, bytes per second (0: not known yet).
+    pub(crate) fn peak(&self) -> f64 {
+        self.peak.iter().map(|(_, m)| *m).fold(self.ewma, f64::max)
     }
 }
 
@@ -130,9 +170,11 @@ pub(crate) struct DelayController {
     w_max: u64,
     /// The window in bytes (fractional: growth comes in small steps).
     window: f64,
-    /// Minimum sample per [`BASE_WINDOW`], by window number, oldest first.
-    base: VecDeque<(u64, Duration)>,
-    /// The last [`FILTER`] samples.
+    /// Minimum sample per [`BASE_WINDOW`], by window number, oldest first; one history per
+    /// [`Sample`] kind (a read's round trip includes the server's service time, which a
+    /// Ping's does not: that difference is not queueing).
+    base: [VecDeque<(u64, Duration)>; 2],
+    /// The queueing delays of the last [`FILTER`] samples, each against its own kind's base.
     recent: VecDeque<Duration>,
     last_sample: Option<Duration>,
     last_decrease: Option<Duration>,
@@ -150,7 +192,7 @@ impl DelayController {
             chunk,
             w_max,
             window: w_max as f64,
-            base: VecDeque::new(),
+            base: [VecDeque::new(), VecDeque::new()],
             recent: VecDeque::new(),
             last_sample: None,
             last_decrease: None,
@@ -181,21 +223,23 @@ impl DelayController {
         self.rate.on_bytes(now, n);
     }
 
-    /// A round-trip sample taken at `now`; updates base, queueing delay and window.
-    pub(crate) fn on_sample(&mut self, now: Duration, rtt: Duration) {
+    /// A round-trip sample of kind `kind` taken at `now`; updates base, queueing delay and
+    /// window.
+    pub(crate) fn on_sample(&mut self, now: Duration, kind: Sample, rtt: Duration) {
         let slot = now.as_nanos() as u64 / BASE_WINDOW.as_nanos() as u64;
-        match self.base.back_mut() {
+        let history = &mut self.base[kind as usize];
+        match history.back_mut() {
             Some((s, m)) if *s == slot => *m = (*m).min(rtt),
-            _ => self.base.push_back((slot, rtt)),
+            _ => history.push_back((slot, rtt)),
         }
-        while self
-            .base
+        while history
             .front()
             .is_some_and(|(s, _)| s + BASE_WINDOWS <= slot)
         {
-            self.base.pop_front();
+            history.pop_front();
         }
-        self.recent.push_back(rtt);
+        let own_base = history.iter().map(|(_, m)| *m).min().unwrap_or(rtt);
+        self.recent.push_back(rtt.saturating_sub(own_base));
         if self.recent.len() > FILTER {
             self.recent.pop_front();
         }
@@ -223,17 +267,17 @@ impl DelayController {
         self.window = self.window.clamp(self.w_min(now) as f64, self.w_max as f64);
     }
 
-    /// The base round trip (`None` before the first sample).
+    /// The base round trip (`None` before the first sample): the network's, from Pings, or
+    /// from small reads until a Ping was answered.
     pub(crate) fn base(&self) -> Option<Duration> {
-        self.base.iter().map(|(_, m)| *m).min()
+        let [probe, read] = &self.base;
+        let min = |h: &VecDeque<(u64, Duration)>| h.iter().map(|(_, m)| *m).min();
+        min(probe).or_else(|| min(read))
     }
 
-    /// The queueing delay: the min-filtered latest samples minus the base.
+    /// The queueing delay: the min-filtered latest samples, each minus its own kind's base.
     pub(crate) fn queue_delay(&self) -> Duration {
-        let (Some(base), Some(recent)) = (self.base(), self.recent.iter().min()) else {
-            return Duration::ZERO;
-        };
-        recent.saturating_sub(base)
+        self.recent.iter().min().copied().unwrap_or_default()
     }
 
     /// The queueing delay aimed at, at `now` (see the module docs).
@@ -263,7 +307,7 @@ impl DelayController {
         if !self.readers_active(now) {
             return self.chunk;
         }
-        let bytes = (self.rate.get() * PIECE_TIME.as_secs_f64()) as u64;
+        let bytes = (self.rate.peak() * PIECE_TIME.as_secs_f64()) as u64;
         let p = bytes.min(self.window as u64).min(self.chunk) / PIECE_ALIGN * PIECE_ALIGN;
         p.max(MIN_PIECE).min(self.chunk)
     }

@@ -95,6 +95,9 @@ async fn probe(inner: &Weak<Inner>) -> Option<()> {
         .await
         .ok()?;
     let rtt = answer.await.ok()?.ok()?.rtt?;
-    inner.upgrade()?.schedule.on_sample(rtt);
+    inner
+        .upgrade()?
+        .schedule
+        .on_sample(super::Sample::Probe, rtt);
     Some(())
 }

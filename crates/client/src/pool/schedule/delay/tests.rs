@@ -147,7 +147,7 @@ impl Sim {
                 Item::Demand { sent, bytes } => {
                     let rtt = self.now - sent;
                     self.ctl.on_delivered(self.now, bytes);
-                    self.ctl.on_sample(self.now, rtt);
+                    self.ctl.on_sample(self.now, Sample::Probe, rtt);
                     self.q.push((self.now, self.ctl.queue_delay()));
                     if let Some((at, ahead, admitted_under)) = self.pending.pop_front() {
                         assert_eq!(at, sent);
@@ -323,7 +323,7 @@ fn the_window_drops_at_once_when_a_reader_starts_after_a_quiet_spell() {
     assert_eq!(c.window(secs(1.0)), DROP_PIECES * c.piece(secs(1.0)));
     assert_eq!(c.piece(secs(1.0)), MIN_PIECE, "no rate known yet");
     // A second read within the quiet time does not drop it again.
-    c.on_sample(secs(1.1), Duration::from_micros(200));
+    c.on_sample(secs(1.1), Sample::Probe, Duration::from_micros(200));
     let w = c.window(secs(1.2));
     c.on_demand(secs(1.2));
     assert_eq!(c.window(secs(1.2)), w);
@@ -335,23 +335,27 @@ fn the_window_drops_at_once_when_a_reader_starts_after_a_quiet_spell() {
 #[test]
 fn the_base_is_a_sliding_minimum_that_can_rise_again() {
     let mut c = DelayController::new(CHUNK, STREAMS * CHUNK);
-    c.on_sample(secs(1.0), Duration::from_millis(5));
-    c.on_sample(secs(2.0), Duration::from_millis(9));
+    c.on_sample(secs(1.0), Sample::Probe, Duration::from_millis(5));
+    c.on_sample(secs(2.0), Sample::Probe, Duration::from_millis(9));
     assert_eq!(c.base(), Some(Duration::from_millis(5)));
     assert_eq!(
         c.queue_delay(),
-        Duration::ZERO,
-        "min-filter of the last samples"
+        Duration::from_millis(4),
+        "the latest sample above the base"
     );
     // A route change: a minute later only the new, longer round trips count.
     for i in 0..80 {
-        c.on_sample(secs(3.0 + f64::from(i)), Duration::from_millis(20));
+        c.on_sample(
+            secs(3.0 + f64::from(i)),
+            Sample::Probe,
+            Duration::from_millis(20),
+        );
     }
     assert_eq!(c.base(), Some(Duration::from_millis(20)));
 }
 
 #[test]
-fn piece_size_is_about_a_millisecond_of_link_time_while_readers_are_active() {
+fn piece_size_is_about_half_a_millisecond_of_link_time_while_readers_are_active() {
     let mut c = DelayController::new(CHUNK, STREAMS * CHUNK);
     // 100 MB/s delivered.
     for i in 0..200u64 {
@@ -363,7 +367,69 @@ fn piece_size_is_about_a_millisecond_of_link_time_while_readers_are_active() {
     c.on_demand(now);
     let p = c.piece(now);
     assert_eq!(p % 4096, 0);
-    assert!((90_000..=100_000).contains(&p), "{p}");
+    assert!((45_000..=50_000).contains(&p), "{p}");
+}
+
+#[test]
+fn pieces_follow_the_links_peak_rate_not_the_mirrors_current_one() {
+    let mut c = DelayController::new(CHUNK, STREAMS * CHUNK);
+    // 100 MB/s for 0.2 s, then 10 MB/s for 2 s (the mirror held back beside a reader).
+    for i in 0..200u64 {
+        c.on_delivered(Duration::from_millis(i), 100_000);
+    }
+    for i in 200..2200u64 {
+        c.on_delivered(Duration::from_millis(i), 10_000);
+    }
+    assert!(c.rate() < 2e7, "the current rate fell: {}", c.rate());
+    let now = Duration::from_millis(2200);
+    c.on_demand(now);
+    let p = c.piece(now);
+    assert!(
+        (45_000..=50_000).contains(&p),
+        "pieces of the peak's 0.5 ms: {p}"
+    );
+    // A minute later the old peak is gone.
+    let mut t = 2200u64;
+    while t < 80_000 {
+        c.on_delivered(Duration::from_millis(t), 10_000);
+        t += 1;
+    }
+    let now = Duration::from_millis(t);
+    c.on_demand(now);
+    let p = c.piece(now);
+    assert_eq!(
+        p, MIN_PIECE,
+        "the peak slid away: 10 MB/s × 0.5 ms is under the floor"
+    );
+}
+
+#[test]
+fn a_reads_service_time_is_not_queueing_but_its_tail_is() {
+    let mut c = DelayController::new(CHUNK, STREAMS * CHUNK);
+    let ping = Duration::from_micros(30);
+    // A cold 4 KiB read: the server's disk adds 200 µs to every one of them.
+    let read = Duration::from_micros(230);
+    c.on_demand(secs(1.0));
+    c.on_sample(secs(1.0), Sample::Probe, ping);
+    c.on_sample(secs(1.0), Sample::Read, read);
+    let floor = c.window(secs(1.0));
+    let mut t = 1.0;
+    for _ in 0..200 {
+        t += 0.0005;
+        c.on_demand(secs(t));
+        c.on_sample(secs(t), Sample::Probe, ping);
+        t += 0.0005;
+        c.on_sample(secs(t), Sample::Read, read);
+        assert_eq!(c.queue_delay(), Duration::ZERO, "at {t}");
+    }
+    let grown = c.window(secs(t));
+    assert!(grown > 4 * floor, "the window grew: {floor} → {grown}");
+    assert_eq!(c.base(), Some(ping), "the base shown is the Pings'");
+    // Reads that now take 1 ms longer than their base: a queue, at once.
+    t += 0.001;
+    c.on_sample(secs(t), Sample::Read, read + Duration::from_millis(1));
+    assert_eq!(c.queue_delay(), Duration::from_millis(1));
+    assert!(c.window(secs(t)) <= grown / 2, "it shrank by half");
 }
 
 #[test]
