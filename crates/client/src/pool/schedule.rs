@@ -23,9 +23,9 @@
 //!   least-loaded stream every clamp(2 × base, 1 ms, 100 ms).
 //! - Where the CPUs rather than the link are the limit (loopback, a fast LAN beside a
 //!   small host), a window of even one small piece lets the mirror take the CPU readers
-//!   need: while readers are active and this process's foreground threads wait for a CPU,
-//!   background requests are also paced (`schedule/cpu.rs`, sampled by the prober), down
-//!   to a trickle; with no reader active there is no pace.
+//!   need: while a reader read within the last 10 s and this process's foreground threads
+//!   wait for a CPU, background requests are also paced (`schedule/cpu.rs`, sampled by the
+//!   prober), down to a trickle; with no read for 10 s there is no pace.
 //! - Background reads larger than the piece size ([`Schedule::piece`]: a chunk with no
 //!   reader, ≈0.5 ms of link time while readers are active) are fetched as several pieces
 //!   (`pool/calls.rs`).
