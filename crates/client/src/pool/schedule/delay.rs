@@ -77,6 +77,60 @@ const MAX_CHUNK_TIME: Duration = Duration::from_secs(1);
 /// Target bounds with no reader (the mirror alone).
 const ALONE_TARGET: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(25));
 
+/// The minimum (or the maximum) of a value over the last [`BASE_WINDOWS`] ×
+/// [`BASE_WINDOW`], kept as one extreme per window, so that it can move back after a change
+/// (a new route, a slower link).
+#[derive(Debug, Clone)]
+pub(crate) struct Sliding<T> {
+    /// The extreme per window, by window number, oldest first.
+    by_window: VecDeque<(u64, T)>,
+    /// Which of two values is kept: `min` or `max`.
+    keep: fn(T, T) -> T,
+}
+
+impl Sliding<Duration> {
+    /// A sliding minimum.
+    pub(crate) fn min() -> Self {
+        Sliding {
+            by_window: VecDeque::new(),
+            keep: std::cmp::min,
+        }
+    }
+}
+
+impl Sliding<f64> {
+    /// A sliding maximum.
+    pub(crate) fn max() -> Self {
+        Sliding {
+            by_window: VecDeque::new(),
+            keep: f64::max,
+        }
+    }
+}
+
+impl<T: Copy> Sliding<T> {
+    /// `v` was seen at `now`; windows older than the last [`BASE_WINDOWS`] are dropped.
+    pub(crate) fn add(&mut self, now: Duration, v: T) {
+        let slot = now.as_nanos() as u64 / BASE_WINDOW.as_nanos() as u64;
+        match self.by_window.back_mut() {
+            Some((s, m)) if *s == slot => *m = (self.keep)(*m, v),
+            _ => self.by_window.push_back((slot, v)),
+        }
+        while self
+            .by_window
+            .front()
+            .is_some_and(|(s, _)| s + BASE_WINDOWS <= slot)
+        {
+            self.by_window.pop_front();
+        }
+    }
+
+    /// The extreme over the windows kept (`None`: nothing seen).
+    pub(crate) fn get(&self) -> Option<T> {
+        self.by_window.iter().map(|(_, m)| *m).reduce(self.keep)
+    }
+}
+
 /// What a round-trip sample is of: each kind has its own base.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Sample {
@@ -89,7 +143,7 @@ pub(crate) enum Sample {
 
 /// The delivered rate: an EWMA of bytes per second over intervals of at least
 /// [`Rate::INTERVAL`] while data flows (idle gaps are not counted as slowness).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Rate {
     /// Bytes per second; 0 until the first interval ends.
     ewma: f64,
@@ -98,9 +152,20 @@ pub(crate) struct Rate {
     bytes: u64,
     /// When bytes last arrived.
     last: Duration,
-    /// The highest average per [`BASE_WINDOW`], by window number, oldest first (the
-    /// link's capacity as far as seen: the last [`BASE_WINDOWS`] windows).
-    peak: VecDeque<(u64, f64)>,
+    /// The highest average of the last minute (the link's capacity as far as seen).
+    peak: Sliding<f64>,
+}
+
+impl Default for Rate {
+    fn default() -> Rate {
+        Rate {
+            ewma: 0.0,
+            start: None,
+            bytes: 0,
+            last: Duration::ZERO,
+            peak: Sliding::max(),
+        }
+    }
 }
 
 impl Rate {
@@ -135,18 +200,7 @@ impl Rate {
             } else {
                 self.ewma + Self::ALPHA * (sample - self.ewma)
             };
-            let slot = now.as_nanos() as u64 / BASE_WINDOW.as_nanos() as u64;
-            match self.peak.back_mut() {
-                Some((s, m)) if *s == slot => *m = m.max(self.ewma),
-                _ => self.peak.push_back((slot, self.ewma)),
-            }
-            while self
-                .peak
-                .front()
-                .is_some_and(|(s, _)| s + BASE_WINDOWS <= slot)
-            {
-                self.peak.pop_front();
-            }
+            self.peak.add(now, self.ewma);
             self.start = Some(now);
             self.bytes = 0;
         }
@@ -159,7 +213,7 @@ impl Rate {
 
     /// The highest rate of the last minute, bytes per second (0: not known yet).
     pub(crate) fn peak(&self) -> f64 {
-        self.peak.iter().map(|(_, m)| *m).fold(self.ewma, f64::max)
+        self.peak.get().unwrap_or(0.0).max(self.ewma)
     }
 }
 
@@ -170,10 +224,9 @@ pub(crate) struct DelayController {
     w_max: u64,
     /// The window in bytes (fractional: growth comes in small steps).
     window: f64,
-    /// Minimum sample per [`BASE_WINDOW`], by window number, oldest first; one history per
-    /// [`Sample`] kind (a read's round trip includes the server's service time, which a
-    /// Ping's does not: that difference is not queueing).
-    base: [VecDeque<(u64, Duration)>; 2],
+    /// The base round trip of each [`Sample`] kind (a read's round trip includes the
+    /// server's service time, which a Ping's does not: that difference is not queueing).
+    base: [Sliding<Duration>; 2],
     /// The queueing delays of the last [`FILTER`] samples, each against its own kind's base.
     recent: VecDeque<Duration>,
     last_sample: Option<Duration>,
@@ -192,7 +245,7 @@ impl DelayController {
             chunk,
             w_max,
             window: w_max as f64,
-            base: [VecDeque::new(), VecDeque::new()],
+            base: [Sliding::min(), Sliding::min()],
             recent: VecDeque::new(),
             last_sample: None,
             last_decrease: None,
@@ -226,19 +279,9 @@ impl DelayController {
     /// A round-trip sample of kind `kind` taken at `now`; updates base, queueing delay and
     /// window.
     pub(crate) fn on_sample(&mut self, now: Duration, kind: Sample, rtt: Duration) {
-        let slot = now.as_nanos() as u64 / BASE_WINDOW.as_nanos() as u64;
-        let history = &mut self.base[kind as usize];
-        match history.back_mut() {
-            Some((s, m)) if *s == slot => *m = (*m).min(rtt),
-            _ => history.push_back((slot, rtt)),
-        }
-        while history
-            .front()
-            .is_some_and(|(s, _)| s + BASE_WINDOWS <= slot)
-        {
-            history.pop_front();
-        }
-        let own_base = history.iter().map(|(_, m)| *m).min().unwrap_or(rtt);
+        let own = &mut self.base[kind as usize];
+        own.add(now, rtt);
+        let own_base = own.get().unwrap_or(rtt);
         self.recent.push_back(rtt.saturating_sub(own_base));
         if self.recent.len() > FILTER {
             self.recent.pop_front();
@@ -271,8 +314,7 @@ impl DelayController {
     /// from small reads until a Ping was answered.
     pub(crate) fn base(&self) -> Option<Duration> {
         let [probe, read] = &self.base;
-        let min = |h: &VecDeque<(u64, Duration)>| h.iter().map(|(_, m)| *m).min();
-        min(probe).or_else(|| min(read))
+        probe.get().or_else(|| read.get())
     }
 
     /// The queueing delay: the min-filtered latest samples, each minus its own kind's base.
