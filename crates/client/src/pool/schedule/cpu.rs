@@ -42,13 +42,13 @@ pub(crate) const INTERVAL: Duration = Duration::from_millis(25);
 /// The span a wait share is measured over.
 pub(crate) const SPAN: Duration = Duration::from_millis(100);
 /// The wait share (summed over the foreground threads) over which readers are taken to be
-/// short of CPU: half a thread waiting on average.
-pub(crate) const WAIT_TARGET: f64 = 0.5;
+/// short of CPU: a third of a thread waiting on average.
+pub(crate) const WAIT_TARGET: f64 = 0.35;
 /// How long after a read the pace applies. (With 1 s and a target of 1, a loopback
-/// `pg_restore` kept 0.59–0.61× of alone; with 10 s and 0.5, 0.75–0.78×, while 4 KiB reads at
-/// 1 Gbit/s kept p50 1.25× and p99 3.4× with the mirror at 74 MB/s. Measured before the
-/// delay controller gave reads their own base, the same pair had cost those reads p50
-/// 2–2.2×; that did not recur.)
+/// `pg_restore` kept 0.59–0.61× of alone; with 10 s and 0.5, 0.75–0.78×; with 10 s and 0.35,
+/// 0.88–0.92×, while 4 KiB reads at 1 Gbit/s kept p50 1.26× and p99 3.5× with the mirror at
+/// 62–71 MB/s beside them. Measured before the delay controller gave reads their own base,
+/// 10 s and 0.5 had cost those reads p50 2–2.2×; that did not recur.)
 pub(crate) const LINGER: Duration = Duration::from_secs(10);
 /// The slowest pace: background bytes per second while readers are short of CPU.
 pub(crate) const MIN_PACE: f64 = (1 << 20) as f64;
