@@ -434,7 +434,7 @@ fn a_reads_service_time_is_not_queueing_but_its_tail_is() {
 
 #[test]
 fn a_lan_whose_round_trip_is_far_below_a_piece_time_backs_off_for_a_reader() {
-    // The emulated 1 Gbit/s link measures a 28 µs base round trip: a 1 ms piece alone keeps
+    // The emulated 1 Gbit/s link measures a 28 µs base round trip: a 0.5 ms piece alone keeps
     // the link busy there, so the window has to go below one such piece.
     three_phases(125e6, Duration::from_micros(30), 4.0);
 }
