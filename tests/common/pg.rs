@@ -52,13 +52,26 @@ impl Postgres {
             "-c listen_addresses='' -c unix_socket_directories={} -c fsync=off",
             socket.display()
         );
-        run(pg
-            .as_postgres("pg_ctl")
-            .arg("-D")
+        let log = socket.join("log");
+        let mut cmd = pg.as_postgres("pg_ctl");
+        cmd.arg("-D")
             .arg(data)
             .args(["-w", "-t", "60", "-l"])
-            .arg(socket.join("log"))
-            .args(["-o", &opts, "start"]));
+            .arg(&log)
+            .args(["-o", &opts, "start"]);
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+        // The server's own log says why it did not start; the temp dirs holding it are gone
+        // once the test has failed.
+        assert!(
+            out.status.success(),
+            "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}\nserver log:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_else(|e| format!("({e})"))
+        );
         pg
     }
 
