@@ -17,6 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -245,16 +246,18 @@ impl LocalCopy {
 }
 
 impl ChunkBacking for LocalCopy {
-    fn load(&self, key: &FileKey, index: u64, len: usize) -> Option<Bytes> {
+    fn load(&self, key: &FileKey, index: u64, len: usize, range: Range<usize>) -> Option<Bytes> {
         let rel = self.rel(&key.path)?;
-        let st = self.cache.state(&rel)?;
-        if st.version != key.version || st.chunk_size != self.chunk_size || !st.has(index) {
+        let (generation, stamp) =
+            self.cache
+                .chunk_held(&rel, &key.version, self.chunk_size, index)?;
+        if range.end > len || range.start >= range.end {
             return None;
         }
-        let file = self.open(&rel, st.generation).ok()??;
+        let file = self.open(&rel, generation).ok()??;
         // A verified file is served only while it shows its stamp: one edited by hand since
         // is read from the server (and verified again by the next pass).
-        if let Some(stamp) = st.stamp {
+        if let Some(stamp) = stamp {
             let now = file
                 .metadata()
                 .ok()
@@ -263,13 +266,13 @@ impl ChunkBacking for LocalCopy {
                 return None;
             }
         }
-        let mut buf: Vec<u8> = Vec::with_capacity(len);
-        let offset = index * u64::from(self.chunk_size);
-        while buf.len() < len {
-            let at = offset + buf.len() as u64;
-            match rustix::io::pread(&*file, rustix::buffer::spare_capacity(&mut buf), at) {
+        let mut buf = vec![0u8; range.end - range.start];
+        let offset = index * u64::from(self.chunk_size) + range.start as u64;
+        let mut filled = 0;
+        while filled < buf.len() {
+            match rustix::io::pread(&*file, &mut buf[filled..], offset + filled as u64) {
                 Ok(0) => return None,
-                Ok(_) => {}
+                Ok(n) => filled += n,
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => {
                     tracing::warn!(
@@ -283,13 +286,21 @@ impl ChunkBacking for LocalCopy {
         // The file may have started over while it was read.
         let still = self
             .cache
-            .state(&rel)
-            .is_some_and(|s| s.generation == st.generation && s.has(index));
+            .chunk_held(&rel, &key.version, self.chunk_size, index)
+            .is_some_and(|(g, _)| g == generation);
         if !still {
             return None;
         }
         self.served.fetch_add(1, Ordering::Relaxed);
         Some(Bytes::from(buf))
+    }
+
+    fn may_hold(&self, key: &FileKey, index: u64) -> bool {
+        self.rel(&key.path).is_some_and(|rel| {
+            self.cache
+                .chunk_held(&rel, &key.version, self.chunk_size, index)
+                .is_some()
+        })
     }
 
     fn complete_file(&self, key: &FileKey) -> Option<File> {

@@ -229,6 +229,22 @@ impl CacheDir {
         self.lock().files.get(rel).cloned()
     }
 
+    /// Whether chunk `index` of `rel` is present for exactly `version` in chunks of
+    /// `chunk_size`: then the file's generation and verified stamp. Checked under the
+    /// lock without copying the file's state (its chunk map grows with the file).
+    pub fn chunk_held(
+        &self,
+        rel: &Bytes,
+        version: &Version,
+        chunk_size: u32,
+        index: u64,
+    ) -> Option<(u64, Option<Version>)> {
+        let g = self.lock();
+        let st = g.files.get(rel)?;
+        (st.version == *version && st.chunk_size == chunk_size && st.has(index))
+            .then_some((st.generation, st.stamp))
+    }
+
     /// Every tracked file's state.
     pub fn all(&self) -> Vec<(Bytes, FileState)> {
         self.lock()

@@ -31,6 +31,7 @@ mod table;
 mod writeback;
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -61,11 +62,19 @@ struct Slot {
 
 /// A local copy behind the store (ferry-cache's): consulted before the network, and
 /// given every whole chunk fetched. Its methods block (local disk I/O); the store calls
-/// them on the blocking pool (`load`) or its writer threads (`store`).
+/// them on the blocking pool (`load`) or its writer threads (`store`); `may_hold` is
+/// the exception, called on async threads before a read decides to go to the blocking pool.
 pub trait ChunkBacking: Send + Sync + 'static {
-    /// Chunk `index` (`len` bytes) of `key`, if the local copy holds it for exactly
-    /// `key.version`.
-    fn load(&self, key: &FileKey, index: u64, len: usize) -> Option<Bytes>;
+    /// Bytes `range` of chunk `index` (`len` bytes in all) of `key`, if the local copy
+    /// holds the chunk for exactly `key.version`. Only the range is read: a 16 KiB random
+    /// read of a chunk of 1 MiB costs 16 KiB of local I/O.
+    fn load(&self, key: &FileKey, index: u64, len: usize, range: Range<usize>) -> Option<Bytes>;
+    /// Whether the local copy may hold chunk `index` of `key`: a check of its state in
+    /// memory, with no I/O, so that a read the local copy cannot answer does not wait for
+    /// a blocking thread first. `false` only when `load` would certainly return `None`.
+    fn may_hold(&self, _key: &FileKey, _index: u64) -> bool {
+        true
+    }
     /// Chunk `index` of `key`, just fetched, of `key.version`.
     fn store(&self, key: &FileKey, index: u64, data: &Bytes);
     /// The local file of `key`, opened for reading, if the copy holds all of
@@ -378,19 +387,25 @@ impl ChunkStore {
     async fn load_local(&self, key: &FileKey, offset: u64, end: u64) -> Option<Vec<Bytes>> {
         let b = self.backing.clone()?;
         let (k, cs, size) = (key.clone(), self.chunk_size, key.version.size);
+        if end <= offset || !(offset / cs..=(end - 1) / cs).all(|i| b.may_hold(key, i)) {
+            return None;
+        }
         tokio::task::spawn_blocking(move || {
             let mut parts = Vec::new();
             let mut pos = offset;
             while pos < end {
                 let i = pos / cs;
-                let len = (size - i * cs).min(cs) as usize;
-                let chunk = b.load(&k, i, len)?;
+                let len = (size.saturating_sub(i * cs)).min(cs) as usize;
                 let lo = (pos - i * cs) as usize;
-                let hi = ((end - i * cs) as usize).min(chunk.len());
+                let hi = ((end - i * cs) as usize).min(len);
                 if hi <= lo {
                     return None;
                 }
-                parts.push(chunk.slice(lo..hi));
+                let part = b.load(&k, i, len, lo..hi)?;
+                if part.len() != hi - lo {
+                    return None;
+                }
+                parts.push(part);
                 pos = i * cs + hi as u64;
             }
             Some(parts)

@@ -152,7 +152,7 @@ struct SlowDisk {
 }
 
 impl ChunkBacking for SlowDisk {
-    fn load(&self, _: &FileKey, _: u64, _: usize) -> Option<Bytes> {
+    fn load(&self, _: &FileKey, _: u64, _: usize, _: std::ops::Range<usize>) -> Option<Bytes> {
         None
     }
     fn store(&self, _: &FileKey, index: u64, _: &Bytes) {
@@ -187,4 +187,63 @@ async fn a_slow_local_copy_skips_chunks_rather_than_queue_them_without_bound() {
         .unwrap();
     assert_eq!(*disk.stored.lock().unwrap(), [0]);
     assert_eq!(store.stats().store_queued_bytes, 0);
+}
+
+/// A local copy in memory that holds some chunks and records what it was asked.
+struct Held {
+    chunks: std::collections::HashMap<u64, Vec<u8>>,
+    loads: std::sync::Mutex<Vec<(u64, std::ops::Range<usize>)>>,
+}
+
+impl ChunkBacking for Held {
+    fn load(
+        &self,
+        _: &FileKey,
+        index: u64,
+        len: usize,
+        range: std::ops::Range<usize>,
+    ) -> Option<Bytes> {
+        self.loads.lock().unwrap().push((index, range.clone()));
+        let c = self.chunks.get(&index)?;
+        assert_eq!(c.len(), len);
+        Some(Bytes::copy_from_slice(&c[range]))
+    }
+    fn may_hold(&self, _: &FileKey, index: u64) -> bool {
+        self.chunks.contains_key(&index)
+    }
+    fn store(&self, _: &FileKey, _: u64, _: &Bytes) {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_random_read_takes_only_its_bytes_from_the_local_copy_and_skips_it_when_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, key, _stop) = store_over(dir.path(), 4 << 20).await;
+    let data = pattern(4 << 20);
+    let disk = Arc::new(Held {
+        chunks: [(1, data[1 << 20..2 << 20].to_vec())].into(),
+        loads: std::sync::Mutex::new(Vec::new()),
+    });
+    let store = ChunkStore::with_backing(
+        client,
+        16 << 20,
+        Some(disk.clone() as Arc<dyn ChunkBacking>),
+    );
+    // 16 KiB inside the held chunk: exactly those bytes are loaded, none fetched.
+    let at = (1 << 20) + 4096;
+    let got = store.read_range(&key, at, at + (16 << 10)).await.unwrap();
+    assert_eq!(&got[..], &data[at as usize..at as usize + (16 << 10)]);
+    assert_eq!(*disk.loads.lock().unwrap(), [(1, 4096..4096 + (16 << 10))]);
+    // Across the held chunk's end into one it lacks: the local copy is not asked at all,
+    // the network answers.
+    let at = (2 << 20) - 4096;
+    let got = store.read_range(&key, at, at + 8192).await.unwrap();
+    assert_eq!(&got[..], &data[at as usize..at as usize + 8192]);
+    let at = 3 << 20;
+    let got = store.read_range(&key, at, at + 4096).await.unwrap();
+    assert_eq!(&got[..], &data[at as usize..at as usize + 4096]);
+    assert_eq!(
+        disk.loads.lock().unwrap().len(),
+        1,
+        "absent chunks are never loaded"
+    );
 }

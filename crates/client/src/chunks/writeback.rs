@@ -194,7 +194,7 @@ mod tests {
     }
 
     impl ChunkBacking for Gated {
-        fn load(&self, _: &FileKey, _: u64, _: usize) -> Option<Bytes> {
+        fn load(&self, _: &FileKey, _: u64, _: usize, _: std::ops::Range<usize>) -> Option<Bytes> {
             None
         }
         fn store(&self, _: &FileKey, index: u64, _: &Bytes) {
