@@ -380,15 +380,52 @@ pub struct S3fs {
 }
 
 impl S3fs {
-    /// Unmounts (s3fs has written every closed file by then).
+    /// Unmounts and waits for the s3fs process to exit: only then has it sent everything
+    /// (`umount` returns once the kernel lets go, while s3fs may still be uploading what
+    /// was closed last: `cp -a` sets the top directory's owner and mode last, and a test
+    /// that mirrored straight after found them missing now and then).
     pub fn unmount(self) {}
+
+    /// The s3fs processes serving this mount point.
+    fn daemons(&self) -> Vec<u32> {
+        let want = self.mnt.as_os_str().as_encoded_bytes();
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        procs
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
+                    args.first().is_some_and(|a| a.ends_with(b"s3fs")) && args.contains(&want)
+                })
+            })
+            .collect()
+    }
 }
 
 impl Drop for S3fs {
     fn drop(&mut self) {
+        let daemons = self.daemons();
         let _ = Command::new("umount").arg(&self.mnt).status();
         if crate::is_mounted(&self.mnt) {
             crate::force_unmount(&self.mnt);
+        }
+        let gone = crate::wait_for(Duration::from_secs(30), || {
+            daemons.iter().all(|pid| {
+                // Gone, or a zombie nobody reaped yet (its work is done either way).
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+                    st.rsplit_once(')')
+                        .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+                })
+            })
+        });
+        if !gone {
+            eprintln!(
+                "s3fs on {} still running 30 s after unmount",
+                self.mnt.display()
+            );
         }
         let _ = &self.dir;
     }
