@@ -395,7 +395,7 @@ impl ChunkStore {
             let mut pos = offset;
             while pos < end {
                 let i = pos / cs;
-                let len = (size.saturating_sub(i * cs)).min(cs) as usize;
+                let len = size.saturating_sub(i * cs).min(cs) as usize;
                 let lo = (pos - i * cs) as usize;
                 let hi = ((end - i * cs) as usize).min(len);
                 if hi <= lo {

@@ -228,7 +228,7 @@ async fn a_random_read_takes_only_its_bytes_from_the_local_copy_and_skips_it_whe
         16 << 20,
         Some(disk.clone() as Arc<dyn ChunkBacking>),
     );
-    // 16 KiB inside the held chunk: exactly those bytes are loaded, none fetched.
+    // 16 KiB inside the held chunk: exactly those bytes are loaded from the local copy.
     let at = (1 << 20) + 4096;
     let got = store.read_range(&key, at, at + (16 << 10)).await.unwrap();
     assert_eq!(&got[..], &data[at as usize..at as usize + (16 << 10)]);
