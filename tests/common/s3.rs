@@ -422,10 +422,14 @@ impl Drop for S3fs {
             })
         });
         if !gone {
+            // Nothing is left behind: an s3fs that did not finish is killed.
             eprintln!(
-                "s3fs on {} still running 30 s after unmount",
+                "s3fs on {} still running 30 s after unmount; killed",
                 self.mnt.display()
             );
+            for pid in &daemons {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
         }
         let _ = &self.dir;
     }
