@@ -155,15 +155,23 @@ pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 /// Runs a command to completion; panics with its output when it fails.
 pub fn run(cmd: &mut Command) -> String {
+    run_explained(cmd, String::new)
+}
+
+/// As [`run`], with what `more` says appended to the failure message (a server's own log,
+/// gathered only on failure: the temporary directories holding it are gone once the test
+/// has failed).
+pub fn run_explained(cmd: &mut Command, more: impl FnOnce() -> String) -> String {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
-        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stderr),
+        more()
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

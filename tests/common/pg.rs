@@ -59,19 +59,11 @@ impl Postgres {
             .args(["-w", "-t", "60", "-l"])
             .arg(&log)
             .args(["-o", &opts, "start"]);
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-        // The server's own log says why it did not start; the temp dirs holding it are gone
-        // once the test has failed.
-        assert!(
-            out.status.success(),
-            "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}\nserver log:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(&log).unwrap_or_else(|e| format!("({e})"))
-        );
+        // The server's own log says why it did not start.
+        crate::run_explained(&mut cmd, || {
+            let log = std::fs::read_to_string(&log).unwrap_or_else(|e| format!("({e})"));
+            format!("server log:\n{log}")
+        });
         pg
     }
 
