@@ -495,16 +495,31 @@ impl Client {
 
     /// Sends one request and waits for its response. A request whose stream is lost is
     /// sent again on another (all requests are reads, so this is safe); while no stream is
-    /// connected it waits for a reconnect, up to the request timeout.
+    /// connected it waits for a reconnect, up to the request timeout. So is one whose
+    /// response did not decode (the stream is closed then: a frame garbled on the way, as a
+    /// flipped bit in its header does), up to [`UNDECODABLE_TRIES`] times.
     ///
     /// # Errors
-    /// The server stays unreachable for the request timeout; protocol violations; the
-    /// server's error status.
+    /// The server stays unreachable for the request timeout; protocol violations (a
+    /// response that does not decode [`UNDECODABLE_TRIES`] times); the server's error
+    /// status.
     pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
         let timeout = self.inner.config.request_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut undecodable = 0;
         loop {
             match self.call_once(request.clone()).await {
+                Err(ClientError::Decode(e)) if undecodable + 1 < UNDECODABLE_TRIES => {
+                    undecodable += 1;
+                    tracing::warn!(
+                        "a response from {} did not decode ({e}); its stream is closed; asking again",
+                        self.inner.config.addr
+                    );
+                    if !self.wait_for_stream(deadline).await {
+                        return Err(ClientError::Decode(e));
+                    }
+                    self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
+                }
                 Err(ClientError::ConnectionLost) => {
                     if tokio::time::Instant::now() >= deadline
                         || !self.wait_for_stream(deadline).await
@@ -567,6 +582,10 @@ impl Client {
         }
     }
 }
+
+/// How many times a request whose response does not decode is sent: a frame garbled on
+/// the way comes right the next time; a server that keeps sending one breaks the protocol.
+pub const UNDECODABLE_TRIES: u32 = 3;
 
 /// Runs futures concurrently and collects their outputs in order (small helper to avoid
 /// a dependency on `futures` for one function).

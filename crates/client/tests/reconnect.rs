@@ -149,3 +149,109 @@ async fn background_reads_keep_to_one_chunk_per_stream_and_readers_get_through()
         assert_eq!(&d[..], &data[off..off + (1 << 20)]);
     }
 }
+
+/// Relays `upstream` on a fresh loopback port; the first `garble` Read responses going
+/// down (over all connections) get an unknown message kind, as a flipped bit in a frame
+/// header on the way would give them.
+async fn garbling_proxy(upstream: std::net::SocketAddr, garble: usize) -> String {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let left = Arc::new(AtomicUsize::new(garble));
+    tokio::spawn(async move {
+        loop {
+            let Ok((down, _)) = listener.accept().await else {
+                return;
+            };
+            let up = tokio::net::TcpStream::connect(upstream).await.unwrap();
+            let (mut down_rd, mut down_wr) = down.into_split();
+            let (mut up_rd, mut up_wr) = up.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut down_rd, &mut up_wr).await;
+            });
+            let left = left.clone();
+            tokio::spawn(async move {
+                // The server's preamble, then frames: length u32 (of kind, id and body),
+                // kind u8, id u32, body.
+                let mut preamble = [0u8; ferry_proto::preamble::PREAMBLE_LEN];
+                if up_rd.read_exact(&mut preamble).await.is_err()
+                    || down_wr.write_all(&preamble).await.is_err()
+                {
+                    return;
+                }
+                loop {
+                    let Ok(len) = up_rd.read_u32().await else {
+                        return;
+                    };
+                    let mut frame = vec![0u8; len as usize];
+                    if up_rd.read_exact(&mut frame).await.is_err() {
+                        return;
+                    }
+                    // 0x93: a Read response.
+                    if frame[0] == 0x93
+                        && left
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok()
+                    {
+                        frame[0] = 0x83;
+                    }
+                    if down_wr.write_u32(len).await.is_err()
+                        || down_wr.write_all(&frame).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_garbled_on_the_way_is_asked_again_and_one_that_keeps_coming_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..(2 << 20))
+        .map(|i: usize| (i * 13 + i / 777) as u8)
+        .collect();
+    std::fs::write(dir.path().join("f"), &data).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    let (_stop, _task) = serve_on(listener, dir.path());
+
+    // Twice garbled: the third answer is read.
+    let addr = garbling_proxy(server, 2).await;
+    let client = Client::connect(ClientConfig {
+        addr,
+        streams: 2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (d, _) = client
+        .read(Bytes::from_static(b"f"), 1 << 20, 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(&d[..], &data[1 << 20..]);
+    assert_eq!(client.counters().retries.load(Ordering::Relaxed), 2);
+
+    // Garbled every time: a protocol error after a bounded number of tries, not a loop.
+    let addr = garbling_proxy(server, usize::MAX).await;
+    let client = Client::connect(ClientConfig {
+        addr,
+        streams: 2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let err = client
+        .read(Bytes::from_static(b"f"), 0, 4096)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Decode(_)), "{err}");
+    assert_eq!(
+        client.counters().retries.load(Ordering::Relaxed),
+        u64::from(ferry_client::pool::UNDECODABLE_TRIES - 1)
+    );
+}
