@@ -583,8 +583,14 @@ fn zstd_and_load_without_the_zstd_feature_close_the_connection_and_a_pre_zstd_cl
         Response::Read(d) => {
             assert_eq!(d.encoding, Encoding::Zstd);
             assert!(d.data.len() * 20 < rows.len(), "{} bytes", d.data.len());
-            let got = ferry_proto::payload::decode(d.encoding, d.decoded_len, d.checksum, d.data)
-                .unwrap();
+            // BOUND came with ALL: the checksum is XORed with what binds it to request 1.
+            assert_ne!(session & features::BOUND, 0);
+            let unbound =
+                ferry_proto::payload::decode(d.encoding, d.decoded_len, d.checksum, d.data.clone());
+            assert!(unbound.is_err(), "the checksum is not the plain one");
+            let bound = d.checksum ^ d.binding(1, b"f", 0, 256 << 10);
+            let got =
+                ferry_proto::payload::decode(d.encoding, d.decoded_len, bound, d.data).unwrap();
             assert!(got[..] == rows[..]);
         }
         other => panic!("{other:?}"),

@@ -392,7 +392,28 @@ where
                 bytes: None,
             };
             let class = handle::request_class(&request);
-            let response = handle::handle(&shared, &session, request, &mut held).await;
+            // What binds the bytes to this request (BOUND), taken before it is handed on.
+            let bound = (session.features & features::BOUND != 0).then(|| match &request {
+                Request::Read {
+                    path, offset, len, ..
+                } => Some((path.clone(), *offset, *len)),
+                Request::ReadDirData { path, cookie, .. } => Some((path.clone(), *cookie, 0)),
+                _ => None,
+            });
+            let mut response = handle::handle(&shared, &session, request, &mut held).await;
+            match (&mut response, bound.flatten()) {
+                (Response::Read(r), Some((path, offset, len))) => {
+                    r.checksum ^= r.binding(id, &path, offset, len);
+                }
+                (Response::DirData(p), Some((dir, cookie, _))) => {
+                    for e in &mut p.entries {
+                        if let Some(d) = &mut e.data {
+                            d.checksum ^= d.binding(id, &dir, cookie, &e.entry);
+                        }
+                    }
+                }
+                _ => {}
+            }
             let st = &shared.stats;
             match &response {
                 Response::Read(r) => {

@@ -496,27 +496,52 @@ impl Client {
     /// Sends one request and waits for its response. A request whose stream is lost is
     /// sent again on another (all requests are reads, so this is safe); while no stream is
     /// connected it waits for a reconnect, up to the request timeout. So is one whose
-    /// response did not decode (the stream is closed then: a frame garbled on the way, as a
-    /// flipped bit in its header does), up to [`UNDECODABLE_TRIES`] times.
+    /// response was garbled on the way, up to [`UNDECODABLE_TRIES`] times: one that did not
+    /// decode (its stream is closed then; a flipped bit in a frame header does that), or a
+    /// response of another request's kind (a flipped bit in its request id).
     ///
     /// # Errors
     /// The server stays unreachable for the request timeout; protocol violations (a
-    /// response that does not decode [`UNDECODABLE_TRIES`] times); the server's error
-    /// status.
+    /// response garbled [`UNDECODABLE_TRIES`] times); the server's error status.
     pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        self.call_with_id(request).await.map(|(r, _)| r)
+    }
+
+    /// As [`Client::call`], with the request id the response came back under.
+    ///
+    /// # Errors
+    /// As [`Client::call`].
+    pub(crate) async fn call_with_id(
+        &self,
+        request: Request,
+    ) -> Result<(Response, u32), ClientError> {
         let timeout = self.inner.config.request_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut undecodable = 0;
+        let mut garbled = 0;
         loop {
-            match self.call_once(request.clone()).await {
-                Err(ClientError::Decode(e)) if undecodable + 1 < UNDECODABLE_TRIES => {
-                    undecodable += 1;
+            let result = match self.call_once(request.clone()).await {
+                // Error responses became `Remote`: a success answers with its request's
+                // kind and the response bit.
+                Ok((r, _)) if r.kind() != request.kind() | 0x80 => {
+                    Err(ClientError::Protocol(format!(
+                        "a response of kind 0x{:02x} answered a request of kind 0x{:02x}",
+                        r.kind(),
+                        request.kind()
+                    )))
+                }
+                r => r,
+            };
+            match result {
+                Err(e @ (ClientError::Decode(_) | ClientError::Protocol(_)))
+                    if garbled + 1 < UNDECODABLE_TRIES =>
+                {
+                    garbled += 1;
                     tracing::warn!(
-                        "a response from {} did not decode ({e}); its stream is closed; asking again",
+                        "a response from {} was garbled ({e}); asking again",
                         self.inner.config.addr
                     );
                     if !self.wait_for_stream(deadline).await {
-                        return Err(ClientError::Decode(e));
+                        return Err(e);
                     }
                     self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
                 }
@@ -536,7 +561,7 @@ impl Client {
         }
     }
 
-    async fn call_once(&self, request: Request) -> Result<Response, ClientError> {
+    async fn call_once(&self, request: Request) -> Result<(Response, u32), ClientError> {
         // Holds the stream's load (and background budgets) until this call ends, also when
         // it is cancelled.
         let assignment = self.inner.schedule.assign(&request, self.class).await?;
@@ -578,13 +603,14 @@ impl Client {
         }
         match answer.response {
             Response::Error { status, message } => Err(ClientError::Remote { status, message }),
-            r => Ok(r),
+            r => Ok((r, answer.id)),
         }
     }
 }
 
-/// How many times a request whose response does not decode is sent: a frame garbled on
-/// the way comes right the next time; a server that keeps sending one breaks the protocol.
+/// How many times a request whose response comes garbled ([`Client::call`]) is sent: a
+/// frame garbled on the way comes right the next time; a server that keeps sending one
+/// breaks the protocol.
 pub const UNDECODABLE_TRIES: u32 = 3;
 
 /// Runs futures concurrently and collects their outputs in order (small helper to avoid

@@ -91,6 +91,11 @@ pub mod features {
     /// The server answers [`crate::Request::DirXattrsPage`]: a directory's extended
     /// attributes in pages, however many its entries have.
     pub const XATTRS_PAGED: u64 = 1 << 10;
+    /// Read responses, and the contents of files in ReadDirData pages, are bound to the
+    /// request they answer: their checksum is XORed with [`crate::ReadData::binding`]
+    /// ([`crate::FileData::binding`]), so a request or response header garbled on the way
+    /// (a request id that names another request) fails the checksum.
+    pub const BOUND: u64 = 1 << 11;
     /// Every feature this crate knows.
     pub const ALL: u64 = LZ4
         | HASH
@@ -102,7 +107,8 @@ pub mod features {
         | XATTRS
         | HASH_SPARSE
         | ZSTD
-        | XATTRS_PAGED;
+        | XATTRS_PAGED
+        | BOUND;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

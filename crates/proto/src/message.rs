@@ -452,6 +452,54 @@ pub struct ReadData {
     pub data: Bytes,
 }
 
+impl ReadData {
+    /// What binds these bytes to the request they answer (with [`features::BOUND`]): the
+    /// server sends `checksum` XORed with this, the client XORs it out again with the
+    /// request it sent (id, path, offset, length). A bit flipped on the way in the request
+    /// or in any field of the response (the request id included) then fails the checksum
+    /// like one flipped in the data, instead of giving a reader another file's or another
+    /// offset's bytes. XXH3-64 of: id u32 | offset u64 | len u32 | path length u16 | path |
+    /// version | encoding byte as sent | decoded_len u32 | file hash (when sent).
+    pub fn binding(&self, request_id: u32, path: &[u8], offset: u64, len: u32) -> u64 {
+        let mut b = BytesMut::with_capacity(64 + path.len() + Version::LEN);
+        b.put_u32(request_id);
+        b.put_u64(offset);
+        b.put_u32(len);
+        put_bytes16(&mut b, path);
+        self.version.encode(&mut b);
+        let flag = if self.file_hash.is_some() {
+            FILE_HASH_FLAG
+        } else {
+            0
+        };
+        b.put_u8(self.encoding.to_u8() | flag);
+        b.put_u32(self.decoded_len);
+        if let Some(h) = &self.file_hash {
+            b.put_slice(h);
+        }
+        xxhash_rust::xxh3::xxh3_64(&b)
+    }
+}
+
+impl FileData {
+    /// As [`ReadData::binding`], for a file's contents in a [`DataPage`] answering a
+    /// ReadDirData of directory `dir` from `cookie`: XXH3-64 of id u32 | cookie u64 | dir
+    /// length u16 | dir | name length u16 | name | the entry's attributes | encoding byte |
+    /// decoded_len u32 | blake3.
+    pub fn binding(&self, request_id: u32, dir: &[u8], cookie: u64, entry: &DirEntry) -> u64 {
+        let mut b = BytesMut::with_capacity(128 + dir.len() + entry.name.len());
+        b.put_u32(request_id);
+        b.put_u64(cookie);
+        put_bytes16(&mut b, dir);
+        put_bytes16(&mut b, &entry.name);
+        entry.attr.encode(&mut b);
+        b.put_u8(self.encoding.to_u8());
+        b.put_u32(self.decoded_len);
+        b.put_slice(&self.blake3);
+        xxhash_rust::xxh3::xxh3_64(&b)
+    }
+}
+
 /// File system statistics, as `statvfs` reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StatFs {

@@ -456,6 +456,54 @@ proptest! {
     }
 }
 
+proptest! {
+    /// BOUND: a bit flipped anywhere in a Read response before its data (the request id
+    /// included), or in the request it answers, changes the checksum the client expects,
+    /// so the bytes are fetched again instead of returned.
+    #[test]
+    fn a_flipped_bit_in_a_read_response_header_or_its_request_fails_the_bound_checksum(
+        a in attr(),
+        id in any::<u32>(),
+        path in bytes16(),
+        offset in any::<u64>(),
+        len in any::<u32>(),
+        hash in proptest::option::of(any::<[u8; 32]>()),
+        bit in any::<proptest::sample::Index>(),
+    ) {
+        let data = Bytes::from_static(b"some bytes");
+        let plain = payload::checksum(&data);
+        let mut r = ReadData {
+            version: a.version(),
+            encoding: Encoding::Raw,
+            decoded_len: data.len() as u32,
+            checksum: plain,
+            file_hash: hash,
+            data,
+        };
+        r.checksum ^= r.binding(id, &path, offset, len);
+        let mut buf = BytesMut::new();
+        let tail = Response::Read(r.clone()).encode(id, &mut buf);
+        let fields = buf.len();
+        buf.extend_from_slice(&tail);
+        // Bits of the id (after the length and kind) up to the end of the fixed fields.
+        let at = bit.index((fields - 5) * 8) + 5 * 8;
+        buf[at / 8] ^= 1 << (at % 8);
+        if let Ok(Some(f)) = Frame::parse(&mut buf, u32::MAX) {
+            let got_id = f.request_id;
+            if let Ok(Response::Read(g)) = Response::decode(f) {
+                prop_assert_ne!(g.checksum ^ g.binding(got_id, &path, offset, len), plain);
+            }
+        }
+        // A request garbled on its way: the server bound the bytes to what it received.
+        let mut other = path.to_vec();
+        other.push(b'x');
+        prop_assert_ne!(r.checksum ^ r.binding(id, &other, offset, len), plain);
+        prop_assert_ne!(r.checksum ^ r.binding(id, &path, offset ^ 1, len), plain);
+        prop_assert_ne!(r.checksum ^ r.binding(id, &path, offset, len ^ 1), plain);
+        prop_assert_eq!(r.checksum ^ r.binding(id, &path, offset, len), plain);
+    }
+}
+
 #[test]
 fn dir_page_count_cannot_force_allocation() {
     // A page claiming 4 billion entries in a tiny body must fail, not allocate.

@@ -14,8 +14,8 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use ferry_proto::{
-    features, payload, Attr, Class, DirEntry, FileData, FileHash, FileKind, Request, Response,
-    StatFs, Status, Version,
+    features, payload, Attr, Class, DirEntry, FileData, FileHash, FileKind, PayloadError, Request,
+    Response, StatFs, Status, Version,
 };
 use tracing::warn;
 
@@ -315,69 +315,95 @@ impl Client {
         } else {
             Class::Demand
         };
-        let page = match self
-            .call(Request::ReadDirData {
-                path: path.clone(),
-                cookie,
-                max_entries,
-                max_file,
-                compression: self.inner.codec.current(),
-                class,
-            })
-            .await?
-        {
-            Response::DirData(p) => p,
-            r => return Err(unexpected(&r)),
-        };
-        let mut all = Vec::with_capacity(page.entries.len());
-        for e in page.entries {
-            ferry_proto::name::validate_name(&e.entry.name).map_err(ClientError::BadEntryName)?;
-            let data = e.data.and_then(|d| self.small_file(&path, &e.entry, d));
-            all.push(Listed {
-                entry: e.entry,
-                data,
-            });
+        let bound = features & features::BOUND != 0;
+        let mut failures = 0;
+        'page: loop {
+            let (page, id) = match self
+                .call_with_id(Request::ReadDirData {
+                    path: path.clone(),
+                    cookie,
+                    max_entries,
+                    max_file,
+                    compression: self.inner.codec.current(),
+                    class,
+                })
+                .await?
+            {
+                (Response::DirData(p), id) => (p, id),
+                (r, _) => return Err(unexpected(&r)),
+            };
+            let mut all = Vec::with_capacity(page.entries.len());
+            for e in page.entries {
+                ferry_proto::name::validate_name(&e.entry.name)
+                    .map_err(ClientError::BadEntryName)?;
+                let data = match e.data {
+                    None => None,
+                    Some(mut d) => {
+                        if bound {
+                            d.checksum ^= d.binding(id, &path, cookie, &e.entry);
+                        }
+                        match self.small_file(&e.entry, d) {
+                            Ok(data) => data,
+                            Err(err) => {
+                                self.inner
+                                    .counters
+                                    .checksum_failures
+                                    .fetch_add(1, Ordering::Relaxed);
+                                let what = format!(
+                                    "contents of /{}/{} in a listing: {err}",
+                                    String::from_utf8_lossy(&path),
+                                    String::from_utf8_lossy(&e.entry.name)
+                                );
+                                if !bound {
+                                    // Only the contents are in doubt: the file is read
+                                    // as usual.
+                                    warn!("{what}; reading it again");
+                                    None
+                                } else {
+                                    // Bound: the entry's name and attributes, or the
+                                    // page's request id, may be what was garbled.
+                                    failures += 1;
+                                    if failures >= 3 {
+                                        return Err(ClientError::Payload(err));
+                                    }
+                                    warn!("{what}; fetching the page again");
+                                    continue 'page;
+                                }
+                            }
+                        }
+                    }
+                };
+                all.push(Listed {
+                    entry: e.entry,
+                    data,
+                });
+            }
+            return Ok((all, page.eof));
         }
-        Ok((all, page.eof))
     }
 
     /// Decodes and verifies the contents of `entry` from a [`Response::DirData`] page:
-    /// `None` when they fail (counted as a checksum failure; the file is then read as usual)
-    /// or are not the whole file its attributes describe.
-    fn small_file(&self, dir: &[u8], entry: &DirEntry, d: FileData) -> Option<SmallFile> {
+    /// `None` when they are not the whole file its attributes describe (the file is then
+    /// read as usual), an error when they fail to decode or verify.
+    fn small_file(&self, entry: &DirEntry, d: FileData) -> Result<Option<SmallFile>, PayloadError> {
         if entry.attr.kind != FileKind::File || u64::from(d.decoded_len) != entry.attr.size {
-            return None;
+            return Ok(None);
         }
         let wire = d.data.len() as u64;
-        match payload::decode(d.encoding, d.decoded_len, d.checksum, d.data) {
-            Ok(data) => {
-                let c = &self.inner.counters;
-                c.wire_bytes.fetch_add(wire, Ordering::Relaxed);
-                c.decoded_bytes
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
-                c.reads.fetch_add(1, Ordering::Relaxed);
-                self.inner
-                    .schedule
-                    .on_delivered(self.class, data.len() as u64);
-                Some(SmallFile {
-                    data,
-                    blake3: d.blake3,
-                    wire_len: wire as usize,
-                })
-            }
-            Err(e) => {
-                self.inner
-                    .counters
-                    .checksum_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                warn!(
-                    "contents of /{}/{} in a listing: {e}; reading it again",
-                    String::from_utf8_lossy(dir),
-                    String::from_utf8_lossy(&entry.name)
-                );
-                None
-            }
-        }
+        let data = payload::decode(d.encoding, d.decoded_len, d.checksum, d.data)?;
+        let c = &self.inner.counters;
+        c.wire_bytes.fetch_add(wire, Ordering::Relaxed);
+        c.decoded_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        c.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .schedule
+            .on_delivered(self.class, data.len() as u64);
+        Ok(Some(SmallFile {
+            data,
+            blake3: d.blake3,
+            wire_len: wire as usize,
+        }))
     }
 
     /// Reads up to `len` bytes (≤ chunk size) at `offset`: decoded and checksum-verified.
@@ -511,9 +537,9 @@ impl Client {
         } else {
             Class::Demand
         };
-        let r = match self
-            .call(Request::Read {
-                path,
+        let (r, id) = match self
+            .call_with_id(Request::Read {
+                path: path.clone(),
                 offset,
                 len,
                 compression: self.inner.codec.current(),
@@ -521,8 +547,8 @@ impl Client {
             })
             .await?
         {
-            Response::Read(r) => r,
-            r => return Err(unexpected(&r)),
+            (Response::Read(r), id) => (r, id),
+            (r, _) => return Err(unexpected(&r)),
         };
         if r.decoded_len > len {
             return Err(ClientError::Protocol(format!(
@@ -542,7 +568,12 @@ impl Client {
         let version = r.version;
         let wire_len = r.data.len();
         let file_hash = r.file_hash;
-        let data = payload::decode(r.encoding, r.decoded_len, r.checksum, r.data)?;
+        let checksum = if self.session().features & features::BOUND != 0 {
+            r.checksum ^ r.binding(id, &path, offset, len)
+        } else {
+            r.checksum
+        };
+        let data = payload::decode(r.encoding, r.decoded_len, checksum, r.data)?;
         self.inner.codec.offer(&data);
         Ok(Chunk {
             data,

@@ -40,6 +40,9 @@ pub(super) type Reply = oneshot::Sender<Result<Answer, ClientError>>;
 pub(super) struct Answer {
     pub(super) response: Response,
     pub(super) rtt: Option<Duration>,
+    /// The request id the response came back under (what its checksum is bound to with
+    /// BOUND; 0 where no ids travel).
+    pub(super) id: u32,
 }
 
 /// A request on its way to the writer.
@@ -361,7 +364,7 @@ async fn read_loop(
         match reply {
             Some((reply, sent)) => {
                 let rtt = sent.map(|t| complete.saturating_duration_since(t));
-                let _ = reply.send(response.map(|response| Answer { response, rtt }));
+                let _ = reply.send(response.map(|response| Answer { response, rtt, id }));
             }
             None => {
                 debug!("response for unknown request id {id}");

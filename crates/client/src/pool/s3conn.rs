@@ -54,6 +54,7 @@ pub(super) fn start_s3_conn(
                     Ok(response) => Ok(Answer {
                         response,
                         rtt: out.timed.then(|| start.elapsed()),
+                        id: 0,
                     }),
                     Err(e) => {
                         if alive.swap(false, Ordering::AcqRel) {
