@@ -1,8 +1,10 @@
 //! The `fuser::Filesystem` adapter: translates kernel requests into calls on [`Fs`].
 //!
-//! Every request that may touch the network is spawned as a task on the mount's tokio
-//! runtime and replied to from there, so the FUSE worker threads only decode requests and
-//! many reads are in flight at once. Writes of any kind answer EROFS.
+//! Every request that may touch the network runs on the FUSE worker thread as far as it
+//! can without waiting, and continues as a task on the mount's tokio runtime when it must
+//! wait ([`run_here_first`]): answers from memory go back at once, while a worker thread
+//! never blocks on the network and many reads are in flight at once. Writes of any kind
+//! answer EROFS.
 //!
 //! Nothing here decides what a reply holds: directory positions, `.`/`..` and the lookup
 //! references of readdirplus are [`Fs::readdir`]/[`Fs::readdirplus`]'s, filled through the
@@ -102,6 +104,29 @@ impl FerryFuse {
     pub fn with_passthrough(mut self, on: bool) -> Self {
         self.want_passthrough = on;
         self
+    }
+}
+
+impl FerryFuse {
+    /// Runs a request's work ([`run_here_first`] on the mount's runtime).
+    fn run(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        run_here_first(&self.rt, work);
+    }
+}
+
+/// Runs `work` first on the calling thread (a FUSE worker), as far as it goes without
+/// waiting: a lookup, open or read answered from memory — most of a tree copy's — is then
+/// replied to there, without a hand-off to a tokio worker and back (two thread wake-ups per
+/// request, which on a busy machine cost more than the work). If it must wait (the network,
+/// the local copy), the rest runs as a task on `rt`, polled again with a waker that works,
+/// so what it waits on is registered anew.
+fn run_here_first(rt: &Handle, work: impl std::future::Future<Output = ()> + Send + 'static) {
+    // Timers, spawns and blocking hops inside `work` need the runtime's context.
+    let _in_runtime = rt.enter();
+    let mut work = Box::pin(work);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if work.as_mut().poll(&mut cx).is_pending() {
+        rt.spawn(work);
     }
 }
 
@@ -238,7 +263,7 @@ impl Filesystem for FerryFuse {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let fs = self.fs.clone();
         let name = name.as_bytes().to_vec();
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.lookup(parent.0, &name).await {
                 Ok((ino, attr)) => reply.entry(
                     &fs.ttl(),
@@ -256,7 +281,7 @@ impl Filesystem for FerryFuse {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.getattr(ino.0).await {
                 Ok(attr) => reply.attr(&fs.ttl(), &fuse_attr(ino.0, &attr, fs.chunk_size())),
                 Err(e) => reply.error(errno(&e)),
@@ -266,7 +291,7 @@ impl Filesystem for FerryFuse {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.readlink(ino.0).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(errno(&e)),
@@ -281,7 +306,7 @@ impl Filesystem for FerryFuse {
         let passthrough = self.passthrough.load(std::sync::atomic::Ordering::Relaxed);
         let backing = self.backing.clone();
         let notifier = self.notifier.clone();
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.open(ino.0, write).await {
                 Ok(o) => {
                     if o.attr_changed {
@@ -360,7 +385,7 @@ impl Filesystem for FerryFuse {
         reply: ReplyData,
     ) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.read(fh.0, offset, size).await {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(&e)),
@@ -398,7 +423,7 @@ impl Filesystem for FerryFuse {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.opendir(ino.0).await {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e)),
@@ -470,7 +495,7 @@ impl Filesystem for FerryFuse {
             return reply_xattr(reply, size, &f());
         }
         let (fs, name) = (self.fs.clone(), name.as_bytes().to_vec());
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.xattrs(ino.0).await {
                 Ok(all) => match all.iter().find(|(n, _)| n[..] == name[..]) {
                     Some((_, v)) => reply_xattr(reply, size, v),
@@ -483,7 +508,7 @@ impl Filesystem for FerryFuse {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.xattrs(ino.0).await {
                 Ok(all) => {
                     // Names, each ended by a NUL (the mount's own status is not listed).
@@ -518,7 +543,7 @@ impl Filesystem for FerryFuse {
             return reply.error(Errno::ENXIO);
         };
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.seek(ino.0, fh.0, offset, data).await {
                 Ok(at) => reply.offset(at as i64),
                 Err(e) => reply.error(errno(&e)),
@@ -528,7 +553,7 @@ impl Filesystem for FerryFuse {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        self.run(async move {
             match fs.statfs().await {
                 Ok(s) => reply.statfs(
                     s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -653,5 +678,59 @@ fn reply_xattr(reply: fuser::ReplyXattr, size: u32, value: &[u8]) {
         reply.error(Errno::ERANGE);
     } else {
         reply.data(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+    use super::run_here_first;
+    use std::time::Duration;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn work_that_need_not_wait_runs_on_the_calling_thread() {
+        let rt = runtime();
+        let (tx, rx) = std::sync::mpsc::channel();
+        run_here_first(rt.handle(), async move {
+            tx.send(std::thread::current().id()).unwrap();
+        });
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            std::thread::current().id(),
+            "answered before run_here_first returned, on this thread"
+        );
+    }
+
+    #[test]
+    fn work_that_waits_finishes_on_the_runtime() {
+        let rt = runtime();
+        // Waits on a channel filled later, then on a timer (which needs the runtime's
+        // context already in the first poll).
+        let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        run_here_first(rt.handle(), async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let v = rx.await.unwrap();
+            done_tx.send((v, std::thread::current().id())).unwrap();
+        });
+        assert!(done_rx.try_recv().is_err(), "it had to wait");
+        std::thread::sleep(Duration::from_millis(20));
+        tx.send(7).unwrap();
+        let (v, thread) = done_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(v, 7);
+        assert_ne!(
+            thread,
+            std::thread::current().id(),
+            "finished on a runtime worker"
+        );
     }
 }
