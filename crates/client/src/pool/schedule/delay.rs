@@ -26,13 +26,14 @@
 //! - Per sample: under target, W += [`GAIN`] × piece × (target − q) / target, at most
 //!   doubling per round trip; over target, W ×= 1 − [`BETA`] × min(1, (q − target) /
 //!   target), at most once per round trip.
-//! - W stays within [W_min, streams × chunk], W_min being [`MIN_PIECE`] while readers
-//!   are active and [`ALONE_MIN_PIECES`] chunks otherwise (one chunk at a time would idle the
-//!   link between chunks); it starts at the maximum (no reader: today's behaviour) and drops at once to [`DROP_PIECES`] pieces when readers become
+//! - W stays within [W_min, streams × chunk], W_min being two [`MIN_PIECE`]s while readers
+//!   are active (one piece at a time would idle the link through each piece's round trip,
+//!   the server's read included) and [`ALONE_MIN_PIECES`] chunks otherwise (the same, for
+//!   chunks); it starts at the maximum (no reader: today's behaviour) and drops at once to [`DROP_PIECES`] pieces when readers become
 //!   active after a quiet spell (readers first: no waiting for the samples to tell).
 //! - Piece size: a chunk while no reader is active; while readers are, about
-//!   [`PIECE_TIME`] (0.5 ms) of link time and at most the window: clamp(min(peak ×
-//!   0.5 ms, W), [`MIN_PIECE`], chunk) rounded down to 4 KiB, peak being the highest
+//!   [`PIECE_TIME`] (0.5 ms) of link time and at most half the window: clamp(min(peak ×
+//!   0.5 ms, W / 2), [`MIN_PIECE`], chunk) rounded down to 4 KiB, peak being the highest
 //!   delivered rate of the last minute ([`Rate::peak`], the link's capacity as far as
 //!   seen). Sized from the current rate instead, pieces grew with the mirror's own speed,
 //!   and so did each step of the window: the controller jumped between the window's floor
@@ -341,7 +342,7 @@ impl DelayController {
     }
 
     /// The background piece size at `now`. While readers are active it is about
-    /// [`PIECE_TIME`] of link time and never more than the window: when the queue stays over
+    /// [`PIECE_TIME`] of link time and never more than half the window: when the queue stays over
     /// the target with the window at one piece (a link whose base round trip is far below a
     /// piece's time on the wire, such as a LAN, where one piece in flight already keeps the
     /// link busy), the pieces shrink with the window, down to [`MIN_PIECE`].
@@ -350,7 +351,10 @@ impl DelayController {
             return self.chunk;
         }
         let bytes = (self.rate.peak() * PIECE_TIME.as_secs_f64()) as u64;
-        let p = bytes.min(self.window as u64).min(self.chunk) / PIECE_ALIGN * PIECE_ALIGN;
+        // At least two pieces fit the window: while one is on the wire the server reads the
+        // next, instead of the link idling through each piece's round trip.
+        let w = self.window(now) / 2;
+        let p = bytes.min(w).min(self.chunk) / PIECE_ALIGN * PIECE_ALIGN;
         p.max(MIN_PIECE).min(self.chunk)
     }
 
@@ -359,12 +363,12 @@ impl DelayController {
         (self.window as u64).clamp(self.w_min(now), self.w_max)
     }
 
-    /// The smallest window at `now`: [`MIN_PIECE`] while readers are active (one smallest
-    /// piece); with none, [`ALONE_MIN_PIECES`] chunks (with a single chunk in flight the link
+    /// The smallest window at `now`: two [`MIN_PIECE`]s while readers are active (while one
+    /// is on the wire, the server reads the next); with none, [`ALONE_MIN_PIECES`] chunks (with a single chunk in flight the link
     /// would idle for a round trip and the server's work between chunks).
     pub(crate) fn w_min(&self, now: Duration) -> u64 {
         if self.readers_active(now) {
-            MIN_PIECE.min(self.chunk)
+            (2 * MIN_PIECE).min(self.chunk)
         } else {
             (ALONE_MIN_PIECES * self.chunk).min(self.w_max)
         }

@@ -438,3 +438,25 @@ fn a_lan_whose_round_trip_is_far_below_a_piece_time_backs_off_for_a_reader() {
     // the link busy there, so the window has to go below one such piece.
     three_phases(125e6, Duration::from_micros(30), 4.0);
 }
+
+#[test]
+fn at_its_floor_the_window_holds_two_pieces_so_the_server_works_while_the_link_sends() {
+    let mut c = DelayController::new(CHUNK, STREAMS * CHUNK);
+    // A 1 Gbit/s link seen at its peak: pieces of 0.5 ms would be about 60 KiB.
+    for i in 0..200u64 {
+        c.on_delivered(Duration::from_millis(i), 125_000);
+    }
+    let mut now = Duration::from_millis(200);
+    c.on_demand(now);
+    c.on_sample(now, Sample::Probe, Duration::from_micros(30));
+    // Then every sample far over the target: the window falls to its floor.
+    for _ in 0..200 {
+        now += Duration::from_millis(5);
+        c.on_demand(now);
+        c.on_sample(now, Sample::Probe, Duration::from_millis(3));
+    }
+    let (w, p) = (c.window(now), c.piece(now));
+    assert_eq!(w, c.w_min(now), "at the floor");
+    assert_eq!(p, MIN_PIECE);
+    assert!(w >= 2 * p, "window {w}, piece {p}: two in flight");
+}
