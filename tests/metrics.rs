@@ -164,3 +164,49 @@ fn ferry_mirror_draws_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
     );
     assert!(err.contains("complete and verified"), "{err}");
 }
+
+/// The walk of a fresh `ferry mirror` asks for a directory's listing and the contents of
+/// its small files together: one ReadDirData per small directory, not a listing and then
+/// runs (on a WAN every round trip on the walk's path counts), as ferryd's request counter
+/// shows.
+#[test]
+fn a_fresh_mirror_takes_each_small_directory_with_its_files_in_one_request() {
+    const DIRS: usize = 40;
+    let src = tempfile::tempdir().unwrap();
+    for d in 0..DIRS {
+        let dir = src.path().join(format!("d{d:02}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..5 {
+            std::fs::write(
+                dir.join(format!("f{f}.txt")),
+                format!("{d} {f}\n").repeat(40),
+            )
+            .unwrap();
+        }
+    }
+    // And one directory whose small files overflow the first page: the rest of its listing
+    // in plain pages, their contents in runs.
+    let big = src.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    for f in 0..100 {
+        write_random(&big.join(format!("b{f:03}")), 8 << 10, f);
+    }
+    let server = TestServer::start_with(src.path(), &["--metrics", "127.0.0.1:0"]);
+    let dst = tempfile::tempdir().unwrap();
+    let m = dst.path().join("m");
+    ferry_tests::mirror(&server.addr, &m, &[]);
+    run(Command::new("diff").arg("-r").arg(src.path()).arg(&m));
+    let s = scrape(&metrics_addr(&server.log_text()).expect("ferryd metrics address"));
+    let requests = s["ferry_server_requests_total"];
+    eprintln!("figures: {requests} requests for {} directories", DIRS + 2);
+    // Per directory (and the root and big/): its listing with contents, and its extended
+    // attributes; a few more for the whole copy (the root's attributes, owner names) and
+    // for big/ (the rest of its listing, a few runs).
+    let dirs = (DIRS + 2) as f64;
+    assert!(
+        requests <= 2.0 * dirs + 16.0,
+        "{requests} requests for {dirs} directories"
+    );
+    // Every file came with a listing or a run: no Read.
+    assert_eq!(s["ferry_server_chunks_total"], (DIRS * 5 + 100) as f64, "{s:?}");
+}

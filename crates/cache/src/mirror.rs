@@ -109,7 +109,10 @@ impl Default for MirrorConfig {
             files_in_flight: 512,
             chunk_memory: 64 << 20,
             write_queue: WRITE_QUEUE,
-            listings_in_flight: 32,
+            // Each may hold a first page's contents (up to 256 KiB) until written: 16 MiB
+            // at most. On the WAN profile the src tree took 3.0 s with 32 (and no contents in
+            // first pages), 2.5 s with 64 and 2.35 s with 128.
+            listings_in_flight: 64,
             verify: true,
             checksum: false,
             owners: Owners::Auto,

@@ -1,7 +1,8 @@
 //! The walk: lists directories several at a time (`listings_in_flight`), creates each
 //! directory and symlink found, and hands regular files to file jobs (at most
 //! `files_in_flight` at once). Totals grow as the walk goes. The contents of small files come
-//! in runs of ReadDirData behind their listing ([`ferry_client::small_file_runs`], up to
+//! with the listing's first page (a ReadDirData, [`list`]), and the rest in runs of
+//! ReadDirData behind their listing ([`ferry_client::small_file_runs`], up to
 //! [`RUNS_IN_FLIGHT`] at once), except in directories where an earlier run left files (a
 //! resume fetches only what is missing).
 //!
@@ -16,7 +17,9 @@ use std::sync::Arc;
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
-use ferry_client::{is_small_file, small_file_runs, Listed, Run, SMALL_FILE_MAX};
+use ferry_client::{
+    is_small_file, small_file_runs, ClientError, Listed, Run, SmallFile, SMALL_FILE_MAX,
+};
 use ferry_proto::name::join;
 use ferry_proto::{features, Attr, DirEntry, FileKind};
 use tokio::sync::Semaphore;
@@ -63,13 +66,16 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
             .error(format!("{}: {e}", ctx.cache.root().display()));
         return dirs;
     }
+    let dir_data = ctx.client.session().features & features::DIR_DATA != 0;
     loop {
         while listings.len() < ctx.cfg.listings_in_flight.max(1) {
             let Some(rel) = pending.pop() else { break };
             let c = ctx.clone();
+            // Where an earlier run left files, listed without contents: most of those
+            // files are likely complete here already (resume fetches only what is missing).
+            let with_data = dir_data && !known.contains(&rel);
             listings.spawn(async move {
-                let remote = remote_path(&c.root, &rel);
-                let r = c.client.read_dir(remote).await;
+                let r = list(&c, &rel, with_data).await;
                 (rel, r)
             });
         }
@@ -77,7 +83,7 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
             break;
         };
         let Ok((rel, listing)) = done else { continue };
-        let entries = match listing {
+        let (entries, mut came) = match listing {
             Ok(e) => e,
             Err(e) => {
                 ctx.progress
@@ -93,11 +99,11 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
         }
         super::xattrs::XattrMap::prefetch(ctx, &rel);
         let made = make_dirs(ctx, &rel, &entries).await;
-        // Small files come in runs of ReadDirData (a few round trips per directory, not
-        // one per file), except where an earlier run left files (most are complete here
-        // already: a resume fetches only what is missing).
-        let with_runs =
-            ctx.client.session().features & features::DIR_DATA != 0 && !known.contains(&rel);
+        // Small files came with the listing's first page, or come in runs of ReadDirData
+        // (a few round trips per directory, not one per file), except where an earlier run
+        // left files (most are complete here already: a resume fetches only what is
+        // missing).
+        let with_runs = dir_data && !known.contains(&rel);
         let mut in_runs = vec![false; entries.len()];
         for (i, (e, made)) in entries.iter().zip(made).enumerate() {
             let child = Bytes::from(join(&rel, &e.name));
@@ -122,7 +128,8 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
                     ctx.progress
                         .bytes_total
                         .fetch_add(e.attr.size, Ordering::Relaxed);
-                    if with_runs && is_small_file(e.attr.kind, e.attr.size) {
+                    let data = came.remove(&e.name);
+                    if data.is_none() && with_runs && is_small_file(e.attr.kind, e.attr.size) {
                         in_runs[i] = true;
                         continue;
                     }
@@ -131,7 +138,7 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
                     };
                     let (c, attr) = (ctx.clone(), e.attr);
                     jobs.spawn(async move {
-                        copy_file(&c, child, attr, None).await;
+                        copy_file(&c, child, attr, data).await;
                         drop(permit);
                     });
                 }
@@ -170,6 +177,46 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
     links.make(ctx).await;
     dirs
 }
+
+/// The listing of directory `rel`. With `with_data` its first page is a ReadDirData: a
+/// directory of a few hundred KiB of small files comes whole, contents and all, in one round
+/// trip, instead of a listing and then runs (two round trips at least: on a WAN the walk
+/// spends its time in round trips, a directory's subdirectories listed only once it is).
+/// The rest of a longer listing comes in plain pages; its small files then come in runs.
+/// Returns the entries and the contents that came, by name (each of the version its entry
+/// says).
+async fn list(
+    ctx: &Ctx,
+    rel: &Bytes,
+    with_data: bool,
+) -> Result<(Vec<DirEntry>, HashMap<Bytes, SmallFile>), ClientError> {
+    let remote = remote_path(&ctx.root, rel);
+    if !with_data {
+        return Ok((ctx.client.read_dir(remote).await?, HashMap::new()));
+    }
+    let (page, eof) = ctx
+        .client
+        .read_dir_data(remote.clone(), 0, FIRST_PAGE_ENTRIES, SMALL_FILE_MAX)
+        .await?;
+    let mut came = HashMap::new();
+    let mut entries = Vec::with_capacity(page.len());
+    for l in page {
+        if let Some(d) = l.data {
+            came.insert(l.entry.name.clone(), d);
+        }
+        entries.push(l.entry);
+    }
+    if !eof {
+        // A page without entries is no progress: the plain listing from the start.
+        let after = entries.last().map_or(0, |e| e.cookie);
+        entries.extend(ctx.client.read_dir_from(remote, after).await?);
+    }
+    Ok((entries, came))
+}
+
+/// Entries asked for in a listing's first page (ReadDirData): the server ends the page
+/// sooner when its contents fill it.
+const FIRST_PAGE_ENTRIES: u32 = 4096;
 
 /// One run of small files of directory `rel` (`entries` is its listing): their contents
 /// in one ReadDirData, then each file copied with them (at most `files` files at once).

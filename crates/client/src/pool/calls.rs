@@ -254,8 +254,20 @@ impl Client {
     /// # Errors
     /// As [`Client::call`].
     pub async fn read_dir(&self, path: Bytes) -> Result<Vec<DirEntry>, ClientError> {
+        self.read_dir_from(path, 0).await
+    }
+
+    /// The listing of the directory at `path` after the entry whose cookie is `cookie` (0:
+    /// the whole listing), fetched page by page, as [`Client::read_dir`].
+    ///
+    /// # Errors
+    /// As [`Client::read_dir`].
+    pub async fn read_dir_from(
+        &self,
+        path: Bytes,
+        mut cookie: u64,
+    ) -> Result<Vec<DirEntry>, ClientError> {
         let mut all = Vec::new();
-        let mut cookie = 0;
         loop {
             let page = match self
                 .call(Request::ReadDir {
