@@ -208,5 +208,9 @@ fn a_fresh_mirror_takes_each_small_directory_with_its_files_in_one_request() {
         "{requests} requests for {dirs} directories"
     );
     // Every file came with a listing or a run: no Read.
-    assert_eq!(s["ferry_server_chunks_total"], (DIRS * 5 + 100) as f64, "{s:?}");
+    assert_eq!(
+        s["ferry_server_chunks_total"],
+        (DIRS * 5 + 100) as f64,
+        "{s:?}"
+    );
 }
