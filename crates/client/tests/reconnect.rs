@@ -247,6 +247,27 @@ fn swap_ids(kind: u8) -> Rewrite {
     })
 }
 
+/// A client of `streams` streams to an in-process ferryd serving `dir` behind a
+/// [`rewriting_proxy`]; the server stops when the returned sender is dropped.
+async fn client_behind(
+    dir: &std::path::Path,
+    rewrite: Rewrite,
+    streams: usize,
+) -> (Client, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = listener.local_addr().unwrap();
+    let (stop, _task) = serve_on(listener, dir);
+    let addr = rewriting_proxy(server, rewrite).await;
+    let client = Client::connect(ClientConfig {
+        addr,
+        streams,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    (client, stop)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_garbled_on_the_way_is_asked_again_and_one_that_keeps_coming_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -254,20 +275,10 @@ async fn a_response_garbled_on_the_way_is_asked_again_and_one_that_keeps_coming_
         .map(|i: usize| (i * 13 + i / 777) as u8)
         .collect();
     std::fs::write(dir.path().join("f"), &data).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = listener.local_addr().unwrap();
-    let (_stop, _task) = serve_on(listener, dir.path());
 
     // Twice garbled: the third answer is read.
     let (rewrite, garbled) = garble_kind(0x93, 2);
-    let addr = rewriting_proxy(server, rewrite).await;
-    let client = Client::connect(ClientConfig {
-        addr,
-        streams: 2,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (client, _stop) = client_behind(dir.path(), rewrite, 2).await;
     let (d, _) = client
         .read(Bytes::from_static(b"f"), 1 << 20, 1 << 20)
         .await
@@ -279,14 +290,7 @@ async fn a_response_garbled_on_the_way_is_asked_again_and_one_that_keeps_coming_
 
     // Garbled every time: a protocol error after a bounded number of tries, not a loop.
     let (rewrite, garbled) = garble_kind(0x93, usize::MAX);
-    let addr = rewriting_proxy(server, rewrite).await;
-    let client = Client::connect(ClientConfig {
-        addr,
-        streams: 2,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (client, _stop) = client_behind(dir.path(), rewrite, 2).await;
     let err = client
         .read(Bytes::from_static(b"f"), 0, 4096)
         .await
@@ -306,18 +310,8 @@ async fn read_responses_whose_request_ids_were_garbled_into_each_other_are_refet
         .map(|i: usize| (i * 17 + i / 991) as u8)
         .collect();
     std::fs::write(dir.path().join("f"), &data).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = listener.local_addr().unwrap();
-    let (_stop, _task) = serve_on(listener, dir.path());
-    let addr = rewriting_proxy(server, swap_ids(0x93)).await;
     // One stream: both reads wait on it when their answers come, each under the other's id.
-    let client = Client::connect(ClientConfig {
-        addr,
-        streams: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (client, _stop) = client_behind(dir.path(), swap_ids(0x93), 1).await;
     let f = Bytes::from_static(b"f");
     let (a, b) = tokio::join!(
         client.read(f.clone(), 0, 64 << 10),
@@ -344,17 +338,7 @@ async fn listings_whose_request_ids_were_garbled_into_each_other_are_refetched_n
             .unwrap();
         }
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = listener.local_addr().unwrap();
-    let (_stop, _task) = serve_on(listener, dir.path());
-    let addr = rewriting_proxy(server, swap_ids(0x97)).await;
-    let client = Client::connect(ClientConfig {
-        addr,
-        streams: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (client, _stop) = client_behind(dir.path(), swap_ids(0x97), 1).await;
     let (a, b) = tokio::join!(
         client.read_dir_data(Bytes::from_static(b"a"), 0, 100, 4096),
         client.read_dir_data(Bytes::from_static(b"b"), 0, 100, 4096)
