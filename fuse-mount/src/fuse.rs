@@ -313,7 +313,9 @@ impl Filesystem for FerryFuse {
                         // Close-to-open: the size and times the kernel holds are of the old
                         // version; dropped before the open is answered (attributes only: a
                         // negative offset; the pages go with the open's flags), so the
-                        // reader's fstat and reads see the new size.
+                        // reader's fstat and reads see the new size. Safe also when this
+                        // runs on the fuser thread handling the open: without pages to
+                        // drop, the kernel takes no page lock a pending read could hold.
                         if let Some(n) = notifier.get() {
                             if let Err(e) = n.inval_inode(ino, -1, 0) {
                                 debug!("invalidating the attributes of inode {}: {e}", ino.0);
