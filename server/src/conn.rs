@@ -392,27 +392,11 @@ where
                 bytes: None,
             };
             let class = handle::request_class(&request);
-            // What binds the bytes to this request (BOUND), taken before it is handed on.
-            let bound = (session.features & features::BOUND != 0).then(|| match &request {
-                Request::Read {
-                    path, offset, len, ..
-                } => Some((path.clone(), *offset, *len)),
-                Request::ReadDirData { path, cookie, .. } => Some((path.clone(), *cookie, 0)),
-                _ => None,
-            });
+            // What the checksums are bound to (BOUND), kept before the request is handed on.
+            let bound = (session.features & features::BOUND != 0).then(|| request.clone());
             let mut response = handle::handle(&shared, &session, request, &mut held).await;
-            match (&mut response, bound.flatten()) {
-                (Response::Read(r), Some((path, offset, len))) => {
-                    r.checksum ^= r.binding(id, &path, offset, len);
-                }
-                (Response::DirData(p), Some((dir, cookie, _))) => {
-                    for e in &mut p.entries {
-                        if let Some(d) = &mut e.data {
-                            d.checksum ^= d.binding(id, &dir, cookie, &e.entry);
-                        }
-                    }
-                }
-                _ => {}
+            if let Some(request) = &bound {
+                response.bind(id, request);
             }
             let st = &shared.stats;
             match &response {

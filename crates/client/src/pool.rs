@@ -504,17 +504,6 @@ impl Client {
     /// The server stays unreachable for the request timeout; protocol violations (a
     /// response garbled [`UNDECODABLE_TRIES`] times); the server's error status.
     pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
-        self.call_with_id(request).await.map(|(r, _)| r)
-    }
-
-    /// As [`Client::call`], with the request id the response came back under.
-    ///
-    /// # Errors
-    /// As [`Client::call`].
-    pub(crate) async fn call_with_id(
-        &self,
-        request: Request,
-    ) -> Result<(Response, u32), ClientError> {
         let timeout = self.inner.config.request_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut garbled = 0;
@@ -556,7 +545,15 @@ impl Client {
                     }
                     self.inner.counters.retries.fetch_add(1, Ordering::Relaxed);
                 }
-                r => return r,
+                Ok((mut response, id)) => {
+                    // The binding to the request (BOUND) taken out: callers check the
+                    // plain checksums, and fail them if this does not answer `request`.
+                    if self.session().features & ferry_proto::features::BOUND != 0 {
+                        response.bind(id, &request);
+                    }
+                    return Ok(response);
+                }
+                Err(e) => return Err(e),
             }
         }
     }

@@ -452,6 +452,33 @@ pub struct ReadData {
     pub data: Bytes,
 }
 
+impl Response {
+    /// With [`features::BOUND`]: XORs each checksum this response carries with its binding
+    /// to `request`, sent under `request_id` ([`ReadData::binding`], [`FileData::binding`]).
+    /// The server applies it before sending and the client again on receipt, which takes it
+    /// out (XOR undoes itself): what the client then checks is the plain checksum, and a
+    /// response that does not answer that request fails it. Other responses carry no
+    /// checksum and are left as they are.
+    pub fn bind(&mut self, request_id: u32, request: &Request) {
+        match (request, self) {
+            (
+                Request::Read {
+                    path, offset, len, ..
+                },
+                Response::Read(r),
+            ) => r.checksum ^= r.binding(request_id, path, *offset, *len),
+            (Request::ReadDirData { path, cookie, .. }, Response::DirData(p)) => {
+                for e in &mut p.entries {
+                    if let Some(d) = &mut e.data {
+                        d.checksum ^= d.binding(request_id, path, *cookie, &e.entry);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 impl ReadData {
     /// What binds these bytes to the request they answer (with [`features::BOUND`]): the
     /// server sends `checksum` XORed with this, the client XORs it out again with the

@@ -330,8 +330,8 @@ impl Client {
         let bound = features & features::BOUND != 0;
         let mut failures = 0;
         'page: loop {
-            let (page, id) = match self
-                .call_with_id(Request::ReadDirData {
+            let page = match self
+                .call(Request::ReadDirData {
                     path: path.clone(),
                     cookie,
                     max_entries,
@@ -341,47 +341,39 @@ impl Client {
                 })
                 .await?
             {
-                (Response::DirData(p), id) => (p, id),
-                (r, _) => return Err(unexpected(&r)),
+                Response::DirData(p) => p,
+                r => return Err(unexpected(&r)),
             };
             let mut all = Vec::with_capacity(page.entries.len());
             for e in page.entries {
                 ferry_proto::name::validate_name(&e.entry.name)
                     .map_err(ClientError::BadEntryName)?;
-                let data = match e.data {
+                let data = match e.data.map(|d| self.small_file(&e.entry, d)) {
                     None => None,
-                    Some(mut d) => {
-                        if bound {
-                            d.checksum ^= d.binding(id, &path, cookie, &e.entry);
-                        }
-                        match self.small_file(&e.entry, d) {
-                            Ok(data) => data,
-                            Err(err) => {
-                                self.inner
-                                    .counters
-                                    .checksum_failures
-                                    .fetch_add(1, Ordering::Relaxed);
-                                let what = format!(
-                                    "contents of /{}/{} in a listing: {err}",
-                                    String::from_utf8_lossy(&path),
-                                    String::from_utf8_lossy(&e.entry.name)
-                                );
-                                if !bound {
-                                    // Only the contents are in doubt: the file is read
-                                    // as usual.
-                                    warn!("{what}; reading it again");
-                                    None
-                                } else {
-                                    // Bound: the entry's name and attributes, or the
-                                    // page's request id, may be what was garbled.
-                                    failures += 1;
-                                    if failures >= 3 {
-                                        return Err(ClientError::Payload(err));
-                                    }
-                                    warn!("{what}; fetching the page again");
-                                    continue 'page;
-                                }
+                    Some(Ok(data)) => data,
+                    Some(Err(err)) => {
+                        self.inner
+                            .counters
+                            .checksum_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        let what = format!(
+                            "contents of /{}/{} in a listing: {err}",
+                            String::from_utf8_lossy(&path),
+                            String::from_utf8_lossy(&e.entry.name)
+                        );
+                        if !bound {
+                            // Only the contents are in doubt: the file is read as usual.
+                            warn!("{what}; reading it again");
+                            None
+                        } else {
+                            // Bound: the entry's name and attributes, or the page's request
+                            // id, may be what was garbled.
+                            failures += 1;
+                            if failures >= 3 {
+                                return Err(ClientError::Payload(err));
                             }
+                            warn!("{what}; fetching the page again");
+                            continue 'page;
                         }
                     }
                 };
@@ -549,9 +541,9 @@ impl Client {
         } else {
             Class::Demand
         };
-        let (r, id) = match self
-            .call_with_id(Request::Read {
-                path: path.clone(),
+        let r = match self
+            .call(Request::Read {
+                path,
                 offset,
                 len,
                 compression: self.inner.codec.current(),
@@ -559,8 +551,8 @@ impl Client {
             })
             .await?
         {
-            (Response::Read(r), id) => (r, id),
-            (r, _) => return Err(unexpected(&r)),
+            Response::Read(r) => r,
+            r => return Err(unexpected(&r)),
         };
         if r.decoded_len > len {
             return Err(ClientError::Protocol(format!(
@@ -580,12 +572,7 @@ impl Client {
         let version = r.version;
         let wire_len = r.data.len();
         let file_hash = r.file_hash;
-        let checksum = if self.session().features & features::BOUND != 0 {
-            r.checksum ^ r.binding(id, &path, offset, len)
-        } else {
-            r.checksum
-        };
-        let data = payload::decode(r.encoding, r.decoded_len, checksum, r.data)?;
+        let data = payload::decode(r.encoding, r.decoded_len, r.checksum, r.data)?;
         self.inner.codec.offer(&data);
         Ok(Chunk {
             data,
