@@ -8,27 +8,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ferry_tests::{
-    bin, is_mounted, is_root, read_all, require_fuse, wait_for, which, TestMount, TestServer,
+    bin, is_mounted, is_root, pids_with_arg, read_all, require_fuse, wait_for, which, TestMount,
+    TestServer,
 };
-
-/// Pids of processes whose command line contains `needle`.
-fn pids_with_arg(needle: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            if String::from_utf8_lossy(&cmd)
-                .split('\0')
-                .any(|a| a == needle)
-            {
-                out.push(pid);
-            }
-        }
-    }
-    out
-}
 
 #[test]
 fn background_mount_returns_when_ready_and_exits_on_unmount() {

@@ -153,6 +153,28 @@ pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// Pids of processes one of whose command-line arguments is `needle`.
+pub fn pids_with_arg(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in procs.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmd)
+                .split('\0')
+                .any(|a| a == needle)
+            {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
 /// Runs a command to completion; panics with its output when it fails.
 pub fn run(cmd: &mut Command) -> String {
     run_explained(cmd, String::new)

@@ -388,18 +388,11 @@ impl S3fs {
 
     /// The s3fs processes serving this mount point.
     fn daemons(&self) -> Vec<u32> {
-        let want = self.mnt.as_os_str().as_encoded_bytes();
-        let Ok(procs) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        procs
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        crate::pids_with_arg(&self.mnt.to_string_lossy())
+            .into_iter()
             .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                    let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
-                    args.first().is_some_and(|a| a.ends_with(b"s3fs")) && args.contains(&want)
-                })
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim_end() == "s3fs")
             })
             .collect()
     }
