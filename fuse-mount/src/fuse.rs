@@ -105,9 +105,7 @@ impl FerryFuse {
         self.want_passthrough = on;
         self
     }
-}
 
-impl FerryFuse {
     /// Runs a request's work ([`run_here_first`] on the mount's runtime).
     fn run(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
         run_here_first(&self.rt, work);
