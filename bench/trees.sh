@@ -19,7 +19,8 @@
 #   tar -x), mirror (ferry mirror), find and lsR (find / ls -lR over the mount, output
 #   discarded). Each mount method gets a fresh mount; the page cache is dropped before each
 #   run; every copy is checked with diff -r. The mount's peak resident memory (VmHWM) is
-#   reported per run.
+#   reported per run. Copies land on a fresh ext4 made for the run (fresh_fs in bench/lib.sh:
+#   this VM's root file system creates files slower after every tree deleted on it).
 #
 # Output: a markdown report (default bench/out/trees.md) with the date, commit and a table per
 # link: seconds (median of --repeat runs), MB/s and the ratio to nc-lz4 (for find and lsR,
@@ -63,7 +64,7 @@ DATA=$ROOT/bench/out/trees-data
 real_trees "$DATA" "$trees"
 
 ns_start
-mkdir -p "$WORK/dst"
+fresh_fs "$WORK/dst" 16
 ns_ferryd "$DATA"
 ROWS=$WORK/rows   # link|tree|method|seconds|MB/s|peak RSS MiB
 : > "$ROWS"
@@ -146,7 +147,7 @@ mkdir -p "$(dirname "$out")"
 {
     echo "# Trees of real shapes (bench/trees.sh)"
     echo
-    echo "ferry $commit, $(date -u '+%Y-%m-%d %H:%M') UTC; $(nproc) cores; median of $repeat run(s); page cache dropped before each."
+    echo "ferry $commit, $(date -u '+%Y-%m-%d %H:%M') UTC; $(nproc) cores; median of $repeat run(s); page cache dropped before each; copies written to $DST_FS."
     for t in ${trees//,/ }; do
         echo "- $t: $(find "$DATA/$t" -type f | wc -l) files, $(find "$DATA/$t" -type d | wc -l) directories, $(du -sm "$DATA/$t" | cut -f1) MiB"
     done
