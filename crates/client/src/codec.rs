@@ -3,7 +3,8 @@
 //!
 //! What `auto` knows, all measured while the transfer runs:
 //! - **The data**: a sampler thread compresses whole chunks just received with every
-//!   candidate (and decompresses them), at most about 2 % of one core, giving each
+//!   candidate (and decompresses them), or batches of small payloads (a tree's files), each
+//!   on its own as the server sends them, at most about 2 % of one core, giving each
 //!   candidate's ratio and its encode and decode CPU time per byte on the data actually
 //!   sent. Its encode cost stands for the server's (same class of CPU assumed; the learned
 //!   efficiency below corrects the scale). The ratio the codec in use really delivers
@@ -303,6 +304,13 @@ impl Chooser {
     /// Whether candidate `i` may be used with this server.
     pub fn allowed(&self, i: usize) -> bool {
         self.allowed[i]
+    }
+
+    /// What the samples say of candidate `i` so far: its ratio and its cost to compress, in
+    /// seconds of one core per byte (`None` before its first sample).
+    pub fn sampled(&self, i: usize) -> Option<(f64, f64)> {
+        let c = &self.costs[i];
+        Some((c.ratio.0?, c.encode.0?))
     }
 
     /// Takes one codec's result on a sample.

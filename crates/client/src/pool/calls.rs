@@ -403,6 +403,7 @@ impl Client {
         self.inner
             .schedule
             .on_delivered(self.class, data.len() as u64);
+        self.inner.codec.offer(&data);
         Ok(Some(SmallFile {
             data,
             blake3: d.blake3,

@@ -11,12 +11,18 @@ use ferry_proto::{features, payload, Class, Compression, Request, Response};
 use super::Inner;
 use crate::codec::{Chooser, CompressionChoice, CpuShare, Sample, Window, CANDIDATES};
 
-/// Chunks this large and larger are sampled (smaller ones say little about a codec).
+/// Payloads this large and larger are sampled alone; smaller ones (a tree's small files,
+/// each compressed on its own by the server) are gathered into a batch of at least this
+/// many bytes, each compressed on its own in the sample too: on small payloads a codec's
+/// fixed cost per frame (zstd builds its tables for every one) is much of its cost, and its
+/// ratio is lower, and a sample of large chunks only would hide both.
 const MIN_SAMPLE: usize = 64 << 10;
 /// The most of a chunk the sampler compresses with every candidate: a whole default chunk,
 /// as the server compresses it (a smaller slice packs worse, and not by the same factor for
-/// every codec).
+/// every codec). Also the most a batch of small payloads gathers.
 const MAX_SAMPLE: usize = 1 << 20;
+/// Payloads under this size go raw whatever is asked (`payload::encode`): not sampled.
+const MIN_ENCODED: usize = 512;
 /// The sampler spends at most 1/DUTY of one core (it waits this many times as long as
 /// its last sample took).
 const DUTY: u32 = 50;
@@ -36,8 +42,11 @@ pub(super) struct Codec {
     chooser: Option<Arc<Mutex<Chooser>>>,
     /// Set by the sampler when it is ready for a new slice.
     wants_sample: Arc<AtomicBool>,
-    /// Slices of received chunks to the sampler (closing it ends the thread).
-    to_sampler: Option<Mutex<mpsc::SyncSender<Bytes>>>,
+    /// Small payloads gathered for the next sample, and their bytes.
+    batch: Mutex<(Vec<Bytes>, usize)>,
+    /// Samples to the sampler: one slice of a large chunk, or a batch of small payloads
+    /// (closing it ends the thread).
+    to_sampler: Option<Mutex<mpsc::SyncSender<Vec<Bytes>>>>,
 }
 
 /// What [`super::Client::compression`] reports.
@@ -86,6 +95,7 @@ impl Codec {
             ratio: AtomicU64::new(1f64.to_bits()),
             chooser: None,
             wants_sample: Arc::new(AtomicBool::new(false)),
+            batch: Mutex::new((Vec::new(), 0)),
             to_sampler: None,
         };
         let start = match choice {
@@ -129,15 +139,27 @@ impl Codec {
         from_bits(self.current.load(Relaxed))
     }
 
-    /// Offers a chunk just received (decoded) to the sampler: it is taken (shared, not
-    /// copied) when the sampler is ready for one (cheap otherwise: one atomic load).
+    /// Offers a payload just received (decoded) to the sampler: taken (shared, not copied)
+    /// when the sampler is ready for one, a large chunk alone, a small payload into the
+    /// batch being gathered (cheap otherwise: one atomic load).
     pub(super) fn offer(&self, data: &Bytes) {
-        if data.len() < MIN_SAMPLE || !self.wants_sample.load(Relaxed) {
+        if data.len() < MIN_ENCODED || !self.wants_sample.load(Relaxed) {
             return;
         }
         let Some(tx) = &self.to_sampler else { return };
+        let sample = if data.len() >= MIN_SAMPLE {
+            vec![data.slice(..data.len().min(MAX_SAMPLE))]
+        } else {
+            let mut batch = lock(&self.batch);
+            batch.0.push(data.clone());
+            batch.1 += data.len();
+            if batch.1 < MAX_SAMPLE {
+                return;
+            }
+            std::mem::take(&mut *batch).0
+        };
         if self.wants_sample.swap(false, Relaxed) {
-            let _ = lock(tx).try_send(data.slice(..data.len().min(MAX_SAMPLE)));
+            let _ = lock(tx).try_send(sample);
         }
     }
 
@@ -168,7 +190,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// time: at low priority on a busy machine it is preempted often, and a codec must not look
 /// slow for that.
 struct Sampler {
-    rx: mpsc::Receiver<Bytes>,
+    rx: mpsc::Receiver<Vec<Bytes>>,
     wants: Arc<AtomicBool>,
     chooser: Arc<Mutex<Chooser>>,
 }
@@ -181,41 +203,13 @@ impl Sampler {
             (0..CANDIDATES.len()).filter(|&i| c.allowed(i)).collect()
         };
         // Ends when the pool is dropped (the sender with it).
-        while let Ok(raw) = self.rx.recv() {
+        while let Ok(items) = self.rx.recv() {
             let started = Instant::now();
             let cpu_started = cpu_now();
-            let sum = payload::checksum(&raw);
-            let mut samples = Vec::with_capacity(allowed.len());
-            for &i in &allowed {
-                let with = CANDIDATES[i];
-                let t0 = cpu_now();
-                let packed = match with {
-                    Compression::None => None,
-                    c => payload::compress(&raw, c),
-                };
-                let t1 = cpu_now();
-                let encode = t1.saturating_sub(t0);
-                let compressed = match &packed {
-                    Some(p) => {
-                        let encoding = match with {
-                            Compression::Zstd(_) => ferry_proto::Encoding::Zstd,
-                            _ => ferry_proto::Encoding::Lz4,
-                        };
-                        if payload::decode(encoding, raw.len() as u32, sum, p.clone()).is_err() {
-                            continue;
-                        }
-                        p.len()
-                    }
-                    None => raw.len(),
-                };
-                samples.push(Sample {
-                    codec: i,
-                    raw: raw.len(),
-                    compressed,
-                    encode,
-                    decode: cpu_now().saturating_sub(t1),
-                });
-            }
+            let samples: Vec<Sample> = allowed
+                .iter()
+                .filter_map(|&i| sample_items(i, &items))
+                .collect();
             {
                 let mut c = lock(&self.chooser);
                 for s in samples {
@@ -229,6 +223,43 @@ impl Sampler {
             self.wants.store(true, Relaxed);
         }
     }
+}
+
+/// Candidate `i` on `items`, each compressed and decompressed on its own as the server and
+/// the client would: the sums (`None` when one fails to come back as it went).
+fn sample_items(i: usize, items: &[Bytes]) -> Option<Sample> {
+    let with = CANDIDATES[i];
+    let mut s = Sample {
+        codec: i,
+        raw: 0,
+        compressed: 0,
+        encode: Duration::ZERO,
+        decode: Duration::ZERO,
+    };
+    for raw in items {
+        let sum = payload::checksum(raw);
+        let t0 = cpu_now();
+        let packed = match with {
+            Compression::None => None,
+            c => payload::compress(raw, c),
+        };
+        let t1 = cpu_now();
+        s.encode += t1.saturating_sub(t0);
+        s.raw += raw.len();
+        s.compressed += match &packed {
+            Some(p) => {
+                let encoding = match with {
+                    Compression::Zstd(_) => ferry_proto::Encoding::Zstd,
+                    _ => ferry_proto::Encoding::Lz4,
+                };
+                payload::decode(encoding, raw.len() as u32, sum, p.clone()).ok()?;
+                s.decode += cpu_now().saturating_sub(t1);
+                p.len()
+            }
+            None => raw.len(),
+        };
+    }
+    Some(s)
 }
 
 /// With `auto`: every quarter second, gives the chooser what the pool moved and whether
@@ -339,6 +370,79 @@ mod tests {
         ) {
             assert_eq!(from_bits(to_bits(c)), c);
         }
+    }
+
+    /// Text-like bytes: words from a small vocabulary, by a fixed pseudo-random sequence.
+    fn text(len: usize, seed: u64) -> Bytes {
+        let words = [
+            "struct", "int", "return", "(void)", "#include", "const", "size_t", "\n",
+        ];
+        let mut x = seed | 1;
+        let mut out = Vec::with_capacity(len + 16);
+        while out.len() < len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.extend_from_slice(words[(x % 8) as usize].as_bytes());
+            out.push(b' ');
+        }
+        out.truncate(len);
+        Bytes::from(out)
+    }
+
+    #[test]
+    fn small_payloads_are_sampled_in_batches_each_compressed_on_its_own() {
+        let codec = Codec::new(CompressionChoice::Auto, features::ALL, Some(6));
+        let chooser = codec.chooser.clone().expect("auto has a chooser");
+        let lz4 = CANDIDATES
+            .iter()
+            .position(|c| *c == Compression::Lz4)
+            .unwrap();
+        // A tree of 4 KiB files: none large enough to be sampled alone.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seed = 1;
+        while lock(&chooser).sampled(lz4).is_none() {
+            assert!(Instant::now() < deadline, "no sample of small payloads");
+            for _ in 0..64 {
+                seed += 1;
+                codec.offer(&text(4096, seed));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (ratio, encode) = lock(&chooser).sampled(lz4).expect("sampled");
+        assert!(
+            ratio > 1.5 && encode > 0.0,
+            "ratio {ratio}, encode {encode}"
+        );
+    }
+
+    #[test]
+    fn a_batch_is_measured_as_the_server_sends_it_one_payload_at_a_time() {
+        let items: Vec<Bytes> = (0..64).map(|i| text(4096, i + 7)).collect();
+        let whole = Bytes::from(items.concat());
+        let zstd1 = CANDIDATES
+            .iter()
+            .position(|c| *c == Compression::Zstd(1))
+            .unwrap();
+        let apart = sample_items(zstd1, &items).expect("sample");
+        let together = sample_items(zstd1, &[whole]).expect("sample");
+        assert_eq!(apart.raw, together.raw);
+        let each: usize = items
+            .iter()
+            .map(|i| payload::compress(i, Compression::Zstd(1)).map_or(i.len(), |p| p.len()))
+            .sum();
+        assert_eq!(apart.compressed, each);
+        // Each payload alone packs worse than all of them in one frame.
+        assert!(
+            apart.compressed > together.compressed,
+            "{} vs {}",
+            apart.compressed,
+            together.compressed
+        );
+        // Payloads the server sends raw whatever is asked are not sampled.
+        let codec = Codec::new(CompressionChoice::Auto, features::ALL, Some(6));
+        codec.offer(&Bytes::from_static(b"tiny"));
+        assert_eq!(lock(&codec.batch).1, 0);
     }
 
     #[test]
