@@ -139,9 +139,9 @@ impl Codec {
         from_bits(self.current.load(Relaxed))
     }
 
-    /// Offers a payload just received (decoded) to the sampler: taken (shared, not copied)
-    /// when the sampler is ready for one, a large chunk alone, a small payload into the
-    /// batch being gathered (cheap otherwise: one atomic load).
+    /// Offers a payload just received (decoded) to the sampler when it is ready for one: a
+    /// large chunk alone (shared, not copied), a small payload copied into the batch being
+    /// gathered (cheap otherwise: one atomic load).
     pub(super) fn offer(&self, data: &Bytes) {
         if data.len() < MIN_ENCODED || !self.wants_sample.load(Relaxed) {
             return;
@@ -150,8 +150,10 @@ impl Codec {
         let sample = if data.len() >= MIN_SAMPLE {
             vec![data.slice(..data.len().min(MAX_SAMPLE))]
         } else {
+            // Copied: a small file's bytes may be a slice of a much larger frame (a listing's
+            // page), which a batch must not keep alive.
             let mut batch = lock(&self.batch);
-            batch.0.push(data.clone());
+            batch.0.push(Bytes::copy_from_slice(data));
             batch.1 += data.len();
             if batch.1 < MAX_SAMPLE {
                 return;
