@@ -73,6 +73,8 @@ check_tree() {  # check_tree DIR: every regular file of src, with its bytes, and
 }
 
 ns_start
+# Copies land on a fresh ext4 made for the run (see fresh_fs in bench/lib.sh).
+fresh_fs "$WORK/dst" 8
 # Ethernet's MTU on the namespace's loopback (65536 by default). With a 64 KiB MTU a response
 # smaller than one segment (a 16 KiB ranged GET) waits for the client's delayed ACK (40 ms)
 # behind the server's Nagle at every hop (Garage's gateway and its node-to-node RPC): 88 ms
@@ -148,7 +150,7 @@ check_big() { [ "$(md5sum < "$1" | cut -d' ' -f1)" = "$big_md5" ]; }
 
 # run_once METHOD: one run; prints "VALUE UNIT" or "failed (why)".
 run_once() {
-    local m=$1 mnt=$WORK/mnt/s3 t0 t1 dst=$WORK/dst
+    local m=$1 mnt=$WORK/mnt/s3 t0 t1 dst=$WORK/dst/run
     rm -rf "$dst" "$WORK/state"; mkdir -p "$dst"
     drop_caches
     rm -rf "$WORK/ferry-cache"
@@ -226,7 +228,7 @@ mkdir -p "$(dirname "$out")"
     echo "3-node Garage 2.5.0 cluster, replication 3, in the benchmark namespace on this machine;"
     echo "ferry uses all three endpoints, rclone $(rclone version 2>/dev/null | head -1 | cut -d' ' -f2) one. big.bin: 1 GiB random;"
     echo "src: $objects objects. Median of $repeat; page cache dropped before each run; every copy checked;"
-    echo "MTU ${S3_MTU:-1500} on the namespace's loopback."
+    echo "MTU ${S3_MTU:-1500} on the namespace's loopback; copies written to $DST_FS."
     echo
     echo "| link | method | median | runs |"
     echo "| --- | --- | ---: | --- |"
