@@ -208,9 +208,10 @@ impl Sampler {
         while let Ok(items) = self.rx.recv() {
             let started = Instant::now();
             let cpu_started = cpu_now();
+            let sums: Vec<u64> = items.iter().map(|i| payload::checksum(i)).collect();
             let samples: Vec<Sample> = allowed
                 .iter()
-                .filter_map(|&i| sample_items(i, &items))
+                .filter_map(|&i| sample_items(i, &items, &sums))
                 .collect();
             {
                 let mut c = lock(&self.chooser);
@@ -227,9 +228,10 @@ impl Sampler {
     }
 }
 
-/// Candidate `i` on `items`, each compressed and decompressed on its own as the server and
-/// the client would: the sums (`None` when one fails to come back as it went).
-fn sample_items(i: usize, items: &[Bytes]) -> Option<Sample> {
+/// Candidate `i` on `items` (whose checksums are `sums`), each compressed and decompressed
+/// on its own as the server and the client would: the totals (`None` when one fails to come
+/// back as it went).
+fn sample_items(i: usize, items: &[Bytes], sums: &[u64]) -> Option<Sample> {
     let with = CANDIDATES[i];
     let mut s = Sample {
         codec: i,
@@ -238,8 +240,7 @@ fn sample_items(i: usize, items: &[Bytes]) -> Option<Sample> {
         encode: Duration::ZERO,
         decode: Duration::ZERO,
     };
-    for raw in items {
-        let sum = payload::checksum(raw);
+    for (raw, &sum) in items.iter().zip(sums) {
         let t0 = cpu_now();
         let packed = match with {
             Compression::None => None,
@@ -374,22 +375,18 @@ mod tests {
         }
     }
 
-    /// Text-like bytes: words from a small vocabulary, by a fixed pseudo-random sequence.
-    fn text(len: usize, seed: u64) -> Bytes {
-        let words = [
-            "struct", "int", "return", "(void)", "#include", "const", "size_t", "\n",
-        ];
-        let mut x = seed | 1;
-        let mut out = Vec::with_capacity(len + 16);
-        while out.len() < len {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            out.extend_from_slice(words[(x % 8) as usize].as_bytes());
-            out.push(b' ');
-        }
-        out.truncate(len);
-        Bytes::from(out)
+    /// 4 KiB pieces of real text: this crate's own sources, as in a source tree.
+    fn source_pieces() -> Vec<Bytes> {
+        [
+            &include_bytes!("../codec.rs")[..],
+            &include_bytes!("calls.rs")[..],
+            &include_bytes!("schedule.rs")[..],
+        ]
+        .iter()
+        .flat_map(|f| f.chunks(4096))
+        .filter(|c| c.len() >= MIN_ENCODED)
+        .map(Bytes::copy_from_slice)
+        .collect()
     }
 
     #[test]
@@ -400,14 +397,13 @@ mod tests {
             .iter()
             .position(|c| *c == Compression::Lz4)
             .unwrap();
-        // A tree of 4 KiB files: none large enough to be sampled alone.
+        // A tree of small files: none large enough to be sampled alone.
+        let pieces = source_pieces();
         let deadline = Instant::now() + Duration::from_secs(20);
-        let mut seed = 1;
         while lock(&chooser).sampled(lz4).is_none() {
             assert!(Instant::now() < deadline, "no sample of small payloads");
-            for _ in 0..64 {
-                seed += 1;
-                codec.offer(&text(4096, seed));
+            for p in &pieces {
+                codec.offer(p);
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -420,14 +416,16 @@ mod tests {
 
     #[test]
     fn a_batch_is_measured_as_the_server_sends_it_one_payload_at_a_time() {
-        let items: Vec<Bytes> = (0..64).map(|i| text(4096, i + 7)).collect();
+        let items = source_pieces();
         let whole = Bytes::from(items.concat());
+        let sums = |v: &[Bytes]| v.iter().map(|i| payload::checksum(i)).collect::<Vec<_>>();
         let zstd1 = CANDIDATES
             .iter()
             .position(|c| *c == Compression::Zstd(1))
             .unwrap();
-        let apart = sample_items(zstd1, &items).expect("sample");
-        let together = sample_items(zstd1, &[whole]).expect("sample");
+        let apart = sample_items(zstd1, &items, &sums(&items)).expect("sample");
+        let whole = [whole];
+        let together = sample_items(zstd1, &whole, &sums(&whole)).expect("sample");
         assert_eq!(apart.raw, together.raw);
         let each: usize = items
             .iter()
