@@ -602,6 +602,58 @@ fn zstd_and_load_without_the_zstd_feature_close_the_connection_and_a_pre_zstd_cl
 }
 
 #[test]
+fn load_says_how_long_the_server_waited_for_a_clients_sockets() {
+    use ferry_proto::{features, Class, Compression, Request, Response};
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f"), 16 << 20, 7);
+    let server = TestServer::start(src.path());
+    let send_wait =
+        |s: &mut TcpStream, buf: &mut bytes::BytesMut, id| match ask(s, buf, id, &Request::Load) {
+            Response::Load(l) => l.send_wait_micros,
+            other => panic!("{other:?}"),
+        };
+    // Without SEND_WAIT, Load is the 26 bytes it always was.
+    let (mut old, mut old_buf, session) =
+        handshaken_with(&server.addr, features::ALL & !features::SEND_WAIT);
+    assert_eq!(session & features::SEND_WAIT, 0);
+    assert_eq!(send_wait(&mut old, &mut old_buf, 1), None);
+    drop(old);
+    // Two connections of one client (one address, one Hello name): one asks, the other
+    // asks for 16 MiB and reads none of it for 1.5 s, then all of it.
+    let (mut asks, mut buf, session) = handshaken_with(&server.addr, features::ALL);
+    assert_ne!(session & features::SEND_WAIT, 0);
+    let before = send_wait(&mut asks, &mut buf, 1).expect("negotiated: reported");
+    let (mut stuck, _, _) = handshaken_with(&server.addr, features::ALL);
+    let mut out = bytes::BytesMut::new();
+    for i in 0..16u32 {
+        Request::Read {
+            path: bytes::Bytes::from_static(b"f"),
+            offset: u64::from(i) << 20,
+            len: 1 << 20,
+            compression: Compression::None,
+            class: Class::Demand,
+        }
+        .encode(i + 1, &mut out);
+    }
+    stuck.write_all(&out).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut sink = vec![0u8; 1 << 20];
+    let mut got = 0usize;
+    while got < 16 << 20 {
+        let n = stuck.read(&mut sink).unwrap();
+        assert!(n > 0, "closed after {got} bytes");
+        got += n;
+    }
+    let after = send_wait(&mut asks, &mut buf, 2).expect("reported");
+    let waited = Duration::from_micros(after - before);
+    assert!(
+        waited >= Duration::from_millis(1000),
+        "the writer waited {waited:?} for a socket nobody read"
+    );
+    assert!(waited < Duration::from_secs(30), "{waited:?}");
+}
+
+#[test]
 fn with_priority_every_class_is_accepted_and_answered_with_the_right_bytes() {
     use ferry_proto::{features, payload, Class, Frame, Request, Response};
     use std::collections::HashMap;

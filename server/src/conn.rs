@@ -24,7 +24,7 @@
 //! this connection with a logged reason and touches nothing else.
 
 mod handle;
-mod writer;
+pub(crate) mod writer;
 
 use std::io;
 use std::sync::atomic::Ordering::Relaxed;
@@ -233,7 +233,8 @@ where
 
     let (tx, rx) = mpsc::channel::<Outgoing>(welcome.max_inflight as usize);
     let sh = shared.clone();
-    let blocked = writer::Blocked::new();
+    let send_wait = shared.send_waits.join(client);
+    let blocked = writer::Blocked::new(send_wait.total.clone());
     let mut writer = tokio::spawn(writer::write_loop(
         writer::Watched {
             inner: wr,

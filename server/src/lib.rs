@@ -120,6 +120,8 @@ pub(crate) struct Shared {
     /// Turns at reading file data for demand and prediction reads, shared fairly between
     /// clients and their connections ([`fair`]).
     pub(crate) reads: Arc<fair::FairPool>,
+    /// Per client, how long its connections' writers waited for their sockets.
+    pub(crate) send_waits: Arc<conn::writer::SendWaits>,
     pub(crate) stats: Stats,
 }
 
@@ -147,8 +149,9 @@ pub(crate) struct Stats {
 
 impl Shared {
     /// How busy the CPUs were since the last time anyone asked (at least 50 ms; within
-    /// that, the last reading again).
-    pub(crate) fn load(&self) -> ferry_proto::ServerLoad {
+    /// that, the last reading again), and with `send_wait` the client's total of its
+    /// writers' waits for their sockets ([`conn::writer::SendWaits`]).
+    pub(crate) fn load(&self, send_wait: Option<u64>) -> ferry_proto::ServerLoad {
         let mut g = self
             .cpu
             .lock()
@@ -165,12 +168,14 @@ impl Shared {
                 idle_permille: permille(l.idle),
                 process_permille: permille(l.process),
                 boot_id: ferry_util::cpu::boot_id().unwrap_or_default(),
+                send_wait_micros: send_wait,
             },
             None => ferry_proto::ServerLoad {
                 cores: u16::try_from(cores).unwrap_or(u16::MAX),
                 idle_permille: permille(cores as f64),
                 process_permille: 0,
                 boot_id: ferry_util::cpu::boot_id().unwrap_or_default(),
+                send_wait_micros: send_wait,
             },
         }
     }
@@ -287,6 +292,7 @@ impl Shared {
             cpu: std::sync::Mutex::new((ferry_util::cpu::CpuMeter::new(), None)),
             hash_slots: Arc::new(Semaphore::new(2)),
             reads: fair::FairPool::new(READS_AT_ONCE),
+            send_waits: Arc::default(),
             stats: Stats::default(),
         }))
     }

@@ -360,6 +360,10 @@ pub struct SchedulerStatus {
     /// measured).
     #[serde(default)]
     pub link_bytes_per_sec: u64,
+    /// With `auto` and a server that says when the link sets the pace: whether it has
+    /// (`false`: `link_bytes_per_sec` is only what the link carried, not its capacity).
+    #[serde(default)]
+    pub link_limits: Option<bool>,
 }
 
 impl SchedulerStatus {
@@ -386,6 +390,7 @@ impl SchedulerStatus {
             compression: z.current.to_string(),
             compression_ratio: z.ratio,
             link_bytes_per_sec: z.link.map_or(0, |l| l as u64),
+            link_limits: z.link_limits,
         }
     }
 }

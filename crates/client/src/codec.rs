@@ -10,7 +10,12 @@
 //!   efficiency below corrects the scale). The ratio the codec in use really delivers
 //!   corrects every sampled ratio alike.
 //! - **The link**: wire bytes per second in windows when requests were outstanding all
-//!   along, the highest of the recent ones ([`Chooser::link`]).
+//!   along, the highest of the recent ones ([`Chooser::link`]). A server with the
+//!   `SEND_WAIT` feature also says whether its writers waited for this client's sockets
+//!   ([`LinkSignal`]): only then was the link the limit. A window where they did not (a
+//!   walk of small files waiting on its round trips, a codec short of CPU) only raises the
+//!   estimate, and until the link has limited once it counts as unbounded: the CPUs alone
+//!   decide, and on a fast link the cheapest codec wins.
 //! - **The CPUs**: what each end can give — its process's CPU use plus its machine's idle
 //!   time; the server reports its own every second (Load, with the ZSTD feature) — and what
 //!   each process spends per byte besides the codec, learned from their use at the rate the
@@ -99,6 +104,13 @@ const BUSY_IDLE: f64 = 0.3;
 const FIRST_PROBE: u32 = 5;
 /// Per window, the link estimate falls by this share towards the newest measurement.
 const LINK_DECAY: f64 = 0.03;
+/// Connections' worth of the server's writers waiting for the sockets (on average over a
+/// reading) from which the link counts as the limit: a link that is the limit keeps every
+/// connection that carries data waiting most of the time, one that is not hardly ever.
+pub const LINK_WAIT: f64 = 0.5;
+/// The most a prediction says (decoded bytes per second): with neither the link nor a CPU
+/// known to limit, a candidate is worth this much, not infinity.
+const UNBOUNDED: f64 = 1e12;
 /// Windows a codec must have been in use before its delivery counts for it (requests sent
 /// before the change are still coming in).
 const SETTLE: u32 = 1;
@@ -150,6 +162,34 @@ pub struct CpuShare {
     pub process: f64,
 }
 
+/// Whether the link set a window's pace, as the server saw it: how long its writers waited
+/// for this client's sockets to take the bytes they had ready (Load's `send_wait_micros`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkSignal {
+    /// The server does not say (no `SEND_WAIT` feature): every busy window's wire rate is
+    /// taken for the link's.
+    Unreported,
+    /// The server says, but no reading covers the window yet: it says nothing of the link.
+    Pending,
+    /// The server's writers waited for the sockets: the link carried all it could.
+    Limited,
+    /// They hardly waited: the link took everything at once, so it could carry more than
+    /// the window moved (a tree walk limited by its round trips, a codec limited by a CPU).
+    NotLimited,
+}
+
+impl LinkSignal {
+    /// The signal for a reading of `connections` — the server's writers' waits over the
+    /// wall time, how many of this client's connections waited on average.
+    pub fn from_waiting(connections: f64) -> LinkSignal {
+        if connections >= LINK_WAIT {
+            LinkSignal::Limited
+        } else {
+            LinkSignal::NotLimited
+        }
+    }
+}
+
 /// What one window (a quarter second) of transfer showed.
 #[derive(Debug, Clone, Copy)]
 pub struct Window {
@@ -162,6 +202,8 @@ pub struct Window {
     /// Whether requests were outstanding all along: the transfer, not the reader, set the
     /// pace (only such windows say what a codec and the link can do).
     pub busy: bool,
+    /// Whether the link set the pace.
+    pub link: LinkSignal,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -185,8 +227,15 @@ pub struct Chooser {
     /// How many of [`CANDIDATES`] the server allows (its highest zstd level).
     allowed: Vec<bool>,
     costs: [Costs; CANDIDATES.len()],
-    /// Wire bytes per second the link carried at best lately (`None`: not yet measured).
+    /// Wire bytes per second the link carried at best lately, measured in windows the link
+    /// limited (`None`: not yet measured).
     link: Option<f64>,
+    /// The most wire bytes per second a window carried that the link did not limit: the
+    /// link carries at least this.
+    link_floor: Option<f64>,
+    /// Whether the server says when the link limits ([`LinkSignal`]): then, until a window
+    /// the link limited, the link counts as unbounded.
+    link_reported: bool,
     current: usize,
     /// Windows since the last change.
     held: u32,
@@ -237,6 +286,8 @@ impl Chooser {
             allowed,
             costs: Default::default(),
             link: None,
+            link_floor: None,
+            link_reported: false,
             current: start,
             held: 0,
             server_cores: cores * 0.75,
@@ -259,9 +310,32 @@ impl Chooser {
         CANDIDATES[self.current]
     }
 
-    /// The link's estimated capacity, wire bytes per second.
+    /// The link's estimated capacity, wire bytes per second: measured in windows the link
+    /// limited, else the most it carried when it did not.
     pub fn link(&self) -> Option<f64> {
-        self.link
+        match (self.link, self.link_floor) {
+            (Some(l), Some(f)) => Some(l.max(f)),
+            (l, f) => l.or(f),
+        }
+    }
+
+    /// Whether the link is known to limit: `Some(false)` while the server says it never
+    /// did (predictions then take it as unbounded); `None` while nothing is known.
+    pub fn link_bound(&self) -> Option<bool> {
+        match (self.link_reported, self.link) {
+            (false, _) => None,
+            (true, l) => Some(l.is_some()),
+        }
+    }
+
+    /// The link's capacity predictions use: the estimate; with a server that says when
+    /// the link limits, unbounded until it has (`None`: nothing known yet).
+    fn capacity(&self) -> Option<f64> {
+        match (self.link_reported, self.link) {
+            (true, Some(_)) => self.link(),
+            (true, None) => Some(f64::INFINITY),
+            (false, l) => l,
+        }
     }
 
     /// Takes what the CPUs can give, in cores: the server's (its process's use plus its
@@ -333,7 +407,11 @@ impl Chooser {
     /// sockets, FUSE, writing): that part is learned from what each process used while the
     /// codec in use delivered its rate, less that codec's own cost.
     fn model(&self, i: usize) -> Option<f64> {
-        let link = self.link?;
+        self.model_unbounded(i).map(|m| m.min(UNBOUNDED))
+    }
+
+    fn model_unbounded(&self, i: usize) -> Option<f64> {
+        let link = self.capacity()?;
         let (encode, decode, ratio) = if CANDIDATES[i] == Compression::None {
             (0.0, 0.0, 1.0)
         } else {
@@ -468,8 +546,13 @@ impl Chooser {
     pub fn explain(&self) -> String {
         let mb = |x: f64| format!("{:.0}", x / 1e6);
         let mut out = format!(
-            "link {} MB/s, cpus {:.2}/{:.2} (idle {:?}/{:?}, same machine {}):",
-            self.link.map_or("?".into(), mb),
+            "link {}{} MB/s, cpus {:.2}/{:.2} (idle {:?}/{:?}, same machine {}):",
+            if self.link_bound() == Some(false) {
+                "not the limit, carried "
+            } else {
+                ""
+            },
+            self.link().map_or("?".into(), mb),
             self.server_cores,
             self.client_cores,
             self.server_idle.map(|x| (x * 100.0).round() / 100.0),
@@ -501,12 +584,25 @@ impl Chooser {
         let wire_rate = w.wire as f64 / secs;
         let settled = self.held > SETTLE;
         if w.busy {
-            // The link carried at least this; a slower link shows as a lower rate when the
-            // codec is not the limit.
-            self.link = Some(match self.link {
-                Some(l) if wire_rate < l => l - LINK_DECAY * (l - wire_rate),
-                _ => wire_rate,
-            });
+            match w.link {
+                // The link carried at least this; a slower link shows as a lower rate when
+                // the codec is not the limit.
+                LinkSignal::Unreported | LinkSignal::Limited => {
+                    self.link = Some(match self.link {
+                        Some(l) if wire_rate < l => l - LINK_DECAY * (l - wire_rate),
+                        _ => wire_rate,
+                    });
+                }
+                // Something else set the pace: the link carries at least this much, and
+                // its estimate must not sink to what a walk or a CPU let through.
+                LinkSignal::NotLimited => {
+                    self.link_floor = Some(self.link_floor.map_or(wire_rate, |f| f.max(wire_rate)));
+                }
+                LinkSignal::Pending => {}
+            }
+            if matches!(w.link, LinkSignal::Limited | LinkSignal::NotLimited) {
+                self.link_reported = true;
+            }
             if settled {
                 self.learn_other_costs(w.decoded as f64 / secs);
                 self.costs[self.current]
@@ -611,6 +707,24 @@ mod tests {
         /// Decoded bytes/s the rest of the work (reading, FUSE, writing) allows with no
         /// codec at all; its CPU time adds to the codec's.
         other: f64,
+        /// Decoded bytes/s the reader's round trips allow whatever the codec (a tree walk
+        /// of small files; infinite for a bulk copy).
+        walk: f64,
+        /// Whether the server says when the link sets the pace ([`LinkSignal`]).
+        reports: bool,
+    }
+
+    impl Default for Sim {
+        fn default() -> Sim {
+            Sim {
+                link: 117e6,
+                table: MIXED,
+                cores: 2,
+                other: f64::INFINITY,
+                walk: f64::INFINITY,
+                reports: true,
+            }
+        }
     }
 
     impl Sim {
@@ -628,7 +742,14 @@ mod tests {
         /// Decoded bytes/s candidate `i` really delivers: the link or the CPUs, whichever
         /// is slower (the chooser only sees this).
         fn delivered(&self, i: usize) -> f64 {
-            (self.link * self.table[i].0).min(self.cpu_bound(i))
+            (self.link * self.table[i].0)
+                .min(self.cpu_bound(i))
+                .min(self.walk)
+        }
+
+        /// Whether the link is what limits candidate `i`.
+        fn link_limits(&self, i: usize) -> bool {
+            self.link * self.table[i].0 <= self.cpu_bound(i).min(self.walk)
         }
 
         /// Runs the chooser for `windows` half-second windows; returns its choice.
@@ -646,7 +767,7 @@ mod tests {
                 }
                 let i = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
                 // Machines without idle time while the CPUs are the limit.
-                let idle = if self.cpu_bound(i) < self.link * self.table[i].0 {
+                let idle = if self.cpu_bound(i) < (self.link * self.table[i].0).min(self.walk) {
                     0.0
                 } else {
                     1.0
@@ -681,6 +802,11 @@ mod tests {
                     wire: (decoded / ratio) as u64,
                     decoded: decoded as u64,
                     busy: true,
+                    link: match (self.reports, self.link_limits(i)) {
+                        (false, _) => LinkSignal::Unreported,
+                        (true, true) => LinkSignal::Limited,
+                        (true, false) => LinkSignal::NotLimited,
+                    },
                 });
             }
             c.current()
@@ -719,109 +845,195 @@ mod tests {
 
     #[test]
     fn a_slow_link_with_compressible_pages_gets_zstd() {
-        let sim = Sim {
-            link: 12.5e6,
-            table: PAGES,
-            cores: 2,
-            other: f64::INFINITY,
-        };
-        let mut c = Chooser::new(true, Some(6), 2);
-        let got = sim.run(&mut c, 40);
-        assert!(matches!(got, Compression::Zstd(_)), "{got}");
-        // At least twice what lz4 delivers there.
-        let i = CANDIDATES.iter().position(|&x| x == got).unwrap();
-        assert!(sim.delivered(i) >= 2.0 * sim.delivered(1));
+        // With a server that says when the link sets the pace, and with one that does not.
+        for reports in [true, false] {
+            let sim = Sim {
+                link: 12.5e6,
+                table: PAGES,
+                cores: 2,
+                other: f64::INFINITY,
+                reports,
+                ..Sim::default()
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            let got = sim.run(&mut c, 40);
+            assert!(matches!(got, Compression::Zstd(_)), "{got}");
+            // At least twice what lz4 delivers there.
+            let i = CANDIDATES.iter().position(|&x| x == got).unwrap();
+            assert!(sim.delivered(i) >= 2.0 * sim.delivered(1));
+        }
     }
 
     #[test]
     fn a_gigabit_link_with_mixed_data_gets_the_level_the_cpus_can_feed() {
-        let sim = Sim {
-            link: 117e6,
-            table: MIXED,
-            cores: 2,
-            other: f64::INFINITY,
-        };
-        let mut c = Chooser::new(true, Some(6), 2);
-        let got = sim.run(&mut c, 60);
-        let i = CANDIDATES.iter().position(|&x| x == got).unwrap();
-        let best = (0..7).map(|j| sim.delivered(j)).fold(0.0, f64::max);
-        assert!(
-            sim.delivered(i) >= 0.95 * best,
-            "{got}: {} of {best}",
-            sim.delivered(i)
-        );
-        assert!(sim.delivered(i) >= 1.15 * sim.delivered(1), "{got}");
+        // With a server that says when the link sets the pace, and with one that does not.
+        for reports in [true, false] {
+            let sim = Sim {
+                link: 117e6,
+                table: MIXED,
+                cores: 2,
+                other: f64::INFINITY,
+                reports,
+                ..Sim::default()
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            let got = sim.run(&mut c, 60);
+            let i = CANDIDATES.iter().position(|&x| x == got).unwrap();
+            let best = (0..7).map(|j| sim.delivered(j)).fold(0.0, f64::max);
+            assert!(
+                sim.delivered(i) >= 0.95 * best,
+                "{got}: {} of {best}",
+                sim.delivered(i)
+            );
+            assert!(sim.delivered(i) >= 1.15 * sim.delivered(1), "{got}");
+        }
     }
 
     #[test]
     fn incompressible_data_on_a_fast_link_goes_raw() {
-        let sim = Sim {
-            link: 2e9,
-            table: RANDOM,
-            cores: 2,
-            other: f64::INFINITY,
-        };
-        let mut c = Chooser::new(true, Some(6), 2);
-        assert_eq!(sim.run(&mut c, 20), Compression::None);
+        // With a server that says when the link sets the pace, and with one that does not.
+        for reports in [true, false] {
+            let sim = Sim {
+                link: 2e9,
+                table: RANDOM,
+                cores: 2,
+                other: f64::INFINITY,
+                reports,
+                ..Sim::default()
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            assert_eq!(sim.run(&mut c, 20), Compression::None);
+        }
     }
 
     #[test]
     fn it_follows_the_link_when_it_changes() {
-        let mut sim = Sim {
-            link: 12.5e6,
-            table: PAGES,
-            cores: 2,
-            other: f64::INFINITY,
-        };
-        let mut c = Chooser::new(true, Some(6), 2);
-        let slow = sim.run(&mut c, 40);
-        assert!(matches!(slow, Compression::Zstd(l) if l >= 1), "{slow}");
-        // Much faster link: the CPU is the limit now, a cheaper codec wins.
-        sim.link = 5e9;
-        let fast = sim.run(&mut c, 400);
-        let (i, j) = (
-            CANDIDATES.iter().position(|&x| x == slow).unwrap(),
-            CANDIDATES.iter().position(|&x| x == fast).unwrap(),
-        );
-        assert!(j < i, "{slow} then {fast}");
-        let best = (0..7).map(|k| sim.delivered(k)).fold(0.0, f64::max);
-        assert!(sim.delivered(j) >= 0.9 * best, "{fast}");
+        // With a server that says when the link sets the pace, and with one that does not.
+        for reports in [true, false] {
+            let mut sim = Sim {
+                link: 12.5e6,
+                table: PAGES,
+                cores: 2,
+                other: f64::INFINITY,
+                reports,
+                ..Sim::default()
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            let slow = sim.run(&mut c, 40);
+            assert!(matches!(slow, Compression::Zstd(l) if l >= 1), "{slow}");
+            // Much faster link: the CPU is the limit now, a cheaper codec wins.
+            sim.link = 5e9;
+            let fast = sim.run(&mut c, 400);
+            let (i, j) = (
+                CANDIDATES.iter().position(|&x| x == slow).unwrap(),
+                CANDIDATES.iter().position(|&x| x == fast).unwrap(),
+            );
+            assert!(j < i, "{slow} then {fast}");
+            let best = (0..7).map(|k| sim.delivered(k)).fold(0.0, f64::max);
+            assert!(sim.delivered(j) >= 0.9 * best, "{fast}");
+        }
     }
 
     #[test]
     fn when_the_cpus_are_the_limit_a_cheaper_codec_takes_over() {
-        // Database pages on a fast LAN, with reading, FUSE and writing costing as much CPU
-        // as 900 MB/s: zstd 1 is held to well under what lz4 delivers.
-        let sim = Sim {
-            link: 117e6,
-            table: PAGES,
-            cores: 2,
-            other: 900e6,
-        };
-        let mut c = Chooser::new(true, Some(6), 2);
-        let got = sim.run(&mut c, 24);
-        let i = CANDIDATES.iter().position(|&x| x == got).unwrap();
-        let best = (0..7).map(|k| sim.delivered(k)).fold(0.0, f64::max);
-        assert!(
-            sim.delivered(i) >= 0.95 * best,
-            "{got}: {:.0} of {best:.0} MB/s",
-            sim.delivered(i) / 1e6
-        );
+        // With a server that says when the link sets the pace, and with one that does not.
+        for reports in [true, false] {
+            // Database pages on a fast LAN, with reading, FUSE and writing costing as much CPU
+            // as 900 MB/s: zstd 1 is held to well under what lz4 delivers.
+            let sim = Sim {
+                link: 117e6,
+                table: PAGES,
+                cores: 2,
+                other: 900e6,
+                reports,
+                ..Sim::default()
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            let got = sim.run(&mut c, 24);
+            let i = CANDIDATES.iter().position(|&x| x == got).unwrap();
+            let best = (0..7).map(|k| sim.delivered(k)).fold(0.0, f64::max);
+            assert!(
+                sim.delivered(i) >= 0.95 * best,
+                "{got}: {:.0} of {best:.0} MB/s",
+                sim.delivered(i) / 1e6
+            );
+        }
     }
 
     #[test]
     fn a_server_cap_and_a_server_without_zstd_are_respected() {
-        let sim = Sim {
-            link: 12.5e6,
-            table: PAGES,
-            cores: 2,
-            other: f64::INFINITY,
+        // With a server that says when the link sets the pace, and with one that does not.
+        for reports in [true, false] {
+            let sim = Sim {
+                link: 12.5e6,
+                table: PAGES,
+                cores: 2,
+                other: f64::INFINITY,
+                reports,
+                ..Sim::default()
+            };
+            let mut capped = Chooser::new(true, Some(-1), 2);
+            let got = sim.run(&mut capped, 40);
+            assert!(matches!(got, Compression::Zstd(l) if l <= -1), "{got}");
+            let mut old = Chooser::new(true, None, 2);
+            assert_eq!(sim.run(&mut old, 40), Compression::Lz4);
+        }
+    }
+
+    #[test]
+    fn a_tree_walk_the_link_does_not_limit_goes_raw() {
+        // A walk of small files on a fast LAN: its round trips hold it to 40 MB/s whatever
+        // the codec, so compressing only costs CPU. Without the server's word the wire
+        // rate of the walk passes for the link, and packing more looks worth it.
+        let walk = |reports| Sim {
+            link: 2e9,
+            table: MIXED,
+            other: 300e6,
+            walk: 40e6,
+            reports,
+            ..Sim::default()
         };
-        let mut capped = Chooser::new(true, Some(-1), 2);
-        let got = sim.run(&mut capped, 40);
-        assert!(matches!(got, Compression::Zstd(l) if l <= -1), "{got}");
-        let mut old = Chooser::new(true, None, 2);
-        assert_eq!(sim.run(&mut old, 40), Compression::Lz4);
+        let mut c = Chooser::new(true, Some(6), 2);
+        assert_eq!(
+            walk(true).run(&mut c, 20),
+            Compression::None,
+            "{}",
+            c.explain()
+        );
+        assert_eq!(c.link_bound(), Some(false));
+        let mut blind = Chooser::new(true, Some(6), 2);
+        let got = walk(false).run(&mut blind, 20);
+        assert!(
+            matches!(got, Compression::Zstd(_)),
+            "{got}: {}",
+            blind.explain()
+        );
+    }
+
+    #[test]
+    fn a_walk_over_a_slow_link_keeps_compressing() {
+        // The same walk over a link of 25 MB/s: raw, the link is the limit, and a codec
+        // that packs twice delivers more, up to what the walk allows.
+        for walk in [40e6, f64::INFINITY] {
+            let sim = Sim {
+                link: 25e6,
+                table: MIXED,
+                other: 300e6,
+                walk,
+                ..Sim::default()
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            let got = sim.run(&mut c, 60);
+            let i = CANDIDATES.iter().position(|&x| x == got).unwrap();
+            let best = (0..7).map(|k| sim.delivered(k)).fold(0.0, f64::max);
+            assert!(
+                sim.delivered(i) >= 0.95 * best,
+                "walk {walk}: {got} delivers {:.0} of {:.0} MB/s; {}",
+                sim.delivered(i) / 1e6,
+                best / 1e6,
+                c.explain()
+            );
+        }
     }
 
     #[test]
@@ -833,6 +1045,7 @@ mod tests {
                 wire: 1000,
                 decoded: 1000,
                 busy: false,
+                link: LinkSignal::NotLimited,
             });
         }
         assert_eq!(c.current(), Compression::Zstd(1));

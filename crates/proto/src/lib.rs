@@ -96,6 +96,10 @@ pub mod features {
     /// ([`crate::FileData::binding`]), so a request or response header garbled on the way
     /// (a request id that names another request) fails the checksum.
     pub const BOUND: u64 = 1 << 11;
+    /// [`crate::Response::Load`] also says how long the server waited for this client's
+    /// sockets to take its responses ([`crate::ServerLoad::send_wait_micros`]): whether the
+    /// link, not the server, set the pace.
+    pub const SEND_WAIT: u64 = 1 << 12;
     /// Every feature this crate knows.
     pub const ALL: u64 = LZ4
         | HASH
@@ -108,7 +112,8 @@ pub mod features {
         | HASH_SPARSE
         | ZSTD
         | XATTRS_PAGED
-        | BOUND;
+        | BOUND
+        | SEND_WAIT;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

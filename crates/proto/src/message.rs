@@ -295,6 +295,14 @@ pub struct ServerLoad {
     /// unknown): a client with the same id runs on the same machine, so both ends share
     /// one set of CPUs.
     pub boot_id: [u8; 16],
+    /// Only with the [`SEND_WAIT`](crate::features::SEND_WAIT) feature: microseconds the
+    /// server's writers of this client's connections (its address and Hello name) have
+    /// waited, summed over the connections, for their sockets to take response bytes they
+    /// had ready; a counter that only grows while the client has a connection open. Its
+    /// growth over wall time is how many connections the link held back on average: near
+    /// zero, the server sent everything as soon as it had it, and the link was not the
+    /// limit.
+    pub send_wait_micros: Option<u64>,
 }
 
 /// Most bytes of names and values one [`Response::DirXattrs`] carries.
@@ -1066,6 +1074,9 @@ impl Response {
                 b.put_u32(l.idle_permille);
                 b.put_u32(l.process_permille);
                 b.put_slice(&l.boot_id);
+                if let Some(w) = l.send_wait_micros {
+                    b.put_u64(w);
+                }
             }
             Response::Attr(a) => a.encode(&mut b),
             Response::DirPage(p) => {
@@ -1164,6 +1175,12 @@ impl Response {
                 idle_permille: get_u32(&mut b, "load")?,
                 process_permille: get_u32(&mut b, "load")?,
                 boot_id: get_array(&mut b, "boot id")?,
+                // Present exactly when the session has SEND_WAIT (the server sends it then).
+                send_wait_micros: if b.is_empty() {
+                    None
+                } else {
+                    Some(get_u64(&mut b, "send wait")?)
+                },
             }),
             K_ATTR => Response::Attr(Attr::decode(&mut b)?),
             K_DIR_PAGE => {

@@ -153,16 +153,24 @@ fn id() -> impl Strategy<Value = Id> {
 fn response() -> impl Strategy<Value = Response> {
     prop_oneof![
         Just(Response::Pong),
-        (any::<u16>(), any::<u32>(), any::<u32>(), any::<[u8; 16]>()).prop_map(
-            |(cores, idle_permille, process_permille, boot_id)| {
-                Response::Load(ServerLoad {
-                    cores,
-                    idle_permille,
-                    process_permille,
-                    boot_id,
-                })
-            }
-        ),
+        (
+            any::<u16>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<[u8; 16]>(),
+            any::<Option<u64>>()
+        )
+            .prop_map(
+                |(cores, idle_permille, process_permille, boot_id, send_wait_micros)| {
+                    Response::Load(ServerLoad {
+                        cores,
+                        idle_permille,
+                        process_permille,
+                        boot_id,
+                        send_wait_micros,
+                    })
+                }
+            ),
         proptest::collection::vec(
             (
                 bytes16(),

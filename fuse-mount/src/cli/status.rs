@@ -167,7 +167,12 @@ fn print_compression(k: &ferry_cache::progress::SchedulerStatus) {
             ""
         },
         k.compression_ratio,
-        if k.link_bytes_per_sec > 0 {
+        if k.link_limits == Some(false) {
+            format!(
+                "; the link carried {}/s on the wire and was never the limit",
+                human_bytes(k.link_bytes_per_sec)
+            )
+        } else if k.link_bytes_per_sec > 0 {
             format!(
                 "; link measured at {}/s on the wire",
                 human_bytes(k.link_bytes_per_sec)

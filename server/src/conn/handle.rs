@@ -270,7 +270,12 @@ pub(crate) async fn handle(
     }
     let result = match request {
         Request::Ping => Ok(Response::Pong),
-        Request::Load => Ok(Response::Load(sh.load())),
+        Request::Load => Ok(Response::Load(
+            sh.load(
+                (session.features & features::SEND_WAIT != 0)
+                    .then(|| sh.send_waits.total(session.client)),
+            ),
+        )),
         Request::Stat { path } => blocking(move || sh.export.stat(&path))
             .await
             .map(Response::Attr),

@@ -23,9 +23,11 @@
 //! - [`limit_unsent`] keeps little unsent data in the kernel (`TCP_NOTSENT_LOWAT`), so the
 //!   order chosen here is still the order on the wire.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -70,40 +72,107 @@ pub(crate) fn limit_unsent(tcp: &tokio::net::TcpStream) -> io::Result<()> {
 }
 
 /// Whether the writer is waiting for the socket to take bytes, and since when: a client
-/// that stops reading leaves it waiting.
+/// that stops reading leaves it waiting. Every wait, once over, is added to its client's
+/// [`SendWaits`] total.
 #[derive(Debug)]
 pub(crate) struct Blocked {
     start: std::time::Instant,
-    /// Milliseconds after `start` the current wait began (+1); 0: not waiting.
-    since: std::sync::atomic::AtomicU64,
+    /// Microseconds after `start` the current wait began (+1); 0: not waiting.
+    since: AtomicU64,
+    /// The client's total of finished waits, microseconds.
+    total: Arc<AtomicU64>,
 }
 
 impl Blocked {
-    pub(crate) fn new() -> std::sync::Arc<Blocked> {
-        std::sync::Arc::new(Blocked {
+    pub(crate) fn new(total: Arc<AtomicU64>) -> Arc<Blocked> {
+        Arc::new(Blocked {
             start: std::time::Instant::now(),
-            since: std::sync::atomic::AtomicU64::new(0),
+            since: AtomicU64::new(0),
+            total,
         })
     }
 
     fn now(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64 + 1
+        self.start.elapsed().as_micros() as u64 + 1
     }
 
     fn set(&self, waiting: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
+        let since = self.since.load(Relaxed);
         if !waiting {
-            self.since.store(0, Relaxed);
-        } else if self.since.load(Relaxed) == 0 {
+            if since != 0 {
+                self.since.store(0, Relaxed);
+                self.total
+                    .fetch_add(self.now().saturating_sub(since), Relaxed);
+            }
+        } else if since == 0 {
             self.since.store(self.now(), Relaxed);
         }
     }
 
     /// How long the writer has been waiting for the socket (zero when it is not).
     pub(crate) fn waiting_for(&self) -> Duration {
-        match self.since.load(std::sync::atomic::Ordering::Relaxed) {
+        match self.since.load(Relaxed) {
             0 => Duration::ZERO,
-            t => Duration::from_millis(self.now().saturating_sub(t)),
+            t => Duration::from_micros(self.now().saturating_sub(t)),
+        }
+    }
+}
+
+/// Per client (its address and Hello name, as the memory budget counts it): how long the
+/// writers of its connections have waited for their sockets, summed, for Load's
+/// `send_wait_micros` (the `SEND_WAIT` feature). A client's total lives while it has a
+/// connection open.
+#[derive(Debug, Default)]
+pub(crate) struct SendWaits {
+    /// Per client: its total (microseconds) and its open connections.
+    clients: Mutex<HashMap<u64, (Arc<AtomicU64>, usize)>>,
+}
+
+/// One connection's membership of its client's [`SendWaits`] total; leaving with the last
+/// connection forgets the total.
+#[derive(Debug)]
+pub(crate) struct SendWaitMember {
+    waits: Arc<SendWaits>,
+    client: u64,
+    /// The client's total, for the connection's [`Blocked`].
+    pub(crate) total: Arc<AtomicU64>,
+}
+
+impl SendWaits {
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<AtomicU64>, usize)>> {
+        self.clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A connection of `client` opens.
+    pub(crate) fn join(self: &Arc<Self>, client: u64) -> SendWaitMember {
+        let mut g = self.clients();
+        let entry = g.entry(client).or_default();
+        entry.1 += 1;
+        SendWaitMember {
+            waits: self.clone(),
+            client,
+            total: entry.0.clone(),
+        }
+    }
+
+    /// `client`'s total of finished waits, microseconds.
+    pub(crate) fn total(&self, client: u64) -> u64 {
+        self.clients()
+            .get(&client)
+            .map_or(0, |(t, _)| t.load(Relaxed))
+    }
+}
+
+impl Drop for SendWaitMember {
+    fn drop(&mut self) {
+        let mut g = self.waits.clients();
+        if let Some(entry) = g.get_mut(&self.client) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                g.remove(&self.client);
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use ferry_proto::{features, payload, Class, Compression, Request, Response};
 
 use super::Inner;
-use crate::codec::{Chooser, CompressionChoice, CpuShare, Sample, Window, CANDIDATES};
+use crate::codec::{Chooser, CompressionChoice, CpuShare, LinkSignal, Sample, Window, CANDIDATES};
 
 /// Payloads this large and larger are sampled alone; smaller ones (a tree's small files,
 /// each compressed on its own by the server) are gathered into a batch of at least this
@@ -30,6 +30,49 @@ const DUTY: u32 = 50;
 const WINDOW: Duration = Duration::from_millis(250);
 /// How often, within a window, whether requests are outstanding is looked at.
 const TICK: Duration = Duration::from_millis(10);
+/// How long the server's last word on its writers' waits stands for the windows after it
+/// (it is asked once a second).
+const SIGNAL_FRESH: Duration = Duration::from_millis(2500);
+
+/// The server's reports of its writers' waits for this client's sockets (Load's
+/// `send_wait_micros`), made into [`LinkSignal`]s.
+#[derive(Debug)]
+struct SendWaitReadings {
+    /// The last total and when it was read (at first: when the pool started, and zero).
+    last: (Instant, u64),
+    /// What the last two readings said, and when.
+    signal: Option<(LinkSignal, Instant)>,
+}
+
+impl SendWaitReadings {
+    fn new(start: Instant) -> SendWaitReadings {
+        SendWaitReadings {
+            last: (start, 0),
+            signal: None,
+        }
+    }
+
+    /// Takes a new total of waits, microseconds: the waiting since the last reading over
+    /// the time between them is how many connections waited on average.
+    fn read(&mut self, at: Instant, total: u64) {
+        let (then, before) = self.last;
+        let span = at.saturating_duration_since(then).as_micros() as f64;
+        // A total that went down restarted (every connection had closed): no reading.
+        if total >= before && span > 0.0 {
+            let connections = (total - before) as f64 / span;
+            self.signal = Some((LinkSignal::from_waiting(connections), at));
+        }
+        self.last = (at, total);
+    }
+
+    /// The signal for a window ending `now`.
+    fn signal(&self, now: Instant) -> LinkSignal {
+        match self.signal {
+            Some((s, at)) if now.saturating_duration_since(at) < SIGNAL_FRESH => s,
+            _ => LinkSignal::Pending,
+        }
+    }
+}
 
 /// What the pool's reads ask for, and how it is going.
 pub(super) struct Codec {
@@ -60,6 +103,9 @@ pub struct CompressionStatus {
     pub ratio: f64,
     /// With `auto`: the link's estimated capacity, wire bytes per second.
     pub link: Option<f64>,
+    /// With `auto` and a server that says when its writers wait for the sockets: whether
+    /// the link has limited the transfer (`Some(false)`: `link` is only what it carried).
+    pub link_limits: Option<bool>,
 }
 
 fn to_bits(c: Compression) -> u32 {
@@ -172,6 +218,7 @@ impl Codec {
             current: self.current(),
             ratio: f64::from_bits(self.ratio.load(Relaxed)),
             link: self.chooser.as_ref().and_then(|c| lock(c).link()),
+            link_limits: self.chooser.as_ref().and_then(|c| lock(c).link_bound()),
         }
     }
 }
@@ -278,6 +325,7 @@ pub(super) async fn run(inner: Weak<Inner>) {
     let mut cpu = ferry_util::cpu::CpuMeter::new();
     // The server's last report, and whether it runs on this machine.
     let server_cpu: Arc<Mutex<Option<(CpuShare, bool)>>> = Arc::new(Mutex::new(None));
+    let send_waits = Arc::new(Mutex::new(SendWaitReadings::new(Instant::now())));
     loop {
         ticks.tick().await;
         let Some(inner) = inner.upgrade() else { return };
@@ -290,12 +338,19 @@ pub(super) async fn run(inner: Weak<Inner>) {
         }
         let c = &inner.counters;
         let (w, d) = (c.wire_bytes.load(Relaxed), c.decoded_bytes.load(Relaxed));
+        let reported = inner.session.features & (features::ZSTD | features::SEND_WAIT)
+            == features::ZSTD | features::SEND_WAIT;
         let window = Window {
             elapsed: start.elapsed(),
             wire: w - wire,
             decoded: d - decoded,
             // Requests outstanding at (nearly) every look: the transfer set the pace.
             busy: busy * 10 >= seen * 9,
+            link: if reported {
+                lock(&send_waits).signal(Instant::now())
+            } else {
+                LinkSignal::Unreported
+            },
         };
         (wire, decoded, start, seen, busy) = (w, d, Instant::now(), 0, 0);
         let codec = &inner.codec;
@@ -320,7 +375,7 @@ pub(super) async fn run(inner: Weak<Inner>) {
                 c.set_same_machine(server.is_some_and(|s| s.1));
                 drop(c);
                 if inner.session.features & features::ZSTD != 0 {
-                    ask_server_load(&inner, server_cpu.clone());
+                    ask_server_load(&inner, server_cpu.clone(), send_waits.clone());
                 }
             }
             let mut c = lock(chooser);
@@ -340,13 +395,20 @@ pub(super) async fn run(inner: Weak<Inner>) {
 
 /// Asks the server how busy its CPUs are (on a task of its own: the answer may take a
 /// round trip or more) and keeps what it can give: its process's use plus its idle time.
-fn ask_server_load(inner: &Arc<Inner>, into: Arc<Mutex<Option<(CpuShare, bool)>>>) {
+fn ask_server_load(
+    inner: &Arc<Inner>,
+    into: Arc<Mutex<Option<(CpuShare, bool)>>>,
+    send_waits: Arc<Mutex<SendWaitReadings>>,
+) {
     let client = super::Client {
         inner: inner.clone(),
         class: Class::Demand,
     };
     tokio::spawn(async move {
         if let Ok(Response::Load(l)) = client.call(Request::Load).await {
+            if let Some(total) = l.send_wait_micros {
+                lock(&send_waits).read(Instant::now(), total);
+            }
             let idle = f64::from(l.idle_permille) / 1000.0;
             let available = f64::from(l.process_permille) / 1000.0 + idle;
             let same = l.boot_id != [0; 16] && ferry_util::cpu::boot_id() == Some(l.boot_id);
@@ -373,6 +435,28 @@ mod tests {
         ) {
             assert_eq!(from_bits(to_bits(c)), c);
         }
+    }
+
+    #[test]
+    fn the_servers_waits_become_a_link_signal() {
+        let t0 = Instant::now();
+        let s = |secs: f64| t0 + Duration::from_secs_f64(secs);
+        let mut r = SendWaitReadings::new(t0);
+        assert_eq!(r.signal(s(0.5)), LinkSignal::Pending, "nothing read yet");
+        // 1.6 s of waiting over 2 s: 0.8 of a connection waited on average.
+        r.read(s(2.0), 1_600_000);
+        assert_eq!(r.signal(s(2.2)), LinkSignal::Limited);
+        // 0.1 s more over the next second.
+        r.read(s(3.0), 1_700_000);
+        assert_eq!(r.signal(s(3.2)), LinkSignal::NotLimited);
+        // A total that went down (the client's connections all closed) says nothing new.
+        r.read(s(4.0), 5);
+        assert_eq!(r.signal(s(4.1)), LinkSignal::NotLimited);
+        // And a reading too old stands for nothing.
+        assert_eq!(r.signal(s(9.0)), LinkSignal::Pending);
+        // Several connections each waiting most of the time.
+        r.read(s(5.0), 3_000_005);
+        assert_eq!(r.signal(s(5.1)), LinkSignal::Limited);
     }
 
     /// 4 KiB pieces of real text: this crate's own sources, as in a source tree.
