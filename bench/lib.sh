@@ -58,6 +58,8 @@ bench_ferryd() {
 #                                      killed by the cleanup)
 #   wan_proxy NAME LISTEN UPSTREAM     a toxiproxy proxy with the WAN profile
 #   ns_ferryd EXPORT                   ferryd on 127.0.0.1:7070 in the namespace; $ferryd_pid
+#                                      (FERRYD_BIN=PATH: another ferryd binary, e.g. an older
+#                                      build to compare against; FERRYD_ARGS: extra options)
 #   set_link LINK                      loopback, 1gbit or wan; sets $P_FERRY (and the ports of
 #                                      the other services) and, on wan, $WAN_RTT_MS
 #   drop_caches, kill_tree PID
@@ -133,7 +135,7 @@ bg_ns() { nsenter --net="/var/run/netns/$NS" "$@" & echo $! >> "$WORK/pids"; }
 
 ns_ferryd() {
     # shellcheck disable=SC2086 # FERRYD_ARGS: extra ferryd options, split on purpose
-    bg_ns "$ROOT/target/release/ferryd" --export "$1" --listen 127.0.0.1:7070 ${FERRYD_ARGS:-} 2>"$WORK/logs/ferryd.log"
+    bg_ns "${FERRYD_BIN:-$ROOT/target/release/ferryd}" --export "$1" --listen 127.0.0.1:7070 ${FERRYD_ARGS:-} 2>"$WORK/logs/ferryd.log"
     sleep 0.5
     ferryd_pid=$(pgrep -f -- "ferryd --export $1 --listen 127.0.0.1:7070" | head -1)
     [ -n "$ferryd_pid" ] || die "ferryd did not start: $(cat "$WORK/logs/ferryd.log")"

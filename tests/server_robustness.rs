@@ -602,27 +602,28 @@ fn zstd_and_load_without_the_zstd_feature_close_the_connection_and_a_pre_zstd_cl
 }
 
 #[test]
-fn load_says_how_long_the_server_waited_for_a_clients_sockets() {
+fn load_says_how_long_a_clients_connections_were_held_back_by_the_network() {
     use ferry_proto::{features, Class, Compression, Request, Response};
     let src = tempfile::tempdir().unwrap();
     write_random(&src.path().join("f"), 16 << 20, 7);
     let server = TestServer::start(src.path());
-    let send_wait =
+    let link =
         |s: &mut TcpStream, buf: &mut bytes::BytesMut, id| match ask(s, buf, id, &Request::Load) {
-            Response::Load(l) => l.send_wait_micros,
+            Response::Load(l) => l.link,
             other => panic!("{other:?}"),
         };
-    // Without SEND_WAIT, Load is the 26 bytes it always was.
+    // Without LINK_LIMITS, Load is the 26 bytes it always was.
     let (mut old, mut old_buf, session) =
-        handshaken_with(&server.addr, features::ALL & !features::SEND_WAIT);
-    assert_eq!(session & features::SEND_WAIT, 0);
-    assert_eq!(send_wait(&mut old, &mut old_buf, 1), None);
+        handshaken_with(&server.addr, features::ALL & !features::LINK_LIMITS);
+    assert_eq!(session & features::LINK_LIMITS, 0);
+    assert_eq!(link(&mut old, &mut old_buf, 1), None);
     drop(old);
     // Two connections of one client (one address, one Hello name): one asks, the other
-    // asks for 16 MiB and reads none of it for 1.5 s, then all of it.
+    // asks for 16 MiB and reads none of it for 1.5 s, then all of it: the server had
+    // bytes to send and the network (a full socket) held them back.
     let (mut asks, mut buf, session) = handshaken_with(&server.addr, features::ALL);
-    assert_ne!(session & features::SEND_WAIT, 0);
-    let before = send_wait(&mut asks, &mut buf, 1).expect("negotiated: reported");
+    assert_ne!(session & features::LINK_LIMITS, 0);
+    let before = link(&mut asks, &mut buf, 1).expect("negotiated: reported");
     let (mut stuck, _, _) = handshaken_with(&server.addr, features::ALL);
     let mut out = bytes::BytesMut::new();
     for i in 0..16u32 {
@@ -644,13 +645,19 @@ fn load_says_how_long_the_server_waited_for_a_clients_sockets() {
         assert!(n > 0, "closed after {got} bytes");
         got += n;
     }
-    let after = send_wait(&mut asks, &mut buf, 2).expect("reported");
-    let waited = Duration::from_micros(after - before);
+    // The server looks at each connection every quarter second.
+    std::thread::sleep(Duration::from_millis(600));
+    let after = link(&mut asks, &mut buf, 2).expect("reported");
+    let sending = Duration::from_micros(after.sending_micros - before.sending_micros);
+    let limited = Duration::from_micros(after.limited_micros - before.limited_micros);
     assert!(
-        waited >= Duration::from_millis(1000),
-        "the writer waited {waited:?} for a socket nobody read"
+        limited >= Duration::from_millis(1000),
+        "held back {limited:?} of {sending:?} by a socket nobody read"
     );
-    assert!(waited < Duration::from_secs(30), "{waited:?}");
+    assert!(
+        sending >= limited && sending < Duration::from_secs(30),
+        "{limited:?} of {sending:?}"
+    );
 }
 
 #[test]

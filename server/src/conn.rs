@@ -134,6 +134,7 @@ pub(crate) async fn serve_tcp(
     };
     let deadline = tokio::time::Instant::now() + limit;
     let peer = tcp.peer_addr().ok().map(|a| a.ip());
+    let socket = std::os::fd::AsRawFd::as_raw_fd(&tcp);
     if let Err(e) = writer::limit_unsent(&tcp) {
         debug!("TCP_NOTSENT_LOWAT not set: {e}");
     }
@@ -142,7 +143,9 @@ pub(crate) async fn serve_tcp(
         .map_err(|_| ConnError::HandshakeTimeout)??;
     match transport {
         None => Ok(()),
-        Some(Transport::Plain) => serve(tcp, shared, deadline, Some(handshake), peer).await,
+        Some(Transport::Plain) => {
+            serve(tcp, shared, deadline, Some(handshake), peer, Some(socket)).await
+        }
         Some(Transport::Tls) => {
             let Some(tls) = shared.config.tls.clone() else {
                 return Err(ConnError::Protocol("TLS accepted without a configuration"));
@@ -152,7 +155,15 @@ pub(crate) async fn serve_tcp(
                     .await
                     .map_err(|_| ConnError::HandshakeTimeout)?
                     .map_err(ConnError::Tls)?;
-            serve(stream, shared, deadline, Some(handshake), peer).await
+            serve(
+                stream,
+                shared,
+                deadline,
+                Some(handshake),
+                peer,
+                Some(socket),
+            )
+            .await
         }
     }
 }
@@ -202,6 +213,7 @@ pub(crate) async fn serve<S>(
     deadline: tokio::time::Instant,
     place: Option<crate::InHandshake>,
     peer: Option<std::net::IpAddr>,
+    socket: Option<std::os::fd::RawFd>,
 ) -> Result<(), ConnError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -233,8 +245,8 @@ where
 
     let (tx, rx) = mpsc::channel::<Outgoing>(welcome.max_inflight as usize);
     let sh = shared.clone();
-    let send_wait = shared.send_waits.join(client);
-    let blocked = writer::Blocked::new(send_wait.total.clone());
+    let mut link = shared.link_limits.join(client);
+    let blocked = writer::Blocked::new();
     let mut writer = tokio::spawn(writer::write_loop(
         writer::Watched {
             inner: wr,
@@ -271,6 +283,7 @@ where
             f = read_frame(&mut rd, &mut buf, request_limit) => Some(f),
             _ = shutdown.changed() => break Ok(()),
             _ = check.tick() => {
+                link.look(&blocked, socket);
                 // Sitting on its share while others wait: closed, its memory freed.
                 let waiting = blocked.waiting_for();
                 if (waiting > STALL_OVER_SHARE && session.account.over_share())

@@ -120,8 +120,8 @@ pub(crate) struct Shared {
     /// Turns at reading file data for demand and prediction reads, shared fairly between
     /// clients and their connections ([`fair`]).
     pub(crate) reads: Arc<fair::FairPool>,
-    /// Per client, how long its connections' writers waited for their sockets.
-    pub(crate) send_waits: Arc<conn::writer::SendWaits>,
+    /// Per client, how long its connections were sending and the network set the pace.
+    pub(crate) link_limits: Arc<conn::writer::LinkLimits>,
     pub(crate) stats: Stats,
 }
 
@@ -149,9 +149,9 @@ pub(crate) struct Stats {
 
 impl Shared {
     /// How busy the CPUs were since the last time anyone asked (at least 50 ms; within
-    /// that, the last reading again), and with `send_wait` the client's total of its
-    /// writers' waits for their sockets ([`conn::writer::SendWaits`]).
-    pub(crate) fn load(&self, send_wait: Option<u64>) -> ferry_proto::ServerLoad {
+    /// that, the last reading again), and with `link` how the client's connections sent
+    /// ([`conn::writer::LinkLimits`]).
+    pub(crate) fn load(&self, link: Option<ferry_proto::LinkTime>) -> ferry_proto::ServerLoad {
         let mut g = self
             .cpu
             .lock()
@@ -168,14 +168,14 @@ impl Shared {
                 idle_permille: permille(l.idle),
                 process_permille: permille(l.process),
                 boot_id: ferry_util::cpu::boot_id().unwrap_or_default(),
-                send_wait_micros: send_wait,
+                link,
             },
             None => ferry_proto::ServerLoad {
                 cores: u16::try_from(cores).unwrap_or(u16::MAX),
                 idle_permille: permille(cores as f64),
                 process_permille: 0,
                 boot_id: ferry_util::cpu::boot_id().unwrap_or_default(),
-                send_wait_micros: send_wait,
+                link,
             },
         }
     }
@@ -292,7 +292,7 @@ impl Shared {
             cpu: std::sync::Mutex::new((ferry_util::cpu::CpuMeter::new(), None)),
             hash_slots: Arc::new(Semaphore::new(2)),
             reads: fair::FairPool::new(READS_AT_ONCE),
-            send_waits: Arc::default(),
+            link_limits: Arc::default(),
             stats: Stats::default(),
         }))
     }
@@ -322,7 +322,7 @@ pub fn fuzz_serve(export: &std::path::Path, input: &[u8]) {
         };
         let (client, server) = tokio::io::duplex(256 << 10);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        let serve = conn::serve(server, shared, deadline, None, None);
+        let serve = conn::serve(server, shared, deadline, None, None, None);
         let feed = async move {
             let (mut r, mut w) = tokio::io::split(client);
             let write = async {

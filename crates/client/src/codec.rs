@@ -11,11 +11,12 @@
 //!   corrects every sampled ratio alike.
 //! - **The link**: wire bytes per second in windows when requests were outstanding all
 //!   along, the highest of the recent ones ([`Chooser::link`]). A server with the
-//!   `SEND_WAIT` feature also says whether its writers waited for this client's sockets
-//!   ([`LinkSignal`]): only then was the link the limit. A window where they did not (a
-//!   walk of small files waiting on its round trips, a codec short of CPU) only raises the
-//!   estimate, and until the link has limited once it counts as unbounded: the CPUs alone
-//!   decide, and on a fast link the cheapest codec wins.
+//!   `LINK_LIMITS` feature also says whether the network set the pace ([`LinkSignal`]:
+//!   TCP not application-limited, or the server waiting for the socket, for most of the
+//!   time the client's connections were sending). A window where it did not (a walk of
+//!   small files waiting on its round trips, a codec short of CPU) only raises the
+//!   estimate; while the link has never limited no dearer codec is chosen, and after a
+//!   second of such windows lz4 at most: packing more cannot deliver more then.
 //! - **The CPUs**: what each end can give — its process's CPU use plus its machine's idle
 //!   time; the server reports its own every second (Load, with the ZSTD feature) — and what
 //!   each process spends per byte besides the codec, learned from their use at the rate the
@@ -104,13 +105,13 @@ const BUSY_IDLE: f64 = 0.3;
 const FIRST_PROBE: u32 = 5;
 /// Per window, the link estimate falls by this share towards the newest measurement.
 const LINK_DECAY: f64 = 0.03;
-/// Connections' worth of the server's writers waiting for the sockets (on average over a
-/// reading) from which the link counts as the limit: a link that is the limit keeps every
-/// connection that carries data waiting most of the time, one that is not hardly ever.
-pub const LINK_WAIT: f64 = 0.5;
-/// The most a prediction says (decoded bytes per second): with neither the link nor a CPU
-/// known to limit, a candidate is worth this much, not infinity.
-const UNBOUNDED: f64 = 1e12;
+/// Share of its sending time the network set a client's pace, from which the link counts
+/// as the limit (measured: 0.85–1 while a 100 Mbit/s link carried database pages, about
+/// 0.1 during a walk of small files on loopback).
+pub const LINK_LIMITED: f64 = 0.5;
+/// Windows in a row (a second) the link must not have set the pace, and never have, before
+/// `auto` holds to lz4 at most: the first readings of a transfer are of TCP's slow start.
+const NOT_LIMITED_WINDOWS: u32 = 4;
 /// Windows a codec must have been in use before its delivery counts for it (requests sent
 /// before the change are still coming in).
 const SETTLE: u32 = 1;
@@ -162,27 +163,27 @@ pub struct CpuShare {
     pub process: f64,
 }
 
-/// Whether the link set a window's pace, as the server saw it: how long its writers waited
-/// for this client's sockets to take the bytes they had ready (Load's `send_wait_micros`).
+/// Whether the link set a window's pace, as the server saw it (Load's `link`: for how much
+/// of the time this client's connections were sending TCP was not application-limited or
+/// the server waited for the socket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkSignal {
-    /// The server does not say (no `SEND_WAIT` feature): every busy window's wire rate is
-    /// taken for the link's.
+    /// The server does not say (no `LINK_LIMITS` feature): every busy window's wire rate
+    /// is taken for the link's.
     Unreported,
     /// The server says, but no reading covers the window yet: it says nothing of the link.
     Pending,
-    /// The server's writers waited for the sockets: the link carried all it could.
+    /// The network set the pace: the link carried all it could.
     Limited,
-    /// They hardly waited: the link took everything at once, so it could carry more than
-    /// the window moved (a tree walk limited by its round trips, a codec limited by a CPU).
+    /// The server sent everything as soon as it had it: the link could carry more than the
+    /// window moved (a tree walk limited by its round trips, a codec limited by a CPU).
     NotLimited,
 }
 
 impl LinkSignal {
-    /// The signal for a reading of `connections` — the server's writers' waits over the
-    /// wall time, how many of this client's connections waited on average.
-    pub fn from_waiting(connections: f64) -> LinkSignal {
-        if connections >= LINK_WAIT {
+    /// The signal for a reading: `share` of the sending time the network set the pace.
+    pub fn from_share(share: f64) -> LinkSignal {
+        if share >= LINK_LIMITED {
             LinkSignal::Limited
         } else {
             LinkSignal::NotLimited
@@ -233,9 +234,10 @@ pub struct Chooser {
     /// The most wire bytes per second a window carried that the link did not limit: the
     /// link carries at least this.
     link_floor: Option<f64>,
-    /// Whether the server says when the link limits ([`LinkSignal`]): then, until a window
-    /// the link limited, the link counts as unbounded.
-    link_reported: bool,
+    /// What the server said of the last busy window.
+    last_signal: LinkSignal,
+    /// Windows in a row the server said the link did not set the pace.
+    not_limited: u32,
     current: usize,
     /// Windows since the last change.
     held: u32,
@@ -287,7 +289,8 @@ impl Chooser {
             costs: Default::default(),
             link: None,
             link_floor: None,
-            link_reported: false,
+            last_signal: LinkSignal::Unreported,
+            not_limited: 0,
             current: start,
             held: 0,
             server_cores: cores * 0.75,
@@ -319,22 +322,13 @@ impl Chooser {
         }
     }
 
-    /// Whether the link is known to limit: `Some(false)` while the server says it never
-    /// did (predictions then take it as unbounded); `None` while nothing is known.
+    /// Whether the link set the pace of the last busy window, as the server said (`None`:
+    /// it does not say, or not yet).
     pub fn link_bound(&self) -> Option<bool> {
-        match (self.link_reported, self.link) {
-            (false, _) => None,
-            (true, l) => Some(l.is_some()),
-        }
-    }
-
-    /// The link's capacity predictions use: the estimate; with a server that says when
-    /// the link limits, unbounded until it has (`None`: nothing known yet).
-    fn capacity(&self) -> Option<f64> {
-        match (self.link_reported, self.link) {
-            (true, Some(_)) => self.link(),
-            (true, None) => Some(f64::INFINITY),
-            (false, l) => l,
+        match self.last_signal {
+            LinkSignal::Limited => Some(true),
+            LinkSignal::NotLimited => Some(false),
+            LinkSignal::Unreported | LinkSignal::Pending => None,
         }
     }
 
@@ -407,11 +401,7 @@ impl Chooser {
     /// sockets, FUSE, writing): that part is learned from what each process used while the
     /// codec in use delivered its rate, less that codec's own cost.
     fn model(&self, i: usize) -> Option<f64> {
-        self.model_unbounded(i).map(|m| m.min(UNBOUNDED))
-    }
-
-    fn model_unbounded(&self, i: usize) -> Option<f64> {
-        let link = self.capacity()?;
+        let link = self.link()?;
         let (encode, decode, ratio) = if CANDIDATES[i] == Compression::None {
             (0.0, 0.0, 1.0)
         } else {
@@ -548,7 +538,7 @@ impl Chooser {
         let mut out = format!(
             "link {}{} MB/s, cpus {:.2}/{:.2} (idle {:?}/{:?}, same machine {}):",
             if self.link_bound() == Some(false) {
-                "not the limit, carried "
+                "not the limit now, at least "
             } else {
                 ""
             },
@@ -600,8 +590,8 @@ impl Chooser {
                 }
                 LinkSignal::Pending => {}
             }
-            if matches!(w.link, LinkSignal::Limited | LinkSignal::NotLimited) {
-                self.link_reported = true;
+            if w.link != LinkSignal::Pending {
+                self.last_signal = w.link;
             }
             if settled {
                 self.learn_other_costs(w.decoded as f64 / secs);
@@ -626,6 +616,26 @@ impl Chooser {
                 }
             }
         }
+        if w.link == LinkSignal::NotLimited && w.wire > 0 {
+            self.not_limited = self.not_limited.saturating_add(1);
+        } else if w.link != LinkSignal::Pending {
+            self.not_limited = 0;
+        }
+        // A second in which the link has not set the pace, and it never has (a walk of
+        // small files, a reader, a compressor short of CPU): compressing more than lz4 only
+        // costs both ends CPU and each response time. lz4 at most, the cheapest codec
+        // that still packs (raw might make the link the limit, and its wire bytes cost CPU
+        // too). Once the link has limited, its estimate is real and the model decides.
+        let lz4 = CANDIDATES.iter().position(|&c| c == Compression::Lz4);
+        if let Some(l) = lz4.filter(|&l| self.allowed[l]) {
+            if self.not_limited >= NOT_LIMITED_WINDOWS && self.link.is_none() && self.current > l {
+                self.current = l;
+                self.held = 0;
+                self.pending = None;
+                self.probe_from = None;
+                return self.current();
+            }
+        }
         if !w.busy || !settled {
             return self.current();
         }
@@ -648,6 +658,13 @@ impl Chooser {
             .unwrap_or(self.current);
         let best = if best > self.current && predicted[best].unwrap_or(0.0) < now * HYSTERESIS {
             self.current
+        } else {
+            best
+        };
+        // The link is not the limit and never was: packing more cannot deliver more,
+        // whatever the model says from a link estimate that is only what the windows moved.
+        let best = if w.link == LinkSignal::NotLimited && self.link.is_none() {
+            best.min(self.current)
         } else {
             best
         };
@@ -712,6 +729,8 @@ mod tests {
         walk: f64,
         /// Whether the server says when the link sets the pace ([`LinkSignal`]).
         reports: bool,
+        /// Whether the machines have no idle CPU whatever the codec (other work on them).
+        busy_cpus: bool,
     }
 
     impl Default for Sim {
@@ -723,6 +742,7 @@ mod tests {
                 other: f64::INFINITY,
                 walk: f64::INFINITY,
                 reports: true,
+                busy_cpus: false,
             }
         }
     }
@@ -767,7 +787,9 @@ mod tests {
                 }
                 let i = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
                 // Machines without idle time while the CPUs are the limit.
-                let idle = if self.cpu_bound(i) < (self.link * self.table[i].0).min(self.walk) {
+                let idle = if self.busy_cpus
+                    || self.cpu_bound(i) < (self.link * self.table[i].0).min(self.walk)
+                {
                     0.0
                 } else {
                     1.0
@@ -981,28 +1003,32 @@ mod tests {
     }
 
     #[test]
-    fn a_tree_walk_the_link_does_not_limit_goes_raw() {
-        // A walk of small files on a fast LAN: its round trips hold it to 40 MB/s whatever
-        // the codec, so compressing only costs CPU. Without the server's word the wire
-        // rate of the walk passes for the link, and packing more looks worth it.
+    fn a_tree_walk_the_link_does_not_limit_takes_the_cheapest_codec_that_packs() {
+        // A walk of small files on a fast LAN, both machines busy: its round trips hold it
+        // to 40 MB/s whatever the codec, so compressing more only costs CPU. The server
+        // says the link is not the limit: lz4 (or raw) within a second.
         let walk = |reports| Sim {
             link: 2e9,
             table: MIXED,
             other: 300e6,
             walk: 40e6,
             reports,
+            busy_cpus: true,
             ..Sim::default()
         };
         let mut c = Chooser::new(true, Some(6), 2);
-        assert_eq!(
-            walk(true).run(&mut c, 20),
-            Compression::None,
-            "{}",
-            c.explain()
-        );
+        for n in 0..40 {
+            let got = walk(true).run(&mut c, 1);
+            assert!(
+                n < 4 || matches!(got, Compression::Lz4 | Compression::None),
+                "window {n}: {got}; {}",
+                c.explain()
+            );
+        }
         assert_eq!(c.link_bound(), Some(false));
+        // Without it the CPU probes step down one rung at a time (three seconds to lz4).
         let mut blind = Chooser::new(true, Some(6), 2);
-        let got = walk(false).run(&mut blind, 20);
+        let got = walk(false).run(&mut blind, 8);
         assert!(
             matches!(got, Compression::Zstd(_)),
             "{got}: {}",
@@ -1045,11 +1071,23 @@ mod tests {
                 wire: 1000,
                 decoded: 1000,
                 busy: false,
-                link: LinkSignal::NotLimited,
+                link: LinkSignal::Unreported,
             });
         }
         assert_eq!(c.current(), Compression::Zstd(1));
         assert_eq!(c.link(), None);
+        // A server that says the link is not the limit either: lz4 at most after a second
+        // (the reader sets the pace; packing more only costs CPU and time per response).
+        for n in 0..8 {
+            let got = c.window(Window {
+                elapsed: Duration::from_millis(250),
+                wire: 1000,
+                decoded: 1000,
+                busy: false,
+                link: LinkSignal::NotLimited,
+            });
+            assert_eq!(got == Compression::Lz4, n >= 3, "window {n}: {got}");
+        }
     }
 
     #[test]

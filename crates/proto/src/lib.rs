@@ -45,8 +45,9 @@ pub use frame::{Frame, FrameCheck, FrameError, FRAME_HEADER_LEN};
 pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
 pub use message::{
     AuthMethod, AuthOk, AuthProof, DataEntry, DataMap, DataPage, DirEntry, DirPage, EntryXattrs,
-    FileData, FileHash, Handshake, Hello, Id, IdName, ReadData, Request, Response, ServerLoad,
-    StatFs, Welcome, MAX_DATA_EXTENTS, MAX_DIR_XATTR_BYTES, MAX_ID_NAMES, MAX_REQUEST_FRAME,
+    FileData, FileHash, Handshake, Hello, Id, IdName, LinkTime, ReadData, Request, Response,
+    ServerLoad, StatFs, Welcome, MAX_DATA_EXTENTS, MAX_DIR_XATTR_BYTES, MAX_ID_NAMES,
+    MAX_REQUEST_FRAME,
 };
 pub use payload::{Compression, Encoding, PayloadError, ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL};
 pub use status::Status;
@@ -96,10 +97,10 @@ pub mod features {
     /// ([`crate::FileData::binding`]), so a request or response header garbled on the way
     /// (a request id that names another request) fails the checksum.
     pub const BOUND: u64 = 1 << 11;
-    /// [`crate::Response::Load`] also says how long the server waited for this client's
-    /// sockets to take its responses ([`crate::ServerLoad::send_wait_micros`]): whether the
-    /// link, not the server, set the pace.
-    pub const SEND_WAIT: u64 = 1 << 12;
+    /// [`crate::Response::Load`] also says how long this client's connections had bytes
+    /// to send and for how much of it the network, not the server, set their pace
+    /// ([`crate::ServerLoad::link`]).
+    pub const LINK_LIMITS: u64 = 1 << 12;
     /// Every feature this crate knows.
     pub const ALL: u64 = LZ4
         | HASH
@@ -113,7 +114,7 @@ pub mod features {
         | ZSTD
         | XATTRS_PAGED
         | BOUND
-        | SEND_WAIT;
+        | LINK_LIMITS;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

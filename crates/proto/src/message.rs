@@ -295,14 +295,25 @@ pub struct ServerLoad {
     /// unknown): a client with the same id runs on the same machine, so both ends share
     /// one set of CPUs.
     pub boot_id: [u8; 16],
-    /// Only with the [`SEND_WAIT`](crate::features::SEND_WAIT) feature: microseconds the
-    /// server's writers of this client's connections (its address and Hello name) have
-    /// waited, summed over the connections, for their sockets to take response bytes they
-    /// had ready; a counter that only grows while the client has a connection open. Its
-    /// growth over wall time is how many connections the link held back on average: near
-    /// zero, the server sent everything as soon as it had it, and the link was not the
-    /// limit.
-    pub send_wait_micros: Option<u64>,
+    /// Only with the [`LINK_LIMITS`](crate::features::LINK_LIMITS) feature: how this
+    /// client's connections sent.
+    pub link: Option<LinkTime>,
+}
+
+/// How a client's connections (its address and Hello name) sent, summed over them: two
+/// counters that only grow while the client has a connection open ([`ServerLoad::link`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinkTime {
+    /// Microseconds the connections were sending: they had bytes acknowledged, or the
+    /// server waited for the socket to take more.
+    pub sending_micros: u64,
+    /// Of those, microseconds the network set the pace: TCP was not application-limited
+    /// (its last delivery-rate sample had a full window in flight: the path, not the
+    /// server, held it back), or the server waited for the socket to take bytes it had
+    /// ready. Over `sending_micros`, near 1 when the link is the limit, near 0 when the
+    /// server sent everything as soon as it had it (a walk of small files, a compressor
+    /// short of CPU).
+    pub limited_micros: u64,
 }
 
 /// Most bytes of names and values one [`Response::DirXattrs`] carries.
@@ -1074,8 +1085,9 @@ impl Response {
                 b.put_u32(l.idle_permille);
                 b.put_u32(l.process_permille);
                 b.put_slice(&l.boot_id);
-                if let Some(w) = l.send_wait_micros {
-                    b.put_u64(w);
+                if let Some(t) = l.link {
+                    b.put_u64(t.sending_micros);
+                    b.put_u64(t.limited_micros);
                 }
             }
             Response::Attr(a) => a.encode(&mut b),
@@ -1175,11 +1187,14 @@ impl Response {
                 idle_permille: get_u32(&mut b, "load")?,
                 process_permille: get_u32(&mut b, "load")?,
                 boot_id: get_array(&mut b, "boot id")?,
-                // Present exactly when the session has SEND_WAIT (the server sends it then).
-                send_wait_micros: if b.is_empty() {
+                // Present exactly when the session has LINK_LIMITS (the server sends it then).
+                link: if b.is_empty() {
                     None
                 } else {
-                    Some(get_u64(&mut b, "send wait")?)
+                    Some(LinkTime {
+                        sending_micros: get_u64(&mut b, "link time")?,
+                        limited_micros: get_u64(&mut b, "link time")?,
+                    })
                 },
             }),
             K_ATTR => Response::Attr(Attr::decode(&mut b)?),

@@ -158,19 +158,20 @@ fn response() -> impl Strategy<Value = Response> {
             any::<u32>(),
             any::<u32>(),
             any::<[u8; 16]>(),
-            any::<Option<u64>>()
+            any::<Option<(u64, u64)>>()
         )
-            .prop_map(
-                |(cores, idle_permille, process_permille, boot_id, send_wait_micros)| {
-                    Response::Load(ServerLoad {
-                        cores,
-                        idle_permille,
-                        process_permille,
-                        boot_id,
-                        send_wait_micros,
-                    })
-                }
-            ),
+            .prop_map(|(cores, idle_permille, process_permille, boot_id, link)| {
+                Response::Load(ServerLoad {
+                    cores,
+                    idle_permille,
+                    process_permille,
+                    boot_id,
+                    link: link.map(|(sending_micros, limited_micros)| LinkTime {
+                        sending_micros,
+                        limited_micros,
+                    }),
+                })
+            }),
         proptest::collection::vec(
             (
                 bytes16(),

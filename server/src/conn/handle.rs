@@ -272,8 +272,8 @@ pub(crate) async fn handle(
         Request::Ping => Ok(Response::Pong),
         Request::Load => Ok(Response::Load(
             sh.load(
-                (session.features & features::SEND_WAIT != 0)
-                    .then(|| sh.send_waits.total(session.client)),
+                (session.features & features::LINK_LIMITS != 0)
+                    .then(|| sh.link_limits.of(session.client)),
             ),
         )),
         Request::Stat { path } => blocking(move || sh.export.stat(&path))

@@ -72,23 +72,22 @@ pub(crate) fn limit_unsent(tcp: &tokio::net::TcpStream) -> io::Result<()> {
 }
 
 /// Whether the writer is waiting for the socket to take bytes, and since when: a client
-/// that stops reading leaves it waiting. Every wait, once over, is added to its client's
-/// [`SendWaits`] total.
+/// that stops reading leaves it waiting. Also how long it has waited in all.
 #[derive(Debug)]
 pub(crate) struct Blocked {
     start: std::time::Instant,
     /// Microseconds after `start` the current wait began (+1); 0: not waiting.
     since: AtomicU64,
-    /// The client's total of finished waits, microseconds.
-    total: Arc<AtomicU64>,
+    /// Microseconds of the waits that ended.
+    waited: AtomicU64,
 }
 
 impl Blocked {
-    pub(crate) fn new(total: Arc<AtomicU64>) -> Arc<Blocked> {
+    pub(crate) fn new() -> Arc<Blocked> {
         Arc::new(Blocked {
             start: std::time::Instant::now(),
             since: AtomicU64::new(0),
-            total,
+            waited: AtomicU64::new(0),
         })
     }
 
@@ -101,7 +100,7 @@ impl Blocked {
         if !waiting {
             if since != 0 {
                 self.since.store(0, Relaxed);
-                self.total
+                self.waited
                     .fetch_add(self.now().saturating_sub(since), Relaxed);
             }
         } else if since == 0 {
@@ -116,58 +115,101 @@ impl Blocked {
             t => Duration::from_micros(self.now().saturating_sub(t)),
         }
     }
+
+    /// How long the writer has waited for the socket in all, the current wait included.
+    pub(crate) fn waited(&self) -> Duration {
+        Duration::from_micros(self.waited.load(Relaxed)) + self.waiting_for()
+    }
 }
 
-/// Per client (its address and Hello name, as the memory budget counts it): how long the
-/// writers of its connections have waited for their sockets, summed, for Load's
-/// `send_wait_micros` (the `SEND_WAIT` feature). A client's total lives while it has a
-/// connection open.
+/// Per client (its address and Hello name, as the memory budget counts it): how long its
+/// connections were sending and how long the network set their pace, summed, for Load's
+/// `link` (the `LINK_LIMITS` feature). A client's counters live while it has a connection
+/// open.
 #[derive(Debug, Default)]
-pub(crate) struct SendWaits {
-    /// Per client: its total (microseconds) and its open connections.
-    clients: Mutex<HashMap<u64, (Arc<AtomicU64>, usize)>>,
+pub(crate) struct LinkLimits {
+    /// Per client: its counters and its open connections.
+    clients: Mutex<HashMap<u64, (Arc<ClientLink>, usize)>>,
 }
 
-/// One connection's membership of its client's [`SendWaits`] total; leaving with the last
-/// connection forgets the total.
+/// One client's counters, microseconds.
+#[derive(Debug, Default)]
+pub(crate) struct ClientLink {
+    sending: AtomicU64,
+    limited: AtomicU64,
+}
+
+/// One connection's share of its client's [`LinkLimits`]: what it saw at its last look.
+/// Leaving with the last connection forgets the client's counters.
 #[derive(Debug)]
-pub(crate) struct SendWaitMember {
-    waits: Arc<SendWaits>,
+pub(crate) struct LinkMember {
+    registry: Arc<LinkLimits>,
     client: u64,
-    /// The client's total, for the connection's [`Blocked`].
-    pub(crate) total: Arc<AtomicU64>,
+    link: Arc<ClientLink>,
+    /// When it last looked, the writer's waits and TCP's bytes acknowledged then.
+    last: (std::time::Instant, Duration, Option<u64>),
 }
 
-impl SendWaits {
-    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<AtomicU64>, usize)>> {
+impl LinkLimits {
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<ClientLink>, usize)>> {
         self.clients
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A connection of `client` opens.
-    pub(crate) fn join(self: &Arc<Self>, client: u64) -> SendWaitMember {
+    pub(crate) fn join(self: &Arc<Self>, client: u64) -> LinkMember {
         let mut g = self.clients();
         let entry = g.entry(client).or_default();
         entry.1 += 1;
-        SendWaitMember {
-            waits: self.clone(),
+        LinkMember {
+            registry: self.clone(),
             client,
-            total: entry.0.clone(),
+            link: entry.0.clone(),
+            last: (std::time::Instant::now(), Duration::ZERO, None),
         }
     }
 
-    /// `client`'s total of finished waits, microseconds.
-    pub(crate) fn total(&self, client: u64) -> u64 {
+    /// `client`'s counters: microseconds sending, and of those limited by the network.
+    pub(crate) fn of(&self, client: u64) -> ferry_proto::LinkTime {
         self.clients()
             .get(&client)
-            .map_or(0, |(t, _)| t.load(Relaxed))
+            .map_or_else(Default::default, |(l, _)| ferry_proto::LinkTime {
+                sending_micros: l.sending.load(Relaxed),
+                limited_micros: l.limited.load(Relaxed),
+            })
     }
 }
 
-impl Drop for SendWaitMember {
+impl LinkMember {
+    /// Looks at the connection since its last look (every quarter second): it was sending
+    /// if TCP had bytes acknowledged or the writer waited for the socket; the network set
+    /// the pace for all of that time if TCP's latest delivery-rate sample was not
+    /// application-limited, else for as long as the writer waited.
+    pub(crate) fn look(&mut self, blocked: &Blocked, socket: Option<std::os::fd::RawFd>) {
+        let now = std::time::Instant::now();
+        let (then, waited_before, acked_before) = self.last;
+        let elapsed = now.saturating_duration_since(then);
+        let waited = blocked.waited();
+        let tcp = socket.and_then(tcp_info);
+        let acked = tcp.map(|t| t.0);
+        let sent = matches!((acked_before, acked), (Some(a), Some(b)) if b > a);
+        let wait = waited.saturating_sub(waited_before).min(elapsed);
+        self.last = (now, waited, acked);
+        if !sent && wait.is_zero() {
+            return;
+        }
+        let network = tcp.is_some_and(|t| sent && !t.1);
+        let limited = if network { elapsed } else { wait };
+        let us = |d: Duration| d.as_micros() as u64;
+        self.link.sending.fetch_add(us(elapsed), Relaxed);
+        self.link.limited.fetch_add(us(limited), Relaxed);
+    }
+}
+
+impl Drop for LinkMember {
     fn drop(&mut self) {
-        let mut g = self.waits.clients();
+        let mut g = self.registry.clients();
         if let Some(entry) = g.get_mut(&self.client) {
             entry.1 -= 1;
             if entry.1 == 0 {
@@ -175,6 +217,36 @@ impl Drop for SendWaitMember {
             }
         }
     }
+}
+
+/// A TCP socket's bytes acknowledged so far and whether its latest delivery-rate sample
+/// was application-limited (Linux `TCP_INFO`: `tcpi_bytes_acked`, and the
+/// `tcpi_delivery_rate_app_limited` bit); `None` where the kernel does not say (not a TCP
+/// socket, a kernel before 4.9).
+fn tcp_info(fd: std::os::fd::RawFd) -> Option<(u64, bool)> {
+    /// Where the fields sit in `struct tcp_info` (include/uapi/linux/tcp.h): seven `u8`s
+    /// and a byte of bit fields whose lowest bit is `delivery_rate_app_limited`, 24 `u32`s,
+    /// then `pacing_rate`, `max_pacing_rate` and `bytes_acked` (`u64`s).
+    const APP_LIMITED_BYTE: usize = 7;
+    const BYTES_ACKED: usize = 8 + 24 * 4 + 2 * 8;
+    let mut buf = [0u8; 256];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `buf`, which is that long, and
+    // sets `len` to what it wrote; the descriptor belongs to a connection being served.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || (len as usize) < BYTES_ACKED + 8 {
+        return None;
+    }
+    let acked = u64::from_ne_bytes(buf[BYTES_ACKED..BYTES_ACKED + 8].try_into().ok()?);
+    Some((acked, buf[APP_LIMITED_BYTE] & 1 != 0))
 }
 
 /// The socket's write half, noting in [`Blocked`] when it makes the writer wait.
@@ -321,6 +393,38 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
     use tokio::sync::Semaphore;
+
+    #[test]
+    fn tcp_info_reads_the_bytes_acknowledged_of_a_real_socket() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut rx, _) = listener.accept().unwrap();
+        // Linux counts the SYN as one byte acknowledged.
+        let (syn, _) = tcp_info(tx.as_raw_fd()).expect("TCP_INFO of a TCP socket");
+        assert_eq!(syn, 1, "nothing sent yet but the SYN");
+        let sent = vec![7u8; 1 << 20];
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; 1 << 20];
+            rx.read_exact(&mut got).unwrap();
+        });
+        tx.write_all(&sent).unwrap();
+        reader.join().unwrap();
+        // Acknowledgements follow the reads within a round trip on loopback.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let acked = loop {
+            let (acked, _) = tcp_info(tx.as_raw_fd()).unwrap();
+            if acked > 1 << 20 || std::time::Instant::now() > deadline {
+                break acked;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(acked, (1 << 20) + 1, "the field read is tcpi_bytes_acked");
+        // Not a TCP socket: nothing.
+        let file = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(tcp_info(file.as_raw_fd()), None);
+    }
 
     /// A response whose frame is `tag` repeated `len` times, in `class`, holding one permit.
     fn outgoing(class: Class, tag: u8, len: usize, sem: &Arc<Semaphore>) -> Outgoing {

@@ -669,7 +669,7 @@ mod tests {
             Response::Load(l) => {
                 assert!(l.cores >= 1, "{l:?}");
                 assert!(l.idle_permille <= u32::from(l.cores) * 1000 + 50, "{l:?}");
-                assert!(l.send_wait_micros.is_some(), "SEND_WAIT negotiated: {l:?}");
+                assert!(l.link.is_some(), "LINK_LIMITS negotiated: {l:?}");
             }
             r => panic!("{r:?}"),
         }

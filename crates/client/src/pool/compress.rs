@@ -6,7 +6,7 @@ use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferry_proto::{features, payload, Class, Compression, Request, Response};
+use ferry_proto::{features, payload, Class, Compression, LinkTime, Request, Response};
 
 use super::Inner;
 use crate::codec::{Chooser, CompressionChoice, CpuShare, LinkSignal, Sample, Window, CANDIDATES};
@@ -30,39 +30,33 @@ const DUTY: u32 = 50;
 const WINDOW: Duration = Duration::from_millis(250);
 /// How often, within a window, whether requests are outstanding is looked at.
 const TICK: Duration = Duration::from_millis(10);
-/// How long the server's last word on its writers' waits stands for the windows after it
-/// (it is asked once a second).
+/// How long the server's last word on the link stands for the windows after it (it is
+/// asked once a second).
 const SIGNAL_FRESH: Duration = Duration::from_millis(2500);
 
-/// The server's reports of its writers' waits for this client's sockets (Load's
-/// `send_wait_micros`), made into [`LinkSignal`]s.
-#[derive(Debug)]
-struct SendWaitReadings {
-    /// The last total and when it was read (at first: when the pool started, and zero).
-    last: (Instant, u64),
+/// The server's reports of how this client's connections sent (Load's `link`), made into
+/// [`LinkSignal`]s.
+#[derive(Debug, Default)]
+struct LinkReadings {
+    /// The counters at the last reading (at first zero, as the server starts them).
+    last: LinkTime,
     /// What the last two readings said, and when.
     signal: Option<(LinkSignal, Instant)>,
 }
 
-impl SendWaitReadings {
-    fn new(start: Instant) -> SendWaitReadings {
-        SendWaitReadings {
-            last: (start, 0),
-            signal: None,
+impl LinkReadings {
+    /// Takes new counters: of the sending time since the last reading, the share the
+    /// network set the pace. Counters that went down started again (every connection had
+    /// closed), and a reading with no sending says nothing new.
+    fn read(&mut self, at: Instant, now: LinkTime) {
+        let before = self.last;
+        if now.sending_micros > before.sending_micros && now.limited_micros >= before.limited_micros
+        {
+            let share = (now.limited_micros - before.limited_micros) as f64
+                / (now.sending_micros - before.sending_micros) as f64;
+            self.signal = Some((LinkSignal::from_share(share), at));
         }
-    }
-
-    /// Takes a new total of waits, microseconds: the waiting since the last reading over
-    /// the time between them is how many connections waited on average.
-    fn read(&mut self, at: Instant, total: u64) {
-        let (then, before) = self.last;
-        let span = at.saturating_duration_since(then).as_micros() as f64;
-        // A total that went down restarted (every connection had closed): no reading.
-        if total >= before && span > 0.0 {
-            let connections = (total - before) as f64 / span;
-            self.signal = Some((LinkSignal::from_waiting(connections), at));
-        }
-        self.last = (at, total);
+        self.last = now;
     }
 
     /// The signal for a window ending `now`.
@@ -325,7 +319,7 @@ pub(super) async fn run(inner: Weak<Inner>) {
     let mut cpu = ferry_util::cpu::CpuMeter::new();
     // The server's last report, and whether it runs on this machine.
     let server_cpu: Arc<Mutex<Option<(CpuShare, bool)>>> = Arc::new(Mutex::new(None));
-    let send_waits = Arc::new(Mutex::new(SendWaitReadings::new(Instant::now())));
+    let link_readings = Arc::new(Mutex::new(LinkReadings::default()));
     loop {
         ticks.tick().await;
         let Some(inner) = inner.upgrade() else { return };
@@ -338,8 +332,8 @@ pub(super) async fn run(inner: Weak<Inner>) {
         }
         let c = &inner.counters;
         let (w, d) = (c.wire_bytes.load(Relaxed), c.decoded_bytes.load(Relaxed));
-        let reported = inner.session.features & (features::ZSTD | features::SEND_WAIT)
-            == features::ZSTD | features::SEND_WAIT;
+        let reported = inner.session.features & (features::ZSTD | features::LINK_LIMITS)
+            == features::ZSTD | features::LINK_LIMITS;
         let window = Window {
             elapsed: start.elapsed(),
             wire: w - wire,
@@ -347,7 +341,7 @@ pub(super) async fn run(inner: Weak<Inner>) {
             // Requests outstanding at (nearly) every look: the transfer set the pace.
             busy: busy * 10 >= seen * 9,
             link: if reported {
-                lock(&send_waits).signal(Instant::now())
+                lock(&link_readings).signal(Instant::now())
             } else {
                 LinkSignal::Unreported
             },
@@ -374,9 +368,10 @@ pub(super) async fn run(inner: Weak<Inner>) {
                 c.set_cpus(server.map(|s| s.0), here);
                 c.set_same_machine(server.is_some_and(|s| s.1));
                 drop(c);
-                if inner.session.features & features::ZSTD != 0 {
-                    ask_server_load(&inner, server_cpu.clone(), send_waits.clone());
-                }
+            }
+            // Every window: the server's word on the link (its CPUs are taken once a second).
+            if inner.session.features & features::ZSTD != 0 {
+                ask_server_load(&inner, server_cpu.clone(), link_readings.clone());
             }
             let mut c = lock(chooser);
             let next = c.window(window);
@@ -394,11 +389,12 @@ pub(super) async fn run(inner: Weak<Inner>) {
 }
 
 /// Asks the server how busy its CPUs are (on a task of its own: the answer may take a
-/// round trip or more) and keeps what it can give: its process's use plus its idle time.
+/// round trip or more) and keeps what it can give: its process's use plus its idle time;
+/// with `LINK_LIMITS`, also whether the network set this client's pace.
 fn ask_server_load(
     inner: &Arc<Inner>,
     into: Arc<Mutex<Option<(CpuShare, bool)>>>,
-    send_waits: Arc<Mutex<SendWaitReadings>>,
+    link_readings: Arc<Mutex<LinkReadings>>,
 ) {
     let client = super::Client {
         inner: inner.clone(),
@@ -406,8 +402,8 @@ fn ask_server_load(
     };
     tokio::spawn(async move {
         if let Ok(Response::Load(l)) = client.call(Request::Load).await {
-            if let Some(total) = l.send_wait_micros {
-                lock(&send_waits).read(Instant::now(), total);
+            if let Some(link) = l.link {
+                lock(&link_readings).read(Instant::now(), link);
             }
             let idle = f64::from(l.idle_permille) / 1000.0;
             let available = f64::from(l.process_permille) / 1000.0 + idle;
@@ -438,25 +434,31 @@ mod tests {
     }
 
     #[test]
-    fn the_servers_waits_become_a_link_signal() {
+    fn the_servers_link_counters_become_a_signal() {
         let t0 = Instant::now();
-        let s = |secs: f64| t0 + Duration::from_secs_f64(secs);
-        let mut r = SendWaitReadings::new(t0);
-        assert_eq!(r.signal(s(0.5)), LinkSignal::Pending, "nothing read yet");
-        // 1.6 s of waiting over 2 s: 0.8 of a connection waited on average.
-        r.read(s(2.0), 1_600_000);
-        assert_eq!(r.signal(s(2.2)), LinkSignal::Limited);
-        // 0.1 s more over the next second.
-        r.read(s(3.0), 1_700_000);
-        assert_eq!(r.signal(s(3.2)), LinkSignal::NotLimited);
-        // A total that went down (the client's connections all closed) says nothing new.
-        r.read(s(4.0), 5);
-        assert_eq!(r.signal(s(4.1)), LinkSignal::NotLimited);
+        let at = |secs: f64| t0 + Duration::from_secs_f64(secs);
+        let t = |sending_micros, limited_micros| LinkTime {
+            sending_micros,
+            limited_micros,
+        };
+        let mut r = LinkReadings::default();
+        assert_eq!(r.signal(at(0.5)), LinkSignal::Pending, "nothing read yet");
+        // Eight connections sent for a second each, the network setting the pace for 90 %.
+        r.read(at(1.0), t(8_000_000, 7_200_000));
+        assert_eq!(r.signal(at(1.2)), LinkSignal::Limited);
+        // Then for a tenth of it.
+        r.read(at(2.0), t(16_000_000, 8_000_000));
+        assert_eq!(r.signal(at(2.2)), LinkSignal::NotLimited);
+        // No sending since: nothing new.
+        r.read(at(3.0), t(16_000_000, 8_000_000));
+        assert_eq!(r.signal(at(3.1)), LinkSignal::NotLimited);
+        // Counters that went down (all connections had closed) say nothing new either.
+        r.read(at(4.0), t(100, 100));
+        assert_eq!(r.signal(at(4.1)), LinkSignal::NotLimited);
         // And a reading too old stands for nothing.
-        assert_eq!(r.signal(s(9.0)), LinkSignal::Pending);
-        // Several connections each waiting most of the time.
-        r.read(s(5.0), 3_000_005);
-        assert_eq!(r.signal(s(5.1)), LinkSignal::Limited);
+        assert_eq!(r.signal(at(9.0)), LinkSignal::Pending);
+        r.read(at(10.0), t(1_000_100, 800_100));
+        assert_eq!(r.signal(at(10.1)), LinkSignal::Limited);
     }
 
     /// 4 KiB pieces of real text: this crate's own sources, as in a source tree.
