@@ -624,19 +624,13 @@ fn load_says_how_long_a_clients_connections_were_held_back_by_the_network() {
     let (mut asks, mut buf, session) = handshaken_with(&server.addr, features::ALL);
     assert_ne!(session & features::LINK_LIMITS, 0);
     let before = link(&mut asks, &mut buf, 1).expect("negotiated: reported");
-    let (mut stuck, _, _) = handshaken_with(&server.addr, features::ALL);
-    let mut out = bytes::BytesMut::new();
-    for i in 0..16u32 {
-        Request::Read {
-            path: bytes::Bytes::from_static(b"f"),
-            offset: u64::from(i) << 20,
-            len: 1 << 20,
-            compression: Compression::None,
-            class: Class::Demand,
-        }
-        .encode(i + 1, &mut out);
-    }
-    stuck.write_all(&out).unwrap();
+    let mut stuck = pipeline(&server.addr, 16, |i| Request::Read {
+        path: bytes::Bytes::from_static(b"f"),
+        offset: u64::from(i) << 20,
+        len: 1 << 20,
+        compression: Compression::None,
+        class: Class::Demand,
+    });
     std::thread::sleep(Duration::from_millis(1500));
     let mut sink = vec![0u8; 1 << 20];
     let mut got = 0usize;

@@ -872,8 +872,6 @@ mod tests {
             let sim = Sim {
                 link: 12.5e6,
                 table: PAGES,
-                cores: 2,
-                other: f64::INFINITY,
                 reports,
                 ..Sim::default()
             };
@@ -893,8 +891,6 @@ mod tests {
             let sim = Sim {
                 link: 117e6,
                 table: MIXED,
-                cores: 2,
-                other: f64::INFINITY,
                 reports,
                 ..Sim::default()
             };
@@ -918,8 +914,6 @@ mod tests {
             let sim = Sim {
                 link: 2e9,
                 table: RANDOM,
-                cores: 2,
-                other: f64::INFINITY,
                 reports,
                 ..Sim::default()
             };
@@ -935,8 +929,6 @@ mod tests {
             let mut sim = Sim {
                 link: 12.5e6,
                 table: PAGES,
-                cores: 2,
-                other: f64::INFINITY,
                 reports,
                 ..Sim::default()
             };
@@ -965,7 +957,6 @@ mod tests {
             let sim = Sim {
                 link: 117e6,
                 table: PAGES,
-                cores: 2,
                 other: 900e6,
                 reports,
                 ..Sim::default()
@@ -989,8 +980,6 @@ mod tests {
             let sim = Sim {
                 link: 12.5e6,
                 table: PAGES,
-                cores: 2,
-                other: f64::INFINITY,
                 reports,
                 ..Sim::default()
             };
