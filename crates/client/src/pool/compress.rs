@@ -6,7 +6,7 @@ use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferry_proto::{features, payload, Class, Compression, LinkTime, Request, Response};
+use ferry_proto::{features, payload, Compression, LinkTime, Request, Response};
 
 use super::Inner;
 use crate::codec::{Chooser, CompressionChoice, CpuShare, LinkSignal, Sample, Window, CANDIDATES};
@@ -396,12 +396,12 @@ fn ask_server_load(
     into: Arc<Mutex<Option<(CpuShare, bool)>>>,
     link_readings: Arc<Mutex<LinkReadings>>,
 ) {
-    let client = super::Client {
-        inner: inner.clone(),
-        class: Class::Demand,
-    };
+    // Beside the scheduler, as the prober's Pings: asked four times a second, a Load must
+    // not count as a reader's demand.
+    let inner = Arc::downgrade(inner);
     tokio::spawn(async move {
-        if let Ok(Response::Load(l)) = client.call(Request::Load).await {
+        let answer = super::schedule::probe::aside(&inner, Request::Load, false).await;
+        if let Some(Response::Load(l)) = answer.map(|a| a.response) {
             if let Some(link) = l.link {
                 lock(&link_readings).read(Instant::now(), link);
             }

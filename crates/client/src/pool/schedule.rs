@@ -40,7 +40,7 @@
 
 mod cpu;
 mod delay;
-mod probe;
+pub(super) mod probe;
 mod window;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -79,6 +79,23 @@ pub(in crate::pool) async fn run(inner: Weak<Inner>) {
 /// Sends one Ping on the least-loaded stream and feeds its round trip to the controller.
 /// `None` when the pool is gone or no Ping could be sent or answered.
 async fn probe(inner: &Weak<Inner>) -> Option<()> {
+    let rtt = aside(inner, Request::Ping, true).await?.rtt?;
+    inner
+        .upgrade()?
+        .schedule
+        .on_sample(super::Sample::Probe, rtt);
+    Some(())
+}
+
+/// Sends `request` on the least-loaded stream beside the scheduler: it is no reader's
+/// request, so it neither makes readers active nor counts as demand in flight (which would
+/// defer background work), and it takes a request slot only if one is free. `None` when
+/// the pool is gone, no slot is free or no answer came.
+pub(in crate::pool) async fn aside(
+    inner: &Weak<Inner>,
+    request: Request,
+    timed: bool,
+) -> Option<crate::pool::conn::Answer> {
     let conn = {
         let i = inner.upgrade()?;
         let (_, conn) = i.schedule.pick().ok()?;
@@ -88,16 +105,11 @@ async fn probe(inner: &Weak<Inner>) -> Option<()> {
     let (reply, answer) = oneshot::channel();
     conn.tx
         .send(Outgoing {
-            request: Request::Ping,
+            request,
             reply,
-            timed: true,
+            timed,
         })
         .await
         .ok()?;
-    let rtt = answer.await.ok()?.ok()?.rtt?;
-    inner
-        .upgrade()?
-        .schedule
-        .on_sample(super::Sample::Probe, rtt);
-    Some(())
+    answer.await.ok()?.ok()
 }
