@@ -360,8 +360,9 @@ pub struct SchedulerStatus {
     /// measured).
     #[serde(default)]
     pub link_bytes_per_sec: u64,
-    /// With `auto` and a server that says when the link sets the pace: whether it has
-    /// (`false`: `link_bytes_per_sec` is only what the link carried, not its capacity).
+    /// With `auto` and a server that says whether the network set the pace: whether it did
+    /// in the last busy quarter second (`false`: `link_bytes_per_sec` may be only what the
+    /// link carried, not its capacity).
     #[serde(default)]
     pub link_limits: Option<bool>,
 }

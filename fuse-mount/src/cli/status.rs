@@ -169,7 +169,7 @@ fn print_compression(k: &ferry_cache::progress::SchedulerStatus) {
         k.compression_ratio,
         if k.link_limits == Some(false) {
             format!(
-                "; the link carried {}/s on the wire and was never the limit",
+                "; the link carried {}/s on the wire and was not the limit lately",
                 human_bytes(k.link_bytes_per_sec)
             )
         } else if k.link_bytes_per_sec > 0 {

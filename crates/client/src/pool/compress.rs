@@ -31,7 +31,7 @@ const WINDOW: Duration = Duration::from_millis(250);
 /// How often, within a window, whether requests are outstanding is looked at.
 const TICK: Duration = Duration::from_millis(10);
 /// How long the server's last word on the link stands for the windows after it (it is
-/// asked once a second).
+/// asked every window; an answer may be late or missing).
 const SIGNAL_FRESH: Duration = Duration::from_millis(2500);
 
 /// The server's reports of how this client's connections sent (Load's `link`), made into
@@ -97,8 +97,9 @@ pub struct CompressionStatus {
     pub ratio: f64,
     /// With `auto`: the link's estimated capacity, wire bytes per second.
     pub link: Option<f64>,
-    /// With `auto` and a server that says when its writers wait for the sockets: whether
-    /// the link has limited the transfer (`Some(false)`: `link` is only what it carried).
+    /// With `auto` and a server that says whether the network set the pace (`LINK_LIMITS`):
+    /// whether it did in the last busy window (`Some(false)`: `link` may be only what the
+    /// link carried, not its capacity).
     pub link_limits: Option<bool>,
 }
 
