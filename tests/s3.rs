@@ -11,6 +11,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use ferry_tests::s3::Garage;
+
+const MIB: u64 = 1024 * 1024;
 use ferry_tests::{require_fuse, require_s3, run, set_mtime, write_random, TestMount};
 
 /// A tree of real shapes: a real header directory (when the machine has one), a file of
@@ -328,6 +330,56 @@ fn the_mount_s_background_mirror_fills_a_verified_local_copy_of_a_bucket() {
         .as_u64()
         .unwrap();
     assert!(after > before, "no passthrough open: {before} -> {after}");
+}
+
+/// Random reads from a bucket into a local copy take the whole chunks they touch and keep
+/// them (a ranged GET costs the store a block and a request whatever its length): after
+/// two 4 KiB reads far apart (so the mount does not take them for a sequential reader),
+/// chunks 40 and 12 of a 48 MiB file are whole in the local copy, and their neighbours
+/// are not (nothing was read ahead).
+#[test]
+fn random_reads_of_a_bucket_into_a_local_copy_keep_the_whole_chunks_they_touch() {
+    use std::os::fd::AsRawFd;
+    require_fuse!();
+    require_s3!();
+    let g = Garage::start(3);
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("big.bin"), 48 * MIB as usize, 11);
+    g.put_tree(src.path(), "");
+    let source = std::fs::read(src.path().join("big.bin")).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let m = mount_bucket(&g, &["--cache-dir", cache.path().to_str().unwrap()]);
+    let f = std::fs::File::open(m.path().join("big.bin")).unwrap();
+    // SAFETY: a valid descriptor; advice only (the kernel then reads no more than asked).
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    let mut buf = [0u8; 4096];
+    for at in [40 * MIB + 8192, 12 * MIB + 100_000] {
+        f.read_exact_at(&mut buf, at).unwrap();
+        assert_eq!(
+            &buf[..],
+            &source[at as usize..at as usize + 4096],
+            "at {at}"
+        );
+    }
+    let copy = cache.path().join("big.bin");
+    let whole = |i: u64| {
+        let mut b = vec![0u8; MIB as usize];
+        let at = (i * MIB) as usize;
+        std::fs::File::open(&copy)
+            .and_then(|c| c.read_exact_at(&mut b, i * MIB))
+            .is_ok_and(|()| b[..] == source[at..at + MIB as usize])
+    };
+    // The write-back queue stores them in the background.
+    let kept = ferry_tests::wait_for(Duration::from_secs(20), || whole(40) && whole(12));
+    assert!(
+        kept,
+        "chunks 40 and 12 are not whole in the local copy\n{}",
+        m.log_text()
+    );
+    for i in [11, 13, 39, 41] {
+        assert!(!whole(i), "chunk {i} was stored, though no read touched it");
+    }
+    drop(f);
 }
 
 #[test]

@@ -7,7 +7,14 @@
 //!   read-ahead window the prefetcher asks for (stopping when the chunk budget is spent),
 //!   all in flight before the read waits for its first chunk.
 //! - Random: exactly the bytes asked for ([`ferry_client::ChunkStore::read_range`]: the
-//!   local copy if it has them, else the network).
+//!   local copy if it has them, else the network). Except from an S3 store into a local
+//!   copy (`--cache-dir`): there a random read takes the whole chunks it touches through
+//!   the chunk store, like a sequential one without read-ahead, and they go to the local
+//!   copy. A ranged GET costs the store a whole block read and checked (Garage's blocks are
+//!   1 MiB) and a request (which S3 bills) whatever its length, so a 16 KiB GET costs
+//!   nearly what a 1 MiB one does, and later reads of the same chunk are then served from
+//!   memory or the local copy. From ferryd a read costs the server its own bytes, and
+//!   random reads stay exact (a chunk would cost the link 64 times a 16 KiB read).
 //!
 //! Invariants: a read is short only at the end of the file as of the version seen at open;
 //! a chunk is marked consumed (its memory may go first) only once the page cache holds all
@@ -59,7 +66,7 @@ impl Fs {
             st.direct += u64::from(!plan.sequential && !cached);
             st.unaligned += u64::from(!offset.is_multiple_of(cs));
         }
-        if !plan.sequential && !cached {
+        if !plan.sequential && !cached && !self.random_reads_whole_chunks() {
             return match self.read_direct(&h.key, offset, end).await {
                 Err(ClientError::Changed(c)) => {
                     self.changed(&h, c.version, c.data, (end - offset) as usize)
@@ -111,6 +118,12 @@ impl Fs {
             }
         }
         Ok(ferry_client::chunks::concat(parts))
+    }
+
+    /// Whether random reads take the whole chunks they touch (see the module docs): from an
+    /// S3 store, with a local copy to keep them.
+    fn random_reads_whole_chunks(&self) -> bool {
+        self.client.s3().is_some() && self.store.backing().is_some()
     }
 
     /// A random read: exactly the bytes asked for (see
