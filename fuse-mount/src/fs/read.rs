@@ -58,15 +58,16 @@ impl Fs {
         let first = offset / cs;
         let last = (end - 1) / cs;
         let cached = (first..=last).all(|i| self.store.held(&h.key, i));
+        let exact = !plan.sequential && !cached && !self.random_reads_whole_chunks();
         {
             let mut st = lock(&h.stats);
             st.reads += 1;
             st.bytes += end - offset;
             st.sequential += u64::from(plan.sequential);
-            st.direct += u64::from(!plan.sequential && !cached);
+            st.direct += u64::from(exact);
             st.unaligned += u64::from(!offset.is_multiple_of(cs));
         }
-        if !plan.sequential && !cached && !self.random_reads_whole_chunks() {
+        if exact {
             return match self.read_direct(&h.key, offset, end).await {
                 Err(ClientError::Changed(c)) => {
                     self.changed(&h, c.version, c.data, (end - offset) as usize)
