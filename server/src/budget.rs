@@ -19,9 +19,21 @@
 //! connection is closed once it has sat on its bytes for a while with the budget in demand
 //! (`conn.rs`, [`Account::over_share`], [`Account::stalled_holder`]).
 //!
-//! Waiters are served in arrival order, skipping those held back by their own share
-//! (which do not block the others); the first one held back by the budget itself stops the
-//! round, so a large request is not starved by a stream of small ones.
+//! Waiters are served by client in turn (round robin), each client's in arrival order,
+//! skipping those held back by their own share (which do not block the others); the client
+//! whose turn it is and whose request the budget cannot hold yet stops the round and keeps
+//! its turn, so a large request is not starved by a stream of small ones. In turn, not in
+//! arrival order: with the budget full of one group of clients' large reads, a newcomer's
+//! first request used to wait behind every read already queued (each of a new `ferry
+//! mirror`'s first steps took 2-3 s beside 16 mirrors of large files, and the WAN clients
+//! among them got nothing for over 10 s); now it waits for one turn of each client.
+//!
+//! Small requests ([`SMALL`]: Stat, Ping, Load, ReadLink, StatFs, DataMap, IdNames of a few
+//! ids) are not queued behind large reservations at all: they take their bytes from a
+//! reserve of a sixteenth of the budget, at most [`SMALL`] bytes per connection, while their
+//! connection's client is taking its responses; past that they wait like the others. A
+//! client's round trips for metadata, its Pings and its Loads then measure the network and
+//! the server's work, not the queue of other clients' reads.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -35,9 +47,16 @@ pub(crate) struct Budget {
     inner: Mutex<Inner>,
 }
 
+/// Responses of at most this many bytes (their reservation) may take the small requests'
+/// reserve (see the module docs); also the most one connection holds there.
+pub(crate) const SMALL: u64 = 128 << 10;
+
 #[derive(Debug, Default)]
 struct Inner {
+    /// Bytes held, the small requests' reserve included.
     used: u64,
+    /// Of `used`, held in the small requests' reserve.
+    small_used: u64,
     /// Per connection: bytes held and requests waiting.
     accounts: HashMap<u64, Use>,
     /// Per client: its active connections and the bytes they hold.
@@ -45,7 +64,10 @@ struct Inner {
     /// Accounts holding bytes or waiting.
     active: usize,
     next_id: u64,
-    waiters: VecDeque<Waiter>,
+    /// Per client with requests waiting, those requests in arrival order.
+    waiters: HashMap<u64, VecDeque<Waiter>>,
+    /// The clients with requests waiting, the one whose turn it is first.
+    turns: VecDeque<u64>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -58,7 +80,10 @@ struct Client {
 struct Use {
     /// The client the connection belongs to.
     client: u64,
+    /// Bytes held, outside the small requests' reserve.
     held: u64,
+    /// Bytes held in the small requests' reserve.
+    small: u64,
     waiting: usize,
     /// Whether the connection's client is not taking its responses now (its writer waits
     /// for the socket): then it gets nothing more while it holds anything.
@@ -69,6 +94,7 @@ impl std::fmt::Debug for Use {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Use")
             .field("held", &self.held)
+            .field("small", &self.small)
             .field("waiting", &self.waiting)
             .finish()
     }
@@ -99,6 +125,8 @@ pub(crate) struct Account {
 pub(crate) struct Hold {
     account: Arc<Account>,
     bytes: u64,
+    /// Held in the small requests' reserve.
+    small: bool,
 }
 
 impl Budget {
@@ -155,7 +183,20 @@ impl Budget {
     /// is held.
     pub(crate) fn pressed(&self) -> bool {
         let g = self.lock();
-        !g.waiters.is_empty() || g.used.saturating_mul(2) > self.total
+        !g.turns.is_empty() || g.used.saturating_mul(2) > self.total
+    }
+
+    /// Whether `bytes` fit in the small requests' reserve for `account` (see the module
+    /// docs).
+    fn fits_small(&self, g: &Inner, account: u64, bytes: u64) -> bool {
+        let Some(u) = g.accounts.get(&account) else {
+            return false;
+        };
+        let stalled = u.stalled.as_ref().is_some_and(|f| f());
+        bytes <= SMALL
+            && u.small + bytes <= SMALL
+            && g.small_used + bytes <= self.total / 16
+            && !(stalled && u.small + u.held > 0)
     }
 
     /// The fair shares of `account` and of its client: the budget over the active clients
@@ -171,8 +212,14 @@ impl Budget {
     /// Whether `bytes` more fit for `account`: `Err(true)` when its share holds it back,
     /// `Err(false)` when the budget does.
     fn fits(&self, g: &Inner, account: u64, bytes: u64) -> Result<(), bool> {
+        // What it holds in the small requests' reserve counts here too: a connection whose
+        // client is not reading gets nothing more while it holds anything.
         let (held, stalled, client) = g.accounts.get(&account).map_or((0, false, 0), |u| {
-            (u.held, u.stalled.as_ref().is_some_and(|f| f()), u.client)
+            (
+                u.held + u.small,
+                u.stalled.as_ref().is_some_and(|f| f()),
+                u.client,
+            )
         });
         if held > 0 {
             let (mine, clients) = self.shares(g, account);
@@ -212,57 +259,106 @@ impl Budget {
         }
     }
 
-    /// Grants waiters in order while the budget has room (see the module docs).
+    /// Grants waiters, client by client in turn, while the budget has room (see the module
+    /// docs).
     fn dispatch(&self, g: &mut Inner) {
-        let mut i = 0;
-        while i < g.waiters.len() {
-            let (account, bytes) = (g.waiters[i].account, g.waiters[i].bytes);
-            match self.fits(g, account, bytes) {
-                Err(true) => i += 1,
-                Err(false) => break,
-                Ok(()) => {
-                    let w = g.waiters.remove(i).expect("index in range");
-                    Self::change(g, account, |u| u.waiting -= 1);
-                    if w.tx.send(()).is_ok() {
-                        g.used += bytes;
-                        Self::change(g, account, |u| u.held += bytes);
+        // Clients passed over in a row because their shares hold all their requests back.
+        let mut passed = 0;
+        while passed < g.turns.len() {
+            let client = g.turns[0];
+            let Some(queue) = g.waiters.get(&client) else {
+                g.turns.pop_front();
+                continue;
+            };
+            let mut pick = None;
+            for (i, w) in queue.iter().enumerate() {
+                match self.fits(g, w.account, w.bytes) {
+                    Ok(()) => {
+                        pick = Some(i);
+                        break;
                     }
+                    // The budget cannot hold it yet: the round ends, the turn stays.
+                    Err(false) => return,
+                    Err(true) => {}
                 }
+            }
+            let Some(i) = pick else {
+                g.turns.rotate_left(1);
+                passed += 1;
+                continue;
+            };
+            passed = 0;
+            let queue = g.waiters.get_mut(&client).expect("looked up above");
+            let w = queue.remove(i).expect("index in range");
+            if queue.is_empty() {
+                g.waiters.remove(&client);
+                g.turns.pop_front();
+            } else {
+                g.turns.rotate_left(1);
+            }
+            Self::change(g, w.account, |u| u.waiting -= 1);
+            if w.tx.send(()).is_ok() {
+                g.used += w.bytes;
+                Self::change(g, w.account, |u| u.held += w.bytes);
             }
         }
     }
 
-    fn release(&self, account: u64, bytes: u64) {
+    fn release(&self, account: u64, bytes: u64, small: bool) {
         if bytes == 0 {
             return;
         }
         let mut g = self.lock();
         g.used -= bytes;
-        Self::change(&mut g, account, |u| u.held -= bytes);
+        if small {
+            g.small_used -= bytes;
+            if let Some(u) = g.accounts.get_mut(&account) {
+                u.small -= bytes;
+            }
+        } else {
+            Self::change(&mut g, account, |u| u.held -= bytes);
+        }
         self.dispatch(&mut g);
     }
 }
-
 impl Account {
     /// Reserves `bytes` for one response, waiting for room (see the module docs).
     pub(crate) async fn take(self: &Arc<Self>, bytes: u64) -> Hold {
         let b = &self.budget;
         let rx = {
             let mut g = b.lock();
-            if g.waiters.is_empty() && b.fits(&g, self.id, bytes).is_ok() {
+            if b.fits_small(&g, self.id, bytes) {
+                g.used += bytes;
+                g.small_used += bytes;
+                if let Some(u) = g.accounts.get_mut(&self.id) {
+                    u.small += bytes;
+                }
+                return Hold {
+                    account: self.clone(),
+                    bytes,
+                    small: true,
+                };
+            }
+            if g.turns.is_empty() && b.fits(&g, self.id, bytes).is_ok() {
                 g.used += bytes;
                 Budget::change(&mut g, self.id, |u| u.held += bytes);
                 return Hold {
                     account: self.clone(),
                     bytes,
+                    small: false,
                 };
             }
             let (tx, rx) = oneshot::channel();
-            g.waiters.push_back(Waiter {
+            let client = g.accounts.get(&self.id).map_or(0, |u| u.client);
+            let queue = g.waiters.entry(client).or_default();
+            queue.push_back(Waiter {
                 account: self.id,
                 bytes,
                 tx,
             });
+            if queue.len() == 1 {
+                g.turns.push_back(client);
+            }
             Budget::change(&mut g, self.id, |u| u.waiting += 1);
             b.dispatch(&mut g);
             rx
@@ -272,13 +368,14 @@ impl Account {
         Hold {
             account: self.clone(),
             bytes,
+            small: false,
         }
     }
 
-    /// Bytes this connection holds.
+    /// Bytes this connection holds, in the small requests' reserve too.
     pub(crate) fn held(&self) -> u64 {
         let g = self.budget.lock();
-        g.accounts.get(&self.id).map_or(0, |u| u.held)
+        g.accounts.get(&self.id).map_or(0, |u| u.held + u.small)
     }
 
     /// Whether this connection holds more than its fair share now (others turned up since
@@ -287,7 +384,7 @@ impl Account {
         let b = &self.budget;
         let g = b.lock();
         let held = g.accounts.get(&self.id).map_or(0, |u| u.held);
-        let pressed = !g.waiters.is_empty() || g.used.saturating_mul(2) > b.total;
+        let pressed = !g.turns.is_empty() || g.used.saturating_mul(2) > b.total;
         pressed && held > b.shares(&g, self.id).0
     }
 
@@ -305,9 +402,16 @@ impl Drop for Account {
         // Nothing held any more (its holds keep it alive); waiting requests, if any, were
         // dropped with their tasks.
         Budget::change(&mut g, self.id, |u| u.waiting = 0);
-        g.accounts.remove(&self.id);
-        // Its waiters (if any) were dropped with their tasks: skipped by the next round.
-        g.waiters.retain(|w| w.account != self.id);
+        let client = g.accounts.remove(&self.id).map_or(0, |u| u.client);
+        // Its waiters (if any) were dropped with their tasks: forgotten, and its client's
+        // turn with them if they were all it had.
+        if let Some(queue) = g.waiters.get_mut(&client) {
+            queue.retain(|w| w.account != self.id);
+            if queue.is_empty() {
+                g.waiters.remove(&client);
+                g.turns.retain(|c| *c != client);
+            }
+        }
         self.budget.dispatch(&mut g);
     }
 }
@@ -326,12 +430,19 @@ impl Hold {
         if bytes < self.bytes {
             self.account
                 .budget
-                .release(self.account.id, self.bytes - bytes);
+                .release(self.account.id, self.bytes - bytes, self.small);
         } else if bytes > self.bytes {
             let extra = bytes - self.bytes;
             let mut g = self.account.budget.lock();
             g.used += extra;
-            Budget::change(&mut g, self.account.id, |u| u.held += extra);
+            if self.small {
+                g.small_used += extra;
+                if let Some(u) = g.accounts.get_mut(&self.account.id) {
+                    u.small += extra;
+                }
+            } else {
+                Budget::change(&mut g, self.account.id, |u| u.held += extra);
+            }
         }
         self.bytes = bytes;
     }
@@ -339,7 +450,9 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.account.budget.release(self.account.id, self.bytes);
+        self.account
+            .budget
+            .release(self.account.id, self.bytes, self.small);
     }
 }
 
@@ -411,7 +524,7 @@ mod tests {
         drop(c);
         drop(h);
         assert_eq!(b.used(), 0);
-        assert!(b.lock().waiters.is_empty());
+        assert!(b.lock().waiters.is_empty() && b.lock().turns.is_empty());
         assert_eq!(b.lock().active, 0);
     }
 
@@ -477,5 +590,83 @@ mod tests {
         // ...while client 2's one connection may hold up to 400.
         held.push(one.take(250).await);
         assert_eq!(b.used(), 650);
+    }
+
+    #[tokio::test]
+    async fn a_newcomer_is_served_in_its_turn_not_behind_every_queued_request() {
+        const MIB: u64 = 1 << 20;
+        let b = Budget::new(4 * MIB);
+        // Client 1 (a mirror of a large file) fills the budget on two connections, and three
+        // more of its connections wait for room.
+        let c: Vec<_> = (0..5).map(|_| b.account_draining(1, || false)).collect();
+        let mut h1 = Some(c[0].take(2 * MIB).await);
+        let mut h2 = Some(c[1].take(2 * MIB).await);
+        let mut queued: Vec<_> = c[2..].iter().map(|a| Box::pin(a.take(2 * MIB))).collect();
+        for q in &mut queued {
+            assert!(pending(q).await);
+        }
+        // Client 2 turns up with a listing's reservation (too large for the small reserve).
+        let newcomer = b.account_draining(2, || false);
+        let mut listing = Box::pin(newcomer.take(MIB));
+        assert!(pending(&mut listing).await);
+        // The first room goes to client 1, whose turn it was...
+        h1.take();
+        let _g1 = granted(&mut queued[0]).await;
+        assert!(pending(&mut listing).await);
+        // ...the next to client 2, ahead of client 1's other two requests queued before it.
+        h2.take();
+        let _l = granted(&mut listing).await;
+        assert!(pending(&mut queued[1]).await && pending(&mut queued[2]).await);
+    }
+
+    #[tokio::test]
+    async fn small_requests_do_not_wait_behind_large_ones_within_their_reserve() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        const MIB: u64 = 1 << 20;
+        let b = Budget::new(16 * MIB);
+        let big: Vec<_> = (0..9).map(|_| b.account_draining(1, || false)).collect();
+        let mut held = Vec::new();
+        for a in &big[..8] {
+            held.push(a.take(2 * MIB).await);
+        }
+        let mut waiting = Box::pin(big[8].take(2 * MIB));
+        assert!(pending(&mut waiting).await, "the budget is full");
+        // A Stat of another client goes at once: the small reserve is 1 MiB here.
+        let other = b.account_draining(2, || false);
+        let stats: Vec<_> = granted(&mut Box::pin(futures_take_n(&other, 8192, 16))).await;
+        assert_eq!(b.used(), 16 * MIB + 16 * 8192);
+        // Past SMALL bytes on one connection, the next waits like any request.
+        let mut more = Box::pin(other.take(8192));
+        assert!(pending(&mut more).await);
+        // Then it is served in its client's turn, after client 1's waiting request.
+        drop(stats);
+        assert!(pending(&mut more).await);
+        held.truncate(6);
+        let _waiting = granted(&mut waiting).await;
+        let _more = granted(&mut more).await;
+        // A connection whose client is not reading gets nothing from the reserve while it
+        // holds anything.
+        let stalled = Arc::new(AtomicBool::new(false));
+        let s = stalled.clone();
+        let stuck = b.account_draining(3, move || s.load(Ordering::Relaxed));
+        let _first = stuck.take(8192).await;
+        stalled.store(true, Ordering::Relaxed);
+        let mut second = Box::pin(stuck.take(8192));
+        assert!(pending(&mut second).await);
+    }
+
+    /// The output of `f`, which must come at once (a grant owed, not a wait for room).
+    async fn granted<T>(f: &mut (impl std::future::Future<Output = T> + Unpin)) -> T {
+        tokio::time::timeout(Duration::from_secs(5), f)
+            .await
+            .expect("the request was not granted")
+    }
+
+    async fn futures_take_n(a: &Arc<Account>, bytes: u64, n: usize) -> Vec<Hold> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(a.take(bytes).await);
+        }
+        out
     }
 }
