@@ -370,12 +370,25 @@ impl HashCache {
     }
 }
 
+/// How long a connection with a place among the connections waits for a place among the
+/// handshakes before it is refused `Busy`. A burst of connections from one address (many
+/// streams of many clients behind one proxy or NAT) then queues briefly instead of being
+/// refused and coming back with backoff: with 128 streams opening at once from one address,
+/// the last clients' streams opened seconds late, and a handshake takes one round trip. As
+/// many may wait as may handshake (in all and per address); the next are refused at once, so
+/// what silent sockets from one address can hold stays bounded.
+const HANDSHAKE_PLACE_WAIT: Duration = Duration::from_millis(500);
+
 /// Handshakes in progress, in all and per source address.
 #[derive(Debug)]
 pub(crate) struct Handshakes {
     max: usize,
     per_address: usize,
     inner: std::sync::Mutex<(usize, std::collections::HashMap<std::net::IpAddr, usize>)>,
+    /// Connections waiting for a place ([`HANDSHAKE_PLACE_WAIT`]), in all and per address.
+    waiting: std::sync::Mutex<(usize, std::collections::HashMap<std::net::IpAddr, usize>)>,
+    /// Woken whenever a place is given back.
+    freed: tokio::sync::Notify,
 }
 
 /// One handshake's place; given back when it ends (or the connection does).
@@ -391,6 +404,56 @@ impl Handshakes {
             max: max.max(1),
             per_address: per_address.max(1),
             inner: std::sync::Mutex::default(),
+            waiting: std::sync::Mutex::default(),
+            freed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// A place for a handshake from `ip`, waiting up to `within` for one to be given back,
+    /// if there is room to wait (as many as there are places, in all and per address).
+    async fn wait_enter(
+        self: &Arc<Self>,
+        ip: std::net::IpAddr,
+        within: Duration,
+    ) -> Option<InHandshake> {
+        struct Waiting<'a>(&'a Handshakes, std::net::IpAddr);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                let mut g = self.0.waiting.lock().unwrap_or_else(|e| e.into_inner());
+                let (total, by_ip) = &mut *g;
+                *total -= 1;
+                if let Some(n) = by_ip.get_mut(&self.1) {
+                    *n -= 1;
+                    if *n == 0 {
+                        by_ip.remove(&self.1);
+                    }
+                }
+            }
+        }
+        let _waiting = {
+            let mut g = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            let (total, by_ip) = &mut *g;
+            let mine = by_ip.entry(ip).or_default();
+            if *total >= self.max || *mine >= self.per_address {
+                if *mine == 0 {
+                    by_ip.remove(&ip);
+                }
+                return None;
+            }
+            *mine += 1;
+            *total += 1;
+            Waiting(self, ip)
+        };
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            // Registered before looking, so a place given back in between is not missed.
+            freed.as_mut().enable();
+            if let Some(h) = self.enter(ip) {
+                return Some(h);
+            }
+            tokio::time::timeout_at(deadline, freed).await.ok()?;
         }
     }
 
@@ -438,6 +501,8 @@ impl Drop for InHandshake {
                 by_ip.remove(&self.ip);
             }
         }
+        drop(g);
+        self.handshakes.freed.notify_waiters();
     }
 }
 
@@ -489,23 +554,34 @@ pub async fn run(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        // A place among the connections and among the handshakes in progress (also per
-        // address), or a `Busy` refusal at once: silent sockets cannot queue honest
-        // clients out, and a full server says so.
-        let admitted = limit
-            .clone()
-            .try_acquire_owned()
-            .ok()
-            .zip(handshakes.enter(peer.ip()));
-        let Some((permit, handshake)) = admitted else {
+        // A place among the connections, or a `Busy` refusal at once (a full server says
+        // so); then a place among the handshakes in progress (also per address), waited for
+        // briefly ([`HANDSHAKE_PLACE_WAIT`]), else `Busy`: silent sockets cannot queue
+        // honest clients out.
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
             shared.stats.busy_refusals.fetch_add(1, Relaxed);
             tasks.spawn(conn::refuse_busy(stream));
             continue;
         };
         let shared = shared.clone();
+        let handshakes = handshakes.clone();
         let span = tracing::info_span!("conn", %peer);
         tasks.spawn(
             async move {
+                let handshake = match handshakes.enter(peer.ip()) {
+                    Some(h) => h,
+                    None => match handshakes.wait_enter(peer.ip(), HANDSHAKE_PLACE_WAIT).await {
+                        Some(h) => h,
+                        None => {
+                            shared.stats.busy_refusals.fetch_add(1, Relaxed);
+                            // The refusal waits for the preamble: not on a connection's
+                            // place, which silent sockets would then hold.
+                            drop(permit);
+                            conn::refuse_busy(stream).await;
+                            return;
+                        }
+                    },
+                };
                 let st = &shared.stats;
                 st.connections.fetch_add(1, Relaxed);
                 st.connections_open.fetch_add(1, Relaxed);
@@ -568,6 +644,44 @@ mod tests {
             "ferry_server_written_bytes_total{class=\"background\"} 1048576",
         ] {
             assert!(page.lines().any(|l| l == line), "{line} in {page}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_handshake_waits_briefly_for_a_place_from_its_address() {
+        let h = Arc::new(Handshakes::new(64, 2));
+        let ip: std::net::IpAddr = [127, 0, 0, 1].into();
+        let first = h.enter(ip).expect("a place");
+        let _second = h.enter(ip).expect("a place");
+        assert!(h.enter(ip).is_none(), "two per address");
+        // Another address is not held back.
+        let _other = h.enter([127, 0, 0, 2].into()).expect("a place");
+        // A place given back while the third waits goes to it.
+        let waiting = tokio::spawn({
+            let h = h.clone();
+            async move { h.wait_enter(ip, Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(first);
+        let _third = waiting.await.expect("task").expect("the freed place");
+        // None given back: refused once the wait is over.
+        assert!(h.wait_enter(ip, Duration::from_millis(50)).await.is_none());
+        // As many wait as may handshake from one address; the next is refused at once.
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let h = h.clone();
+                tokio::spawn(async move { h.wait_enter(ip, Duration::from_secs(5)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t = tokio::time::Instant::now();
+        assert!(h.wait_enter(ip, Duration::from_secs(5)).await.is_none());
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "refused without waiting"
+        );
+        for w in waiters {
+            w.abort();
         }
     }
 }
