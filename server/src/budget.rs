@@ -321,6 +321,7 @@ impl Budget {
         self.dispatch(&mut g);
     }
 }
+
 impl Account {
     /// Reserves `bytes` for one response, waiting for room (see the module docs).
     pub(crate) async fn take(self: &Arc<Self>, bytes: u64) -> Hold {
@@ -459,6 +460,7 @@ impl Drop for Hold {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
     async fn pending(f: &mut (impl std::future::Future + Unpin)) -> bool {
@@ -530,11 +532,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_whose_client_does_not_read_gets_nothing_more() {
-        use std::sync::atomic::{AtomicBool, Ordering};
         let b = Budget::new(1000);
-        let stalled = Arc::new(AtomicBool::new(false));
-        let s = stalled.clone();
-        let a = b.account_draining(7, move || s.load(Ordering::Relaxed));
+        let (a, stalled) = stallable(&b, 7);
         let first = a.take(100).await;
         stalled.store(true, Ordering::Relaxed);
         let mut more = Box::pin(a.take(100));
@@ -621,7 +620,6 @@ mod tests {
 
     #[tokio::test]
     async fn small_requests_do_not_wait_behind_large_ones_within_their_reserve() {
-        use std::sync::atomic::{AtomicBool, Ordering};
         const MIB: u64 = 1 << 20;
         let b = Budget::new(16 * MIB);
         let big: Vec<_> = (0..9).map(|_| b.account_draining(1, || false)).collect();
@@ -646,13 +644,21 @@ mod tests {
         let _more = granted(&mut more).await;
         // A connection whose client is not reading gets nothing from the reserve while it
         // holds anything.
-        let stalled = Arc::new(AtomicBool::new(false));
-        let s = stalled.clone();
-        let stuck = b.account_draining(3, move || s.load(Ordering::Relaxed));
+        let (stuck, stalled) = stallable(&b, 3);
         let _first = stuck.take(8192).await;
         stalled.store(true, Ordering::Relaxed);
         let mut second = Box::pin(stuck.take(8192));
         assert!(pending(&mut second).await);
+    }
+
+    /// A connection of `client` and the switch saying its client does not read.
+    fn stallable(b: &Arc<Budget>, client: u64) -> (Arc<Account>, Arc<AtomicBool>) {
+        let stalled = Arc::new(AtomicBool::new(false));
+        let s = stalled.clone();
+        (
+            b.account_draining(client, move || s.load(Ordering::Relaxed)),
+            stalled,
+        )
     }
 
     /// The output of `f`, which must come at once (a grant owed, not a wait for room).

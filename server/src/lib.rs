@@ -462,6 +462,11 @@ impl Handshakes {
         let (total, by_ip) = &mut *g;
         let mine = by_ip.entry(ip).or_default();
         if *total >= self.max || *mine >= self.per_address {
+            // No entry left behind for an address refused with none in progress: the map
+            // stays as small as the handshakes are few, whatever addresses knock.
+            if *mine == 0 {
+                by_ip.remove(&ip);
+            }
             return None;
         }
         *mine += 1;
@@ -666,6 +671,11 @@ mod tests {
         let _third = waiting.await.expect("task").expect("the freed place");
         // None given back: refused once the wait is over.
         assert!(h.wait_enter(ip, Duration::from_millis(50)).await.is_none());
+        // Addresses refused for the total limit leave nothing behind.
+        let full = Arc::new(Handshakes::new(1, 1));
+        let _only = full.enter(ip).expect("a place");
+        assert!(full.enter([10, 0, 0, 9].into()).is_none());
+        assert_eq!(full.inner.lock().unwrap().1.len(), 1);
         // As many wait as may handshake from one address; the next is refused at once.
         let waiters: Vec<_> = (0..2)
             .map(|_| {
