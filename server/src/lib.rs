@@ -384,11 +384,51 @@ const HANDSHAKE_PLACE_WAIT: Duration = Duration::from_millis(500);
 pub(crate) struct Handshakes {
     max: usize,
     per_address: usize,
-    inner: std::sync::Mutex<(usize, std::collections::HashMap<std::net::IpAddr, usize>)>,
+    inner: std::sync::Mutex<Counts>,
     /// Connections waiting for a place ([`HANDSHAKE_PLACE_WAIT`]), in all and per address.
-    waiting: std::sync::Mutex<(usize, std::collections::HashMap<std::net::IpAddr, usize>)>,
+    waiting: std::sync::Mutex<Counts>,
     /// Woken whenever a place is given back.
     freed: tokio::sync::Notify,
+}
+
+/// Connections counted in all and per source address, each count bounded.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    total: usize,
+    by_ip: std::collections::HashMap<std::net::IpAddr, usize>,
+}
+
+impl Counts {
+    /// Counts one more from `ip` if neither bound is reached. No entry is left behind for an
+    /// address refused with none counted: the map stays as small as the counts, whatever
+    /// addresses knock.
+    fn take(&mut self, ip: std::net::IpAddr, max: usize, per_address: usize) -> bool {
+        let mine = self.by_ip.entry(ip).or_default();
+        if self.total >= max || *mine >= per_address {
+            if *mine == 0 {
+                self.by_ip.remove(&ip);
+            }
+            return false;
+        }
+        *mine += 1;
+        self.total += 1;
+        true
+    }
+
+    /// Counts one less from `ip`.
+    fn give_back(&mut self, ip: std::net::IpAddr) {
+        self.total -= 1;
+        if let Some(n) = self.by_ip.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_ip.remove(&ip);
+            }
+        }
+    }
+}
+
+fn lock_counts(m: &std::sync::Mutex<Counts>) -> std::sync::MutexGuard<'_, Counts> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One handshake's place; given back when it ends (or the connection does).
@@ -419,31 +459,13 @@ impl Handshakes {
         struct Waiting<'a>(&'a Handshakes, std::net::IpAddr);
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
-                let mut g = self.0.waiting.lock().unwrap_or_else(|e| e.into_inner());
-                let (total, by_ip) = &mut *g;
-                *total -= 1;
-                if let Some(n) = by_ip.get_mut(&self.1) {
-                    *n -= 1;
-                    if *n == 0 {
-                        by_ip.remove(&self.1);
-                    }
-                }
+                lock_counts(&self.0.waiting).give_back(self.1);
             }
         }
-        let _waiting = {
-            let mut g = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-            let (total, by_ip) = &mut *g;
-            let mine = by_ip.entry(ip).or_default();
-            if *total >= self.max || *mine >= self.per_address {
-                if *mine == 0 {
-                    by_ip.remove(&ip);
-                }
-                return None;
-            }
-            *mine += 1;
-            *total += 1;
-            Waiting(self, ip)
-        };
+        if !lock_counts(&self.waiting).take(ip, self.max, self.per_address) {
+            return None;
+        }
+        let _waiting = Waiting(self, ip);
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let freed = self.freed.notified();
@@ -458,19 +480,9 @@ impl Handshakes {
     }
 
     fn enter(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<InHandshake> {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let (total, by_ip) = &mut *g;
-        let mine = by_ip.entry(ip).or_default();
-        if *total >= self.max || *mine >= self.per_address {
-            // No entry left behind for an address refused with none in progress: the map
-            // stays as small as the handshakes are few, whatever addresses knock.
-            if *mine == 0 {
-                by_ip.remove(&ip);
-            }
+        if !lock_counts(&self.inner).take(ip, self.max, self.per_address) {
             return None;
         }
-        *mine += 1;
-        *total += 1;
         Some(InHandshake {
             handshakes: self.clone(),
             ip,
@@ -482,31 +494,13 @@ impl InHandshake {
     /// Whether more than half the handshake places are taken: handshakes then get a
     /// shorter deadline.
     pub(crate) fn under_pressure(&self) -> bool {
-        let g = self
-            .handshakes
-            .inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        g.0 * 2 > self.handshakes.max
+        lock_counts(&self.handshakes.inner).total * 2 > self.handshakes.max
     }
 }
 
 impl Drop for InHandshake {
     fn drop(&mut self) {
-        let mut g = self
-            .handshakes
-            .inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let (total, by_ip) = &mut *g;
-        *total -= 1;
-        if let Some(n) = by_ip.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                by_ip.remove(&self.ip);
-            }
-        }
-        drop(g);
+        lock_counts(&self.handshakes.inner).give_back(self.ip);
         self.handshakes.freed.notify_waiters();
     }
 }
@@ -675,7 +669,7 @@ mod tests {
         let full = Arc::new(Handshakes::new(1, 1));
         let _only = full.enter(ip).expect("a place");
         assert!(full.enter([10, 0, 0, 9].into()).is_none());
-        assert_eq!(full.inner.lock().unwrap().1.len(), 1);
+        assert_eq!(full.inner.lock().unwrap().by_ip.len(), 1);
         // As many wait as may handshake from one address; the next is refused at once.
         let waiters: Vec<_> = (0..2)
             .map(|_| {
