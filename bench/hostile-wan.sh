@@ -22,7 +22,13 @@
 # while the link is full takes a while to get its first responses). Defaults F=16, W=16,
 # K=8, an 8 s warm-up and a 6 s window.
 #
-#   bench/hostile-wan.sh [--fast F] [--wan W] [--stuck K] [--warmup S] [--window S] [--out FILE]
+#   bench/hostile-wan.sh [--fast F] [--wan W] [--stuck K] [--warmup S] [--window S]
+#                        [--file PATH] [--out FILE]
+#
+# --file: the file the clients copy instead of 1 GiB of random bytes (e.g. a real database
+# datafile or binaries). Compressible data is not sent as written: the loopback then carries
+# fewer bytes than the clients write, the network may no longer be the limit, and the fair
+# share above (from bytes written) is only what every client would get if all got the same.
 #
 # Needs root (a network namespace, tc) and toxiproxy (built into bench/out/bin with Go by
 # bench/run.sh --links wan if missing). Nothing is left running.
@@ -32,7 +38,7 @@ cd "$ROOT"
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { echo "hostile-wan.sh: $*" >&2; exit 1; }
 
-fast=16 wan=16 stuck=8 warmup=8 window=6 out=""
+fast=16 wan=16 stuck=8 warmup=8 window=6 file="" out=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --fast) fast=$2; shift 2 ;;
@@ -40,6 +46,7 @@ while [ $# -gt 0 ]; do
         --stuck) stuck=$2; shift 2 ;;
         --warmup) warmup=$2; shift 2 ;;
         --window) window=$2; shift 2 ;;
+        --file) file=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         *) die "unknown argument $1 (see the header of this script)" ;;
     esac
@@ -55,7 +62,12 @@ mkdir -p "$data/h"
 head -c $((64 << 20)) /dev/urandom > "$data/h/honest.bin"
 head -c $((256 << 20)) /dev/urandom > "$data/big"
 mkdir -p "$data/w"
-head -c $((1 << 30)) /dev/urandom > "$data/w/stream.bin"
+if [ -n "$file" ]; then
+    [ -f "$file" ] || die "--file $file: no such file"
+    ln "$file" "$data/w/stream.bin" 2>/dev/null || cp "$file" "$data/w/stream.bin"
+else
+    head -c $((1 << 30)) /dev/urandom > "$data/w/stream.bin"
+fi
 cat "$data/h/honest.bin" "$data/big" "$data/w/stream.bin" > /dev/null
 export FERRY_STATE_DIR=$WORK/state
 FERRYD_ARGS="--max-connections 1024" ns_ferryd "$data"
@@ -156,7 +168,7 @@ for port in 7070 "$wan_port"; do
     cmp -s "$data/h/honest.bin" "$WORK/check/honest.bin" || die "the check copy through port $port differs"
 done
 text=$(
-    echo "ferry $(git rev-parse --short HEAD), $(date -u '+%F %H:%M UTC'), $(nproc) cores; WAN profile (measured round trip ${WAN_RTT_MS} ms); ferryd defaults but --max-connections 1024; ${warmup} s warm-up, ${window} s window"
+    echo "ferry $(git rev-parse --short HEAD), $(date -u '+%F %H:%M UTC'), $(nproc) cores; WAN profile (measured round trip ${WAN_RTT_MS} ms); ferryd defaults but --max-connections 1024; ${warmup} s warm-up, ${window} s window; copying ${file:-1 GiB of random bytes}"
     echo "fast alone:     $(summary < "$WORK/fa"); ended early $(gone < "$WORK/fa"); $(first fa "$fast"); loopback $fa_link MB/s, CPUs idle $fa_idle %"
     echo "WAN alone:      $(summary < "$WORK/wa"); ended early $(gone < "$WORK/wa"); $(first wa "$wan"); loopback $wa_link MB/s, CPUs idle $wa_idle %"
     echo "fast together:  $(summary < "$WORK/ft"); ended early $(gone < "$WORK/ft"); $(first ft "$fast")"
