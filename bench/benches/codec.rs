@@ -40,7 +40,8 @@ fn server_side(c: &mut Criterion) {
                 |b, d| {
                     b.iter(|| {
                         let sum = payload::checksum(d);
-                        let (enc, wire) = payload::encode(d.clone(), with);
+                        let (enc, wire) =
+                            payload::encode(d.clone(), with, payload::Lane::Foreground);
                         let resp = Response::Read(ReadData {
                             version: Version::default(),
                             encoding: enc,
@@ -65,7 +66,7 @@ fn client_side(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(CHUNK as u64));
     for (name, data) in data_sets() {
         for (codec, with) in CODECS {
-            let (enc, wire) = payload::encode(data.clone(), with);
+            let (enc, wire) = payload::encode(data.clone(), with, payload::Lane::Foreground);
             let resp = Response::Read(ReadData {
                 version: Version::default(),
                 encoding: enc,

@@ -37,7 +37,11 @@ fn main() -> std::io::Result<()> {
         }
         let data = Bytes::copy_from_slice(&buf[..n]);
         raw += n as u64;
-        let (enc, wire) = payload::encode(data.clone(), ferry_proto::Compression::Lz4);
+        let (enc, wire) = payload::encode(
+            data.clone(),
+            ferry_proto::Compression::Lz4,
+            payload::Lane::Foreground,
+        );
         ferry += wire.len() as u64;
         let full = lz4_flex::block::compress(&data).len();
         let best = if payload::worth_compressing(n, full) {

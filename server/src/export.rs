@@ -641,7 +641,12 @@ fn small_file(
     let checksum = ferry_proto::payload::checksum(&data);
     let blake3 = *blake3::hash(&data).as_bytes();
     let decoded_len = data.len() as u32;
-    let (encoding, data) = ferry_proto::payload::encode(data, compression);
+    // Background reads (the only uncached ones) compress with the background coders.
+    let lane = match uncached {
+        true => ferry_proto::payload::Lane::Background,
+        false => ferry_proto::payload::Lane::Foreground,
+    };
+    let (encoding, data) = ferry_proto::payload::encode(data, compression, lane);
     Some((
         attr,
         FileData {

@@ -6,6 +6,7 @@
 //! chunk raw when compressing it does not save at least 1/16 of its bytes.
 
 use std::cell::RefCell;
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 
 use bytes::Bytes;
 
@@ -148,16 +149,127 @@ pub fn worth_compressing(raw_len: usize, compressed_len: usize) -> bool {
 }
 
 thread_local! {
-    /// Compression scratch space, one per thread: incompressible chunks then cost no
-    /// allocation at all, and compressible ones only an allocation of their compressed size.
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    /// zstd compression contexts, one per level and thread (making one costs more than
-    /// compressing a small chunk).
-    static ZSTD_CCTX: RefCell<Vec<(i8, zstd::bulk::Compressor<'static>)>> =
-        const { RefCell::new(Vec::new()) };
-    /// A zstd decompression context per thread.
+    /// A zstd decompression context per thread (a few hundred KiB: one-shot decoding into
+    /// the caller's buffer needs no window of its own).
     static ZSTD_DCTX: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         const { RefCell::new(None) };
+}
+
+/// What one compression needs: scratch space for the compressed bytes (incompressible chunks
+/// then cost no allocation at all, compressible ones only one of their compressed size) and
+/// a zstd context (making one costs more than compressing a small chunk).
+struct Coder {
+    scratch: Vec<u8>,
+    /// The context and the level it is set to.
+    zstd: Option<(i8, zstd::bulk::Compressor<'static>)>,
+}
+
+/// The coders of this process, shared by all its threads. Compressing is CPU work, so more
+/// coders than CPUs would compress no faster; what bounds them bounds their memory: a coder
+/// holds up to a chunk's bound of scratch and a context of up to about 3 MiB (level 6 on
+/// 1 MiB chunks; 10 MiB at level 9). One per thread and level, as before, took 27-35
+/// threads of a busy ferryd with every level its clients asked for to over 250 MiB.
+struct Coders {
+    idle: Mutex<Idle>,
+    freed: Condvar,
+}
+
+struct Idle {
+    coders: Vec<Coder>,
+    /// Coders in existence (idle or in use).
+    made: usize,
+}
+
+impl Coders {
+    const fn new() -> Coders {
+        Coders {
+            idle: Mutex::new(Idle {
+                coders: Vec::new(),
+                made: 0,
+            }),
+            freed: Condvar::new(),
+        }
+    }
+}
+
+/// The coders of each [`Lane`].
+static CODERS: [Coders; 2] = [Coders::new(), Coders::new()];
+
+/// Which coders a compression uses. Background work has its own: a thread at low CPU
+/// priority (the mirror's reads in ferryd) then never holds a coder that a reader's request
+/// waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    Foreground,
+    Background,
+}
+
+impl Lane {
+    fn coders(self) -> &'static Coders {
+        &CODERS[self as usize]
+    }
+}
+
+/// At most this many coders exist in each lane: one per CPU, and at least two.
+fn max_coders() -> usize {
+    static MAX: OnceLock<usize> = OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(2, std::num::NonZeroUsize::get)
+            .max(2)
+    })
+}
+
+impl Coders {
+    /// Runs `f` with a coder, waiting for one while all are in use (for at most the time
+    /// one compression takes: a coder is held only by a call of this function, which never
+    /// nests). One already set to `level` is preferred.
+    fn with<T>(&self, level: Option<i8>, f: impl FnOnce(&mut Coder) -> T) -> T {
+        let coder = {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            loop {
+                let same = idle
+                    .coders
+                    .iter()
+                    .rposition(|c| level.is_some() && c.zstd.as_ref().map(|z| z.0) == level);
+                if let Some(at) = same.or(idle.coders.len().checked_sub(1)) {
+                    break idle.coders.swap_remove(at);
+                }
+                if idle.made < max_coders() {
+                    idle.made += 1;
+                    break Coder {
+                        scratch: Vec::new(),
+                        zstd: None,
+                    };
+                }
+                idle = self
+                    .freed
+                    .wait(idle)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        // Given back even if `f` panics (its scratch and context stay valid).
+        let mut back = Back(self, coder);
+        f(&mut back.1)
+    }
+}
+
+/// Gives its coder back to the pool when dropped.
+struct Back<'a>(&'a Coders, Coder);
+
+impl Drop for Back<'_> {
+    fn drop(&mut self) {
+        let coder = std::mem::replace(
+            &mut self.1,
+            Coder {
+                scratch: Vec::new(),
+                zstd: None,
+            },
+        );
+        let mut idle = self.0.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.coders.push(coder);
+        self.0.freed.notify_one();
+    }
 }
 
 /// Size of each sample [`looks_compressible`] compresses.
@@ -168,33 +280,38 @@ const SAMPLE: usize = 8 << 10;
 /// already compressed or encrypted files) then costs almost nothing; data that is only
 /// partly compressible is still compressed whole, and [`worth_compressing`] decides.
 pub fn looks_compressible(raw: &[u8]) -> bool {
-    looks_compressible_with(raw, Compression::Lz4)
+    looks_compressible_with(raw, Compression::Lz4, Lane::Foreground)
 }
 
 /// [`looks_compressible`] with the samples compressed as `with` would (zstd finds savings
 /// where lz4 finds none: skewed byte frequencies without repeats).
-fn looks_compressible_with(raw: &[u8], with: Compression) -> bool {
+fn looks_compressible_with(raw: &[u8], with: Compression, lane: Lane) -> bool {
     if raw.len() < 4 * SAMPLE {
         return true;
     }
     let mid = raw.len() / 2 - SAMPLE / 2;
     [0, mid, raw.len() - SAMPLE].iter().any(|&at| {
-        compress_to_scratch(&raw[at..at + SAMPLE], with, |out| {
+        compress_to_scratch(&raw[at..at + SAMPLE], with, lane.coders(), |out| {
             out.is_some_and(|out| worth_compressing(SAMPLE, out.len()))
         })
     })
 }
 
-/// Compresses `raw` as `with` says into this thread's scratch space and calls `then` with
+/// Compresses `raw` as `with` says into the scratch space of one of `coders` and calls `then` with
 /// the compressed bytes (`None`: they would not be smaller than `raw`, or `with` is
 /// `None`).
 fn compress_to_scratch<T>(
     raw: &[u8],
     with: Compression,
+    coders: &Coders,
     then: impl FnOnce(Option<&[u8]>) -> T,
 ) -> T {
-    SCRATCH.with(|scratch| {
-        let mut out = scratch.borrow_mut();
+    let level = match with {
+        Compression::Zstd(level) => Some(level),
+        _ => None,
+    };
+    coders.with(level, |coder| {
+        let out = &mut coder.scratch;
         let n = match with {
             Compression::None => None,
             Compression::Lz4 => {
@@ -211,47 +328,55 @@ fn compress_to_scratch<T>(
                 if out.len() < need {
                     out.resize(need, 0);
                 }
-                zstd_compress(raw, level, &mut out[..need])
+                zstd_compress(&mut coder.zstd, raw, level, &mut out[..need])
             }
         };
         then(n.filter(|&n| n < raw.len()).map(|n| &out[..n]))
     })
 }
 
-/// Compresses `raw` at `level` into `out` with this thread's context for that level:
-/// the compressed length, or `None` when it does not fit in `out`.
-fn zstd_compress(raw: &[u8], level: i8, out: &mut [u8]) -> Option<usize> {
-    ZSTD_CCTX.with(|cctx| {
-        let mut all = cctx.borrow_mut();
-        let at = match all.iter().position(|(l, _)| *l == level) {
-            Some(at) => at,
-            None => {
-                let c = zstd::bulk::Compressor::new(i32::from(level)).ok()?;
-                all.push((level, c));
-                all.len() - 1
+/// Compresses `raw` at `level` into `out` with the coder's context `zstd` (made, or set to
+/// `level`, as needed): the compressed length, or `None` when it does not fit in `out`.
+fn zstd_compress(
+    zstd: &mut Option<(i8, zstd::bulk::Compressor<'static>)>,
+    raw: &[u8],
+    level: i8,
+    out: &mut [u8],
+) -> Option<usize> {
+    match zstd {
+        Some((at, c)) if *at != level => {
+            if c.set_compression_level(i32::from(level)).is_err() {
+                *zstd = None;
+                return None;
             }
-        };
-        all[at].1.compress_to_buffer(raw, out).ok()
-    })
+            *at = level;
+        }
+        Some(_) => {}
+        None => *zstd = Some((level, zstd::bulk::Compressor::new(i32::from(level)).ok()?)),
+    }
+    let (_, c) = zstd.as_mut()?;
+    c.compress_to_buffer(raw, out).ok()
 }
 
 /// Compresses `raw` as `with` says (no check whether it is worth it): for measuring codecs
 /// on samples ([`encode`] is what senders use).
 pub fn compress(raw: &[u8], with: Compression) -> Option<Bytes> {
-    compress_to_scratch(raw, with, |out| out.map(Bytes::copy_from_slice))
+    compress_to_scratch(raw, with, Lane::Foreground.coders(), |out| {
+        out.map(Bytes::copy_from_slice)
+    })
 }
 
 /// Encodes `raw` for the wire as `with` asks when that shrinks it meaningfully, else raw.
-/// Returns the encoding and the bytes to send.
-pub fn encode(raw: Bytes, with: Compression) -> (Encoding, Bytes) {
-    if with == Compression::None || raw.len() < 512 || !looks_compressible_with(&raw, with) {
+/// Returns the encoding and the bytes to send. `lane`: whose coders compress it.
+pub fn encode(raw: Bytes, with: Compression, lane: Lane) -> (Encoding, Bytes) {
+    if with == Compression::None || raw.len() < 512 || !looks_compressible_with(&raw, with, lane) {
         return (Encoding::Raw, raw);
     }
     let encoding = match with {
         Compression::Zstd(_) => Encoding::Zstd,
         _ => Encoding::Lz4,
     };
-    compress_to_scratch(&raw, with, |out| match out {
+    compress_to_scratch(&raw, with, lane.coders(), |out| match out {
         Some(out) if worth_compressing(raw.len(), out.len()) => {
             (encoding, Bytes::copy_from_slice(out))
         }
@@ -320,12 +445,105 @@ pub fn decode(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// 1 MiB that compresses about 3:1 at zstd -1: bytes of a small alphabet, skewed.
+    fn skewed(len: usize) -> Bytes {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                b"aaaabbbcd  \n0123"[(x % 16) as usize]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn threads_at_every_level_share_at_most_one_coder_per_cpu() {
+        let coders = Coders::new();
+        let raw = skewed(256 << 10);
+        let sum = checksum(&raw);
+        let all: Vec<Compression> = (-7..=6)
+            .map(Compression::Zstd)
+            .chain([Compression::Lz4])
+            .collect();
+        std::thread::scope(|s| {
+            for t in 0..24 {
+                let (raw, all, coders) = (&raw, &all, &coders);
+                s.spawn(move || {
+                    for i in 0..all.len() {
+                        let with = all[(i + t) % all.len()];
+                        let encoding = match with {
+                            Compression::Lz4 => Encoding::Lz4,
+                            _ => Encoding::Zstd,
+                        };
+                        let wire = compress_to_scratch(raw, with, coders, |out| {
+                            Bytes::copy_from_slice(out.expect("it compresses"))
+                        });
+                        let back = decode(encoding, raw.len() as u32, sum, wire);
+                        assert_eq!(back.as_ref(), Ok(raw), "{with}");
+                    }
+                });
+            }
+        });
+        // 24 threads and 15 codecs: one context per thread and level would be 24 x 14.
+        let idle = coders.idle.lock().unwrap();
+        assert!(idle.made <= max_coders(), "{} coders", idle.made);
+        assert_eq!(idle.coders.len(), idle.made);
+    }
+
+    #[test]
+    fn a_foreground_compression_never_waits_for_a_background_coder() {
+        let raw = skewed(64 << 10);
+        let (held_tx, held) = std::sync::mpsc::channel();
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let wait = Mutex::new(wait);
+        std::thread::scope(|s| {
+            for _ in 0..max_coders() {
+                let (held_tx, wait) = (held_tx.clone(), &wait);
+                s.spawn(move || {
+                    Lane::Background.coders().with(Some(1), |_| {
+                        held_tx.send(()).unwrap();
+                        // Like a low-priority thread that does not get the CPU.
+                        let _ = wait.lock().unwrap().recv();
+                    })
+                });
+            }
+            for _ in 0..max_coders() {
+                held.recv_timeout(Duration::from_secs(10))
+                    .expect("a background coder was taken");
+            }
+            let (done, got) = std::sync::mpsc::channel();
+            let raw = raw.clone();
+            s.spawn(move || done.send(encode(raw, Compression::Zstd(1), Lane::Foreground)));
+            let got = got.recv_timeout(Duration::from_secs(10));
+            drop(release);
+            let (encoding, _) = got.expect("the foreground compression waited");
+            assert_eq!(encoding, Encoding::Zstd);
+        });
+    }
+
+    #[test]
+    fn a_coder_comes_back_when_its_user_panics() {
+        let coders = Coders::new();
+        for _ in 0..3 {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                coders.with(None, |_| panic!("the user of the coder failed"))
+            }));
+            assert!(r.is_err());
+            let idle = coders.idle.lock().unwrap();
+            assert_eq!((idle.made, idle.coders.len()), (1, 1));
+        }
+    }
 
     #[test]
     fn compressible_goes_lz4_and_back() {
         let raw = Bytes::from(vec![7u8; 100_000]);
-        let (enc, wire) = encode(raw.clone(), Compression::Lz4);
+        let (enc, wire) = encode(raw.clone(), Compression::Lz4, Lane::Foreground);
         assert_eq!(enc, Encoding::Lz4);
         assert!(wire.len() < 1000);
         let back = decode(enc, raw.len() as u32, checksum(&raw), wire).unwrap();
@@ -343,7 +561,7 @@ mod tests {
                 x as u8
             })
             .collect();
-        let (enc, _) = encode(Bytes::from(raw), Compression::Lz4);
+        let (enc, _) = encode(Bytes::from(raw), Compression::Lz4, Lane::Foreground);
         assert_eq!(enc, Encoding::Raw);
     }
 
@@ -354,7 +572,7 @@ mod tests {
             .collect::<Vec<_>>()
             .into();
         for level in [ZSTD_MIN_LEVEL, -1, 1, 3, 9, ZSTD_MAX_LEVEL] {
-            let (enc, wire) = encode(raw.clone(), Compression::Zstd(level));
+            let (enc, wire) = encode(raw.clone(), Compression::Zstd(level), Lane::Foreground);
             assert_eq!(enc, Encoding::Zstd, "level {level}");
             // The fast levels skip much of the matching; the others find the period.
             let most = if level >= 1 {

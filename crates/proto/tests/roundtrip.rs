@@ -421,7 +421,7 @@ proptest! {
     ) {
         // Values 0..4 scaled by `spread`: from very compressible to barely.
         let raw = Bytes::from(data.iter().map(|b| b.wrapping_mul(spread)).collect::<Vec<_>>());
-        let (enc, wire) = payload::encode(raw.clone(), with);
+        let (enc, wire) = payload::encode(raw.clone(), with, payload::Lane::Foreground);
         match with {
             Compression::None => prop_assert_eq!(enc, Encoding::Raw),
             Compression::Lz4 => prop_assert_ne!(enc, Encoding::Zstd),
@@ -442,7 +442,7 @@ proptest! {
         flip in 1u8..=255,
     ) {
         let raw = Bytes::from(data);
-        let (enc, wire) = payload::encode(raw.clone(), with);
+        let (enc, wire) = payload::encode(raw.clone(), with, payload::Lane::Foreground);
         prop_assert_ne!(enc, Encoding::Raw);
         let mut bad = wire.to_vec();
         bad[at.index(wire.len())] ^= flip;

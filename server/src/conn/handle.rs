@@ -364,7 +364,11 @@ pub(crate) async fn handle(
                 // verify its copy without asking again.
                 let file_hash = (read_hash && offset == 0 && data.len() as u64 == attr.size)
                     .then(|| *blake3::hash(&data).as_bytes());
-                let (encoding, data) = payload::encode(data, compression);
+                let lane = match class {
+                    Class::Background => payload::Lane::Background,
+                    _ => payload::Lane::Foreground,
+                };
+                let (encoding, data) = payload::encode(data, compression, lane);
                 Ok(ReadData {
                     version: attr.version(),
                     encoding,
