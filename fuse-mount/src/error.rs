@@ -74,8 +74,7 @@ impl ToErrno for ClientError {
             | ClientError::Tls { .. }
             | ClientError::Handshake { .. }
             | ClientError::HandshakeIo { .. }
-            | ClientError::NoRandom { .. }
-            | ClientError::MixedServers { .. } => libc::EIO,
+            | ClientError::NoRandom { .. } => libc::EIO,
             // The server broke the protocol or sent corrupt bytes (each refetched before
             // this): EIO rather than anything that could pass for the file's contents.
             ClientError::Protocol(_)

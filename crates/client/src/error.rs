@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferry_proto::name::NameError;
 use ferry_proto::preamble::PreambleError;
-use ferry_proto::{DecodeError, HandshakeError, PayloadError, Status, Version, Welcome};
+use ferry_proto::{DecodeError, HandshakeError, PayloadError, Status, Version};
 
 use crate::tls::TlsError;
 
@@ -81,17 +81,6 @@ pub enum ClientError {
         /// Address.
         addr: String,
     },
-    /// The pool's streams reached different server processes or settings (a load balancer
-    /// in front of several ferryd would break chunk consistency).
-    #[error("handshake with {addr} failed: streams reached different server instances or settings ({first:?} vs {other:?})")]
-    MixedServers {
-        /// Address.
-        addr: String,
-        /// The first stream's session.
-        first: Box<Welcome>,
-        /// A stream that differs.
-        other: Box<Welcome>,
-    },
     /// The server sent something that breaks the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -158,8 +147,7 @@ impl ClientError {
             | ClientError::Tls { .. }
             | ClientError::Handshake { .. }
             | ClientError::HandshakeIo { .. }
-            | ClientError::NoRandom { .. }
-            | ClientError::MixedServers { .. } => false,
+            | ClientError::NoRandom { .. } => false,
             // The server broke the protocol: asking again gets the same answer.
             ClientError::Protocol(_) | ClientError::Decode(_) | ClientError::BadEntryName(_) => {
                 false

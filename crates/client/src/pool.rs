@@ -219,11 +219,14 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Opens `config.streams` connections (concurrently) and completes their handshakes.
+    /// Opens `config.streams` connections (concurrently) and returns once the first has
+    /// completed its handshake; the others join the pool as they complete theirs (one that
+    /// fails, or reaches another server process or settings, is opened again with backoff,
+    /// as after a lost connection).
     ///
     /// # Errors
-    /// Any stream fails to connect or handshake within `connect_timeout`; the streams reach
-    /// different server processes or settings ([`ClientError::MixedServers`]).
+    /// No stream connects and completes its handshake within `connect_timeout`: the first
+    /// failure.
     pub async fn connect(mut config: ClientConfig) -> Result<Client, ClientError> {
         if let Some(s3) = config.s3.clone() {
             return Client::connect_s3(config, s3).await;
@@ -240,33 +243,42 @@ impl Client {
             nanos
         );
         let n = config.streams.max(1);
-        let attempts = (0..n).map(|_| {
-            let cfg = config.clone();
-            async move {
-                tokio::time::timeout(cfg.connect_timeout, open_stream(&cfg))
+        // Every stream is opened at once; the pool starts on the first one open and the
+        // others join as they open ([`join_late_streams`]). Beside a link others fill, each
+        // leg of a handshake waits in the link's queue, and a copy need not wait for the
+        // slowest of them.
+        let (opened_tx, mut opened_rx) = mpsc::unbounded_channel();
+        for _ in 0..n {
+            let (cfg, tx) = (config.clone(), opened_tx.clone());
+            tokio::spawn(async move {
+                let r = tokio::time::timeout(cfg.connect_timeout, open_stream(&cfg))
                     .await
-                    .map_err(|_| ClientError::Timeout(cfg.connect_timeout))?
-            }
-        });
-        let mut opened = Vec::with_capacity(n);
-        for r in futures_join_all(attempts).await {
-            opened.push(r?);
-        }
-        // All streams must reach the same server process with the same parameters (a
-        // load balancer in front of several ferryd would break chunk consistency).
-        let first = &opened[0].welcome;
-        if let Some(other) = opened.iter().map(|o| &o.welcome).find(|w| {
-            w.instance_id != first.instance_id
-                || w.chunk_size != first.chunk_size
-                || w.features != first.features
-                || w.zstd_max_level != first.zstd_max_level
-        }) {
-            return Err(ClientError::MixedServers {
-                addr: config.addr.clone(),
-                first: Box::new(first.clone()),
-                other: Box::new(other.clone()),
+                    .map_err(|_| ClientError::Timeout(cfg.connect_timeout))
+                    .and_then(|r| r);
+                let _ = tx.send(r);
             });
         }
+        drop(opened_tx);
+        let mut failed = 0;
+        let mut first_error = None;
+        let opened = loop {
+            match opened_rx.recv().await {
+                Some(Ok(o)) => break o,
+                Some(Err(e)) => {
+                    failed += 1;
+                    first_error.get_or_insert(e);
+                }
+                // Every stream failed: the first failure says why.
+                None => return Err(first_error.unwrap_or(ClientError::ConnectionLost)),
+            }
+        };
+        if let Some(e) = first_error {
+            tracing::debug!(
+                "a stream to {} did not open: {e}; trying again",
+                config.addr
+            );
+        }
+        let first = &opened.welcome;
         let session = SessionInfo {
             chunk_size: first.chunk_size,
             features: first.features,
@@ -278,11 +290,14 @@ impl Client {
         let config_auto = config.compression == CompressionChoice::Auto;
         let (dead_tx, dead_rx) = mpsc::unbounded_channel();
         let chunk = session.chunk_size.max(4096) as usize;
-        let conns = opened
-            .into_iter()
-            .enumerate()
-            .map(|(i, o)| start_conn(o, i, dead_tx.clone(), &config, counters.clone()))
-            .collect();
+        let mut conns = vec![start_conn(
+            opened,
+            0,
+            dead_tx.clone(),
+            &config,
+            counters.clone(),
+        )];
+        conns.extend((1..n).map(|_| conn::not_open()));
         let inner = Arc::new(Inner {
             codec: compress::Codec::new(
                 config.compression,
@@ -298,6 +313,15 @@ impl Client {
             dead: dead_tx,
             s3: None,
         });
+        // Streams that failed to open are the supervisor's to open; the others join.
+        for slot in n - failed..n {
+            let _ = inner.dead.send(slot);
+        }
+        tokio::spawn(join_late_streams(
+            Arc::downgrade(&inner),
+            opened_rx,
+            1..n - failed,
+        ));
         tokio::spawn(reconnect::supervise(Arc::downgrade(&inner), dead_rx));
         tokio::spawn(schedule::run_probes(Arc::downgrade(&inner)));
         if config_auto {
@@ -626,6 +650,36 @@ where
         }
     }
     out
+}
+
+/// Takes the streams [`Client::connect`] opened after the first into `slots` as they open
+/// (`opened` yields each attempt's result). One that fails to open, or reaches another
+/// server, is left to the supervisor, which keeps trying with backoff.
+async fn join_late_streams(
+    inner: std::sync::Weak<Inner>,
+    mut opened: mpsc::UnboundedReceiver<Result<handshake::Opened, ClientError>>,
+    mut slots: std::ops::Range<usize>,
+) {
+    while let Some(r) = opened.recv().await {
+        let (Some(inner), Some(slot)) = (inner.upgrade(), slots.next()) else {
+            return;
+        };
+        let why = match r {
+            Ok(o) => match inner.adopt(slot, o) {
+                Ok(()) => {
+                    inner.changed.notify_waiters();
+                    continue;
+                }
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        tracing::debug!(
+            "stream {slot} to {} did not open: {why}; trying again",
+            inner.config.addr
+        );
+        let _ = inner.dead.send(slot);
+    }
 }
 
 /// Requests sent on `inner`'s streams and not yet answered.

@@ -362,3 +362,97 @@ async fn listings_whose_request_ids_were_garbled_into_each_other_are_refetched_n
     }
     assert!(client.counters().checksum_failures.load(Ordering::Relaxed) >= 2);
 }
+
+/// What [`gate_proxy`] does with every connection but the first until it is released.
+#[derive(Clone, Copy)]
+enum Gate {
+    /// Accepts it and relays nothing (as a handshake stuck in the queue of a full link).
+    Hold,
+    /// Closes it at once.
+    Close,
+}
+
+/// Relays `upstream` on a fresh loopback port: the first connection at once, the others as
+/// `gate` says until `open` turns true, then all of them.
+async fn gate_proxy(
+    upstream: std::net::SocketAddr,
+    gate: Gate,
+    open: tokio::sync::watch::Receiver<bool>,
+) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut first = true;
+        loop {
+            let Ok((mut down, _)) = listener.accept().await else {
+                return;
+            };
+            let gated = !std::mem::take(&mut first) && !*open.borrow();
+            let mut open = open.clone();
+            tokio::spawn(async move {
+                if gated {
+                    match gate {
+                        Gate::Hold => {
+                            let _ = open.wait_for(|o| *o).await;
+                        }
+                        Gate::Close => return,
+                    }
+                }
+                let mut up = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A client of 4 streams through [`gate_proxy`]: it must be usable on its first stream
+/// alone, and have all 4 once the gate opens.
+async fn starts_on_first_stream(gate: Gate) {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..(2 << 20))
+        .map(|i: usize| (i * 13 + i / 777) as u8)
+        .collect();
+    std::fs::write(dir.path().join("f"), &data).unwrap();
+    let (server, _stop) = server::serve(dir.path()).await;
+    let (open, gate_rx) = tokio::sync::watch::channel(false);
+    let addr = gate_proxy(server.parse().unwrap(), gate, gate_rx).await;
+    let connect = Client::connect(ClientConfig {
+        addr,
+        streams: 4,
+        connect_timeout: Duration::from_secs(60),
+        ..Default::default()
+    });
+    let client = tokio::time::timeout(Duration::from_secs(10), connect)
+        .await
+        .expect("connect waited for streams that could not open yet")
+        .unwrap();
+    assert_eq!(client.live_streams(), 1);
+    let (got, _) = client
+        .read(Bytes::from_static(b"f"), 0, 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(&got[..], &data[..1 << 20]);
+
+    open.send(true).unwrap();
+    let t = Instant::now();
+    while client.live_streams() < 4 && t.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(client.live_streams(), 4, "the other streams joined");
+    let (got, _) = client
+        .read(Bytes::from_static(b"f"), 1 << 20, 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(&got[..], &data[1 << 20..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_starts_on_its_first_stream_and_the_slow_ones_join_as_they_open() {
+    starts_on_first_stream(Gate::Hold).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_fail_to_open_at_first_are_opened_later() {
+    starts_on_first_stream(Gate::Close).await;
+}

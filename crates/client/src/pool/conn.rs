@@ -88,6 +88,18 @@ fn now_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
+/// The connection of a slot whose stream is not open yet (never picked: it is not alive).
+pub(super) fn not_open() -> Conn {
+    let (tx, _) = mpsc::channel(1);
+    Conn {
+        tx,
+        inflight: Arc::new(Semaphore::new(1)),
+        alive: Arc::new(AtomicBool::new(false)),
+        kill: Arc::new(Notify::new()),
+        instance_id: [0; 16],
+    }
+}
+
 /// Starts the tasks of a freshly opened connection for slot number `slot`; `dead` is told
 /// `slot` when the connection ends.
 pub(super) fn start_conn(

@@ -22,7 +22,7 @@ use super::Inner;
 
 /// Why a new connection was not adopted.
 #[derive(Debug, thiserror::Error)]
-enum AdoptError {
+pub(super) enum AdoptError {
     /// The server's session parameters changed.
     #[error("the server now runs with other settings (chunk size {chunk_size}, features {features:#x}; this mount has {mount_chunk_size} and {mount_features:#x}): remount")]
     Settings {
@@ -123,7 +123,7 @@ async fn reconnect(inner: Weak<Inner>, slot: usize) {
 
 impl Inner {
     /// Takes a newly opened connection into `slot`, if it reaches a server the pool can use.
-    fn adopt(&self, slot: usize, opened: Opened) -> Result<(), AdoptError> {
+    pub(super) fn adopt(&self, slot: usize, opened: Opened) -> Result<(), AdoptError> {
         let w = &opened.welcome;
         if w.chunk_size != self.session.chunk_size || w.features != self.session.features {
             return Err(AdoptError::Settings {
