@@ -30,6 +30,11 @@
 # fewer bytes than the clients write, the network may no longer be the limit, and the fair
 # share above (from bytes written) is only what every client would get if all got the same.
 #
+# FERRYD_BIN=PATH and FERRY_BIN=PATH: another ferryd or ferry binary (e.g. an older build, for
+# a comparison; a ferryd binary must be named ferryd). EXTRA_FERRYD_ARGS: more ferryd options.
+# Also reported: the namespace's SYN retransmits and retransmission timeouts during the mix
+# (a handshake packet dropped by the full queue waits a second or more for its retransmit).
+#
 # Needs root (a network namespace, tc) and toxiproxy (built into bench/out/bin with Go by
 # bench/run.sh --links wan if missing). Nothing is left running.
 set -euo pipefail
@@ -70,7 +75,7 @@ else
 fi
 cat "$data/h/honest.bin" "$data/big" "$data/w/stream.bin" > /dev/null
 export FERRY_STATE_DIR=$WORK/state
-FERRYD_ARGS="--max-connections 1024" ns_ferryd "$data"
+FERRYD_ARGS="--max-connections 1024 ${EXTRA_FERRYD_ARGS:-}" ns_ferryd "$data"
 set_link wan
 wan_port=$P_FERRY
 
@@ -81,7 +86,7 @@ start() {
     : > "$WORK/$tag.pids"
     for i in $(seq "$n"); do
         rm -rf "${WORK:?}/$tag$i"
-        nsenter --net="/var/run/netns/$NS" "$ROOT/target/release/ferry" mirror "127.0.0.1:$port:/w" \
+        nsenter --net="/var/run/netns/$NS" "${FERRY_BIN:-$ROOT/target/release/ferry}" mirror "127.0.0.1:$port:/w" \
             "$WORK/$tag$i" -q --streams 4 2>"$WORK/logs/$tag$i.log" &
         echo $! >> "$WORK/pids"
         echo $! >> "$WORK/$tag.pids"
@@ -138,6 +143,8 @@ first() {
 }
 sum() { grep -v gone | awk '{ s += $1 } END { printf "%.2f", s }'; }
 worst() { grep -v gone | sort -g | head -1; }
+# tcp_losses: the namespace's SYN retransmits and retransmission timeouts so far.
+tcp_losses() { ip netns exec "$NS" nstat -asz TcpExtTCPSynRetrans TcpExtTCPTimeouts | awk '/^TcpExt/ { printf "%s ", $2 }'; }
 pct() { awk -v x="$1" -v y="$2" 'BEGIN { printf "%.0f", 100 * x / y }'; }
 
 log "alone: $fast fast clients"
@@ -153,11 +160,13 @@ read -r wa_link wa_idle < "$WORK/link"
 log "together: $fast fast, $wan WAN and $stuck stuck clients"
 bg_ns python3 "$ROOT/bench/hostile_client.py" 127.0.0.1:7070 big stuck "$stuck" 0 $((256 << 20))
 sleep 3
+tcp0=$(tcp_losses)
 started=$(date +%s.%N)
 start 7070 "$fast" ft
 start "$wan_port" "$wan" wt
 measure ft wt
 read -r t_link t_idle < "$WORK/link"
+tcp1=$(tcp_losses)
 fair=$(awk -v f="$(sum < "$WORK/ft")" -v w="$(sum < "$WORK/wt")" -v nf="$fast" -v nw="$wan" \
     'BEGIN { printf "%.2f", (f + 2 * w) / (nf + 2 * nw) }')
 log "checking one complete copy through each path"
@@ -168,11 +177,12 @@ for port in 7070 "$wan_port"; do
     cmp -s "$data/h/honest.bin" "$WORK/check/honest.bin" || die "the check copy through port $port differs"
 done
 text=$(
-    echo "ferry $(git rev-parse --short HEAD), $(date -u '+%F %H:%M UTC'), $(nproc) cores; WAN profile (measured round trip ${WAN_RTT_MS} ms); ferryd defaults but --max-connections 1024; ${warmup} s warm-up, ${window} s window; copying ${file:-1 GiB of random bytes}"
+    echo "ferry $(git rev-parse --short HEAD), $(date -u '+%F %H:%M UTC'), $(nproc) cores; WAN profile (measured round trip ${WAN_RTT_MS} ms); ferryd defaults but --max-connections 1024 ${EXTRA_FERRYD_ARGS:-}; ${warmup} s warm-up, ${window} s window; copying ${file:-1 GiB of random bytes}"
     echo "fast alone:     $(summary < "$WORK/fa"); ended early $(gone < "$WORK/fa"); $(first fa "$fast"); loopback $fa_link MB/s, CPUs idle $fa_idle %"
     echo "WAN alone:      $(summary < "$WORK/wa"); ended early $(gone < "$WORK/wa"); $(first wa "$wan"); loopback $wa_link MB/s, CPUs idle $wa_idle %"
     echo "fast together:  $(summary < "$WORK/ft"); ended early $(gone < "$WORK/ft"); $(first ft "$fast")"
     echo "WAN together:   $(summary < "$WORK/wt"); ended early $(gone < "$WORK/wt"); $(first wt "$wan"); loopback $t_link MB/s, CPUs idle $t_idle %"
+    echo "$tcp0 $tcp1" | awk '{ printf "TCP in the namespace from the start of the mix to the end of its window: %d SYN retransmits, %d retransmission timeouts\n", $3 - $1, $4 - $2 }'
     echo "fair share $fair MB/s each; slowest fast client $(pct "$(worst < "$WORK/ft")" "$fair") % of it, slowest WAN client $(pct "$(worst < "$WORK/wt")" "$fair") %"
     echo "ferryd peak RSS $(awk '/VmHWM/ { printf "%d", $2 / 1024 }' "/proc/$ferryd_pid/status") MiB; stuck connections closed $(grep -c 'stopped reading its responses' "$WORK/logs/ferryd.log" || true) of $stuck; check copies identical"
 )
