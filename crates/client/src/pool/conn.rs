@@ -135,6 +135,7 @@ pub(super) fn start_conn(
         welcome.max_frame,
         leftover,
         pending.clone(),
+        alive.clone(),
         last_rx.clone(),
         kill.clone(),
     );
@@ -349,6 +350,7 @@ async fn read_loop(
     max_frame: u32,
     mut buf: BytesMut,
     pending: Arc<Mutex<Pending>>,
+    alive: Arc<AtomicBool>,
     last_rx: Arc<AtomicU64>,
     kill: Arc<Notify>,
 ) {
@@ -373,6 +375,11 @@ async fn read_loop(
             .unwrap_or_else(|e| e.into_inner())
             .waiting
             .remove(&id);
+        if bad {
+            // The stream ends here: marked dead before the caller hears of the garbled
+            // response, so its retry goes to another stream (or waits for one), not this.
+            close(&pending, &alive);
+        }
         match reply {
             Some((reply, sent)) => {
                 let rtt = sent.map(|t| complete.saturating_duration_since(t));
