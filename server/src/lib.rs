@@ -151,7 +151,15 @@ impl Shared {
     /// How busy the CPUs were since the last time anyone asked (at least 50 ms; within
     /// that, the last reading again), and with `link` how the client's connections sent
     /// ([`conn::writer::LinkLimits`]).
-    pub(crate) fn load(&self, link: Option<ferry_proto::LinkTime>) -> ferry_proto::ServerLoad {
+    ///
+    /// The process's CPU time is reported as `share` of it: the part spent for the asking
+    /// client (its share of the work done for all clients), which is what the server can
+    /// give that client's compression besides its idle time.
+    pub(crate) fn load(
+        &self,
+        link: Option<ferry_proto::LinkTime>,
+        share: f64,
+    ) -> ferry_proto::ServerLoad {
         let mut g = self
             .cpu
             .lock()
@@ -166,7 +174,7 @@ impl Shared {
             Some(l) => ferry_proto::ServerLoad {
                 cores: u16::try_from(l.cores).unwrap_or(u16::MAX),
                 idle_permille: permille(l.idle),
-                process_permille: permille(l.process),
+                process_permille: permille(l.process * share),
                 boot_id: ferry_util::cpu::boot_id().unwrap_or_default(),
                 link,
             },

@@ -104,6 +104,17 @@ async fn fair_turn(
     Some(sh.reads.turn(session.client, session.conn, bytes).await)
 }
 
+/// Runs `f` and counts the CPU time it takes as work done for `client` (Load reports each
+/// client its share of the process's CPU).
+fn counted<T>(limits: &crate::conn::writer::LinkLimits, client: u64, f: impl FnOnce() -> T) -> T {
+    let t0 = ferry_util::priority::thread_cpu_time();
+    let out = f();
+    if let (Some(a), Some(b)) = (t0, ferry_util::priority::thread_cpu_time()) {
+        limits.add_work(client, b.saturating_sub(a));
+    }
+    out
+}
+
 /// Like [`blocking`], on [`BACKGROUND_POOL`] for background work.
 async fn blocking_as<T: Send + 'static>(
     class: Class,
@@ -274,6 +285,7 @@ pub(crate) async fn handle(
             sh.load(
                 (session.features & features::LINK_LIMITS != 0)
                     .then(|| sh.link_limits.of(session.client)),
+                sh.link_limits.work_share(session.client),
             ),
         )),
         Request::Stat { path } => blocking(move || sh.export.stat(&path))
@@ -340,9 +352,14 @@ pub(crate) async fn handle(
                 uncached: class == Class::Background,
             };
             let _turn = fair_turn(&sh, session, class, max_bytes as u64).await;
-            blocking_as(class, move || sh.export.read_dir_data(&path, cookie, page))
-                .await
-                .map(Response::DirData)
+            let client = session.client;
+            blocking_as(class, move || {
+                counted(&sh.link_limits, client, || {
+                    sh.export.read_dir_data(&path, cookie, page)
+                })
+            })
+            .await
+            .map(Response::DirData)
         }
         Request::Read {
             path,
@@ -354,28 +371,32 @@ pub(crate) async fn handle(
             let compression = effective(session, &sh.config, compression);
             let read_hash = session.features & features::READ_HASH != 0;
             let _turn = fair_turn(&sh, session, class, u64::from(len)).await;
+            let client = session.client;
             blocking_as(class, move || {
-                let (file, attr) = sh.export.open_file(&path)?;
-                let uncached = class == Class::Background;
-                let (data, attr) = export::read_at(&file, attr, offset, len as usize, uncached)?;
-                let decoded_len = data.len() as u32;
-                let checksum = payload::checksum(&data);
-                // The whole file in one read: its BLAKE3 comes along, so the client can
-                // verify its copy without asking again.
-                let file_hash = (read_hash && offset == 0 && data.len() as u64 == attr.size)
-                    .then(|| *blake3::hash(&data).as_bytes());
-                let lane = match class {
-                    Class::Background => payload::Lane::Background,
-                    _ => payload::Lane::Foreground,
-                };
-                let (encoding, data) = payload::encode(data, compression, lane);
-                Ok(ReadData {
-                    version: attr.version(),
-                    encoding,
-                    decoded_len,
-                    checksum,
-                    file_hash,
-                    data,
+                counted(&sh.link_limits, client, || {
+                    let (file, attr) = sh.export.open_file(&path)?;
+                    let uncached = class == Class::Background;
+                    let (data, attr) =
+                        export::read_at(&file, attr, offset, len as usize, uncached)?;
+                    let decoded_len = data.len() as u32;
+                    let checksum = payload::checksum(&data);
+                    // The whole file in one read: its BLAKE3 comes along, so the client can
+                    // verify its copy without asking again.
+                    let file_hash = (read_hash && offset == 0 && data.len() as u64 == attr.size)
+                        .then(|| *blake3::hash(&data).as_bytes());
+                    let lane = match class {
+                        Class::Background => payload::Lane::Background,
+                        _ => payload::Lane::Foreground,
+                    };
+                    let (encoding, data) = payload::encode(data, compression, lane);
+                    Ok(ReadData {
+                        version: attr.version(),
+                        encoding,
+                        decoded_len,
+                        checksum,
+                        file_hash,
+                        data,
+                    })
                 })
             })
             .await

@@ -124,19 +124,28 @@ impl Blocked {
 
 /// Per client (its address and Hello name, as the memory budget counts it): how long its
 /// connections were sending and how long the network set their pace, summed, for Load's
-/// `link` (the `LINK_LIMITS` feature). A client's counters live while it has a connection
-/// open.
+/// `link` (the `LINK_LIMITS` feature), and the CPU time of the work done for it, for Load's
+/// `process_permille` (its share of the process). A client's counters live while it has a
+/// connection open.
 #[derive(Debug, Default)]
 pub(crate) struct LinkLimits {
     /// Per client: its counters and its open connections.
     clients: Mutex<HashMap<u64, (Arc<ClientLink>, usize)>>,
+    /// CPU time of the work done for all clients, nanoseconds.
+    work: AtomicU64,
 }
 
-/// One client's counters, microseconds.
+/// One client's counters.
 #[derive(Debug, Default)]
 pub(crate) struct ClientLink {
+    /// Microseconds.
     sending: AtomicU64,
     limited: AtomicU64,
+    /// CPU time of the work done for it (reading files, checksums, compressing),
+    /// nanoseconds.
+    work: AtomicU64,
+    /// Its `work` and everyone's at its last [`LinkLimits::work_share`].
+    seen: Mutex<(u64, u64)>,
 }
 
 /// One connection's share of its client's [`LinkLimits`]: what it saw at its last look.
@@ -160,13 +169,50 @@ impl LinkLimits {
     /// A connection of `client` opens.
     pub(crate) fn join(self: &Arc<Self>, client: u64) -> LinkMember {
         let mut g = self.clients();
-        let entry = g.entry(client).or_default();
+        let entry = g.entry(client).or_insert_with(|| {
+            // Its share counts from now: the work done for others before it came is not
+            // set against it.
+            let link = ClientLink {
+                seen: Mutex::new((0, self.work.load(Relaxed))),
+                ..ClientLink::default()
+            };
+            (Arc::new(link), 0)
+        });
         entry.1 += 1;
         LinkMember {
             registry: self.clone(),
             client,
             link: entry.0.clone(),
             last: (std::time::Instant::now(), Duration::ZERO, None),
+        }
+    }
+
+    /// Counts `cpu` of work done for `client`.
+    pub(crate) fn add_work(&self, client: u64, cpu: Duration) {
+        let ns = u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX);
+        self.work.fetch_add(ns, Relaxed);
+        if let Some((l, _)) = self.clients().get(&client) {
+            l.work.fetch_add(ns, Relaxed);
+        }
+    }
+
+    /// The share of the server's work that was done for `client` since its last call (or
+    /// since it came): 0 to 1; 1 when none was done for anyone.
+    pub(crate) fn work_share(&self, client: u64) -> f64 {
+        let Some(l) = self.clients().get(&client).map(|(l, _)| l.clone()) else {
+            return 1.0;
+        };
+        let now = (l.work.load(Relaxed), self.work.load(Relaxed));
+        let mut seen = l
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mine, all) = (now.0.saturating_sub(seen.0), now.1.saturating_sub(seen.1));
+        *seen = now;
+        if all == 0 {
+            1.0
+        } else {
+            (mine as f64 / all as f64).clamp(0.0, 1.0)
         }
     }
 
@@ -393,6 +439,34 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
     use tokio::sync::Semaphore;
+
+    #[test]
+    fn each_client_is_told_its_share_of_the_work_done_since_it_last_asked() {
+        let limits = Arc::new(LinkLimits::default());
+        let ms = Duration::from_millis;
+        let (a, b) = (limits.join(1), limits.join(2));
+        // Nothing done for anyone yet: the whole process is everyone's to use.
+        assert_eq!(limits.work_share(1), 1.0);
+        limits.add_work(1, ms(30));
+        limits.add_work(2, ms(10));
+        assert_eq!(limits.work_share(1), 0.75);
+        assert_eq!(limits.work_share(2), 0.25);
+        // Since they last asked, only client 2 was served.
+        limits.add_work(2, ms(20));
+        assert_eq!(limits.work_share(1), 0.0);
+        assert_eq!(limits.work_share(2), 1.0);
+        // A newcomer's share counts from its arrival: 1 of the 4 ms done since.
+        limits.add_work(1, ms(50));
+        let c = limits.join(3);
+        limits.add_work(3, ms(1));
+        limits.add_work(1, ms(3));
+        assert_eq!(limits.work_share(3), 0.25);
+        // A client that has gone is forgotten (its later asks count as none known).
+        drop(c);
+        assert_eq!(limits.work_share(3), 1.0);
+        drop((a, b));
+        assert!(limits.clients().is_empty());
+    }
 
     #[test]
     fn tcp_info_reads_the_bytes_acknowledged_of_a_real_socket() {
