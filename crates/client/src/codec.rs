@@ -25,7 +25,8 @@
 //! Each candidate's prediction is `min(link × ratio, CPU bound) × efficiency`, the CPU bound
 //! being cores over CPU time per byte (codec plus the rest) at each end, or the pool over
 //! both ends' time per byte on one machine; the efficiency is delivered over predicted while
-//! the codec was in use (the lower of its nearest used neighbours' before). The highest
+//! the codec was in use (the lower of its nearest used neighbours' before), from windows
+//! whose bytes nearly all answered requests that asked for it ([`Window::fresh`]). The highest
 //! wins, a dearer codec must gain 8 %, a tie (3 %) goes to the cheaper one, and a change must
 //! win two windows running. While a machine at either end has no idle CPU, the next cheaper
 //! codec is tried for half a second soon after the start and then every ten seconds (a step
@@ -204,6 +205,12 @@ pub struct Window {
     pub wire: u64,
     /// The same bytes decoded.
     pub decoded: u64,
+    /// Of `decoded`, the bytes answering requests that asked for the codec in use. Requests
+    /// wait at the server (for its budget, for their turn, behind other clients), so after
+    /// a change the answers to requests sent before it keep coming for a while: seconds,
+    /// with many clients. A window says what the codec in use delivers only once nearly all
+    /// its bytes are its own.
+    pub fresh: u64,
     /// Whether requests were outstanding all along: the transfer, not the reader, set the
     /// pace (only such windows say what a codec and the link can do).
     pub busy: bool,
@@ -576,7 +583,10 @@ impl Chooser {
             return self.current();
         }
         let wire_rate = w.wire as f64 / secs;
-        let settled = self.held > SETTLE;
+        // Settled: in use for more than SETTLE windows, and nearly all the window's bytes
+        // were asked for with it.
+        let settled =
+            self.held > SETTLE && w.fresh.saturating_mul(10) >= w.decoded.saturating_mul(9);
         if w.busy {
             match w.link {
                 // The link carried at least this; a slower link shows as a lower rate when
@@ -735,6 +745,10 @@ mod tests {
         reports: bool,
         /// Whether the machines have no idle CPU whatever the codec (other work on them).
         busy_cpus: bool,
+        /// Windows between asking with a codec and its answers arriving (requests waiting
+        /// at a server busy with other clients): each window delivers what the codec in
+        /// use that many windows before delivers.
+        lag: usize,
     }
 
     impl Default for Sim {
@@ -747,6 +761,7 @@ mod tests {
                 walk: f64::INFINITY,
                 reports: true,
                 busy_cpus: false,
+                lag: 0,
             }
         }
     }
@@ -787,6 +802,8 @@ mod tests {
 
         /// Runs the chooser for `windows` half-second windows; returns its choice.
         fn run(&self, c: &mut Chooser, windows: usize) -> Compression {
+            // The codec in use in each window so far.
+            let mut used: Vec<usize> = Vec::new();
             for _ in 0..windows {
                 for (i, &(ratio, enc, dec)) in self.table.iter().enumerate() {
                     let raw = 65536usize;
@@ -798,7 +815,10 @@ mod tests {
                         decode: Duration::from_secs_f64(raw as f64 / (dec * 1e6)),
                     });
                 }
-                let i = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
+                let now = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
+                used.push(now);
+                // The codec whose answers arrive in this window.
+                let i = used[used.len().saturating_sub(1 + self.lag)];
                 // Machines without idle time while the CPUs are the limit.
                 let idle = if self.busy_cpus
                     || self.cpu_bound(i) < (self.link * self.table[i].0).min(self.walk)
@@ -836,6 +856,7 @@ mod tests {
                     elapsed: Duration::from_millis(500),
                     wire: (decoded / ratio) as u64,
                     decoded: decoded as u64,
+                    fresh: if i == now { decoded as u64 } else { 0 },
                     busy: true,
                     link: match (self.reports, self.link_limits(i)) {
                         (false, _) => LinkSignal::Unreported,
@@ -894,6 +915,34 @@ mod tests {
             // At least twice what lz4 delivers there.
             let i = CANDIDATES.iter().position(|&x| x == got).unwrap();
             assert!(sim.delivered(i) >= 2.0 * sim.delivered(1));
+        }
+    }
+
+    #[test]
+    fn answers_that_lag_the_requests_by_seconds_are_not_taken_for_the_new_codec() {
+        // Many clients on one server: a request waits seconds for its answer, so after a
+        // change the windows show what the codec before delivered. Random bytes (raw), then
+        // database pages over a slow link (zstd).
+        for lag in [0, 4, 8] {
+            let random = Sim {
+                link: 12.5e6,
+                table: RANDOM,
+                lag,
+                ..Sim::default()
+            };
+            let pages = Sim {
+                table: PAGES,
+                ..random
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            let first = random.run(&mut c, 40);
+            assert!(random.share_of_best(first) >= 0.9, "lag {lag}: {first}");
+            let got = pages.run(&mut c, 120);
+            assert!(
+                matches!(got, Compression::Zstd(_)) && pages.share_of_best(got) >= 0.9,
+                "lag {lag}: {got}; {}",
+                c.explain()
+            );
         }
     }
 
@@ -1057,6 +1106,7 @@ mod tests {
                 elapsed: Duration::from_millis(500),
                 wire: 1000,
                 decoded: 1000,
+                fresh: 1000,
                 busy: false,
                 link: LinkSignal::Unreported,
             });
@@ -1070,6 +1120,7 @@ mod tests {
                 elapsed: Duration::from_millis(250),
                 wire: 1000,
                 decoded: 1000,
+                fresh: 1000,
                 busy: false,
                 link: LinkSignal::NotLimited,
             });

@@ -330,13 +330,14 @@ impl Client {
         let bound = features & features::BOUND != 0;
         let mut failures = 0;
         'page: loop {
+            let asked = self.inner.codec.current();
             let page = match self
                 .call(Request::ReadDirData {
                     path: path.clone(),
                     cookie,
                     max_entries,
                     max_file,
-                    compression: self.inner.codec.current(),
+                    compression: asked,
                     class,
                 })
                 .await?
@@ -348,7 +349,7 @@ impl Client {
             for e in page.entries {
                 ferry_proto::name::validate_name(&e.entry.name)
                     .map_err(ClientError::BadEntryName)?;
-                let data = match e.data.map(|d| self.small_file(&e.entry, d)) {
+                let data = match e.data.map(|d| self.small_file(&e.entry, d, asked)) {
                     None => None,
                     Some(Ok(data)) => data,
                     Some(Err(err)) => {
@@ -388,8 +389,14 @@ impl Client {
 
     /// Decodes and verifies the contents of `entry` from a [`Response::DirData`] page:
     /// `None` when they are not the whole file its attributes describe (the file is then
-    /// read as usual), an error when they fail to decode or verify.
-    fn small_file(&self, entry: &DirEntry, d: FileData) -> Result<Option<SmallFile>, PayloadError> {
+    /// read as usual), an error when they fail to decode or verify. `asked`: the compression
+    /// the page was asked for with.
+    fn small_file(
+        &self,
+        entry: &DirEntry,
+        d: FileData,
+        asked: ferry_proto::Compression,
+    ) -> Result<Option<SmallFile>, PayloadError> {
         if entry.attr.kind != FileKind::File || u64::from(d.decoded_len) != entry.attr.size {
             return Ok(None);
         }
@@ -399,6 +406,7 @@ impl Client {
         c.wire_bytes.fetch_add(wire, Ordering::Relaxed);
         c.decoded_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.inner.codec.delivered(asked, data.len() as u64);
         c.reads.fetch_add(1, Ordering::Relaxed);
         self.inner
             .schedule
@@ -542,12 +550,13 @@ impl Client {
         } else {
             Class::Demand
         };
+        let asked = self.inner.codec.current();
         let r = match self
             .call(Request::Read {
                 path,
                 offset,
                 len,
-                compression: self.inner.codec.current(),
+                compression: asked,
                 class,
             })
             .await?
@@ -566,6 +575,7 @@ impl Client {
             .fetch_add(r.data.len() as u64, Ordering::Relaxed);
         c.decoded_bytes
             .fetch_add(u64::from(r.decoded_len), Ordering::Relaxed);
+        self.inner.codec.delivered(asked, u64::from(r.decoded_len));
         c.reads.fetch_add(1, Ordering::Relaxed);
         self.inner
             .schedule

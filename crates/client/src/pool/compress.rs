@@ -75,6 +75,9 @@ pub(super) struct Codec {
     current: AtomicU32,
     /// Decoded over wire bytes in the last window (a quarter second) with traffic (f64 bits).
     ratio: AtomicU64,
+    /// Decoded bytes of responses to requests that asked for the compression in use when
+    /// they arrived ([`Codec::delivered`]).
+    fresh: AtomicU64,
     /// With `auto`: the decisions (shared with the sampler thread).
     chooser: Option<Arc<Mutex<Chooser>>>,
     /// Set by the sampler when it is ready for a new slice.
@@ -134,6 +137,7 @@ impl Codec {
             choice,
             current: AtomicU32::new(0),
             ratio: AtomicU64::new(1f64.to_bits()),
+            fresh: AtomicU64::new(0),
             chooser: None,
             wants_sample: Arc::new(AtomicBool::new(false)),
             batch: Mutex::new((Vec::new(), 0)),
@@ -178,6 +182,14 @@ impl Codec {
     /// The compression a request asks for now.
     pub(super) fn current(&self) -> Compression {
         from_bits(self.current.load(Relaxed))
+    }
+
+    /// Counts `decoded` bytes of a response to a request that asked for `asked`: with
+    /// `auto`, those asked with the codec in use show what it delivers.
+    pub(super) fn delivered(&self, asked: Compression, decoded: u64) {
+        if self.chooser.is_some() && asked == self.current() {
+            self.fresh.fetch_add(decoded, Relaxed);
+        }
     }
 
     /// Offers a payload just received (decoded) to the sampler when it is ready for one: a
@@ -313,7 +325,7 @@ fn sample_items(i: usize, items: &[Bytes], sums: &[u64]) -> Option<Sample> {
 pub(super) async fn run(inner: Weak<Inner>) {
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut wire, mut decoded) = (0u64, 0u64);
+    let (mut wire, mut decoded, mut fresh) = (0u64, 0u64, 0u64);
     let mut start = Instant::now();
     let (mut seen, mut busy) = (0u32, 0u32);
     let mut windows = 0u64;
@@ -333,12 +345,14 @@ pub(super) async fn run(inner: Weak<Inner>) {
         }
         let c = &inner.counters;
         let (w, d) = (c.wire_bytes.load(Relaxed), c.decoded_bytes.load(Relaxed));
+        let f = inner.codec.fresh.load(Relaxed);
         let reported = inner.session.features & (features::ZSTD | features::LINK_LIMITS)
             == features::ZSTD | features::LINK_LIMITS;
         let window = Window {
             elapsed: start.elapsed(),
             wire: w - wire,
             decoded: d - decoded,
+            fresh: f - fresh,
             // Requests outstanding at (nearly) every look: the transfer set the pace.
             busy: busy * 10 >= seen * 9,
             link: if reported {
@@ -347,7 +361,7 @@ pub(super) async fn run(inner: Weak<Inner>) {
                 LinkSignal::Unreported
             },
         };
-        (wire, decoded, start, seen, busy) = (w, d, Instant::now(), 0, 0);
+        (wire, decoded, fresh, start, seen, busy) = (w, d, f, Instant::now(), 0, 0);
         let codec = &inner.codec;
         if window.wire > 0 {
             codec.ratio.store(
