@@ -129,6 +129,11 @@ measure() {
             '{ if ($2 == "gone" || $4 == "gone") print "gone"; else printf "%.2f\n", ($4 - $2) / (z - a) / 1e6 }' > "$WORK/$tag"
         while read -r pid; do kill "$pid" 2>/dev/null || true; done < "$WORK/$tag.pids"
     done
+    sleep 0.5
+    # The copies are not needed (compressible data can fill tens of GB over a long warm-up).
+    for tag in "$@"; do
+        for i in $(seq "$(wc -l < "$WORK/$tag.pids")"); do rm -rf "${WORK:?}/$tag$i"; done
+    done
     echo "$q0 $q1 $i0 $i1 $t0 $t1" | awk '{ printf "%.0f %.0f\n", ($2 - $1) / ($8 - $7) / 1e6, 100 * ($5 - $3) / ($6 - $4) }' > "$WORK/link"
     sleep 1
 }
