@@ -32,7 +32,8 @@
 //! codec is tried for half a second soon after the start and then every ten seconds (a step
 //! down that holds is followed by the next soon): when the CPU, not the link, limits a codec,
 //! the link looks as slow as that codec sends, and only a cheaper codec shows what it really
-//! carries. An unused codec's efficiency drifts back to the average, so codecs judged in
+//! carries (not while answers lag requests by over a second: [`MAX_PROBE_LAG`]). An unused
+//! codec's efficiency drifts back to the average, so codecs judged in
 //! other conditions get tried again.
 
 use std::str::FromStr;
@@ -120,6 +121,11 @@ const NOT_LIMITED_WINDOWS: u32 = 1;
 /// Windows a codec must have been in use before its delivery counts for it (requests sent
 /// before the change are still coming in).
 const SETTLE: u32 = 1;
+/// No cheaper codec is tried (probed) while a change takes longer than this many windows to
+/// show in the answers: a probe of half a second cannot be judged then, and meanwhile the
+/// requests it asked for keep arriving for seconds (32 clients on one ferryd: raw answers
+/// filled its queues and the link for ten seconds after each probe of raw).
+const MAX_PROBE_LAG: u32 = 4;
 /// After this many windows on one codec, the next cheaper one is tried for a moment: a
 /// codec whose CPU is the limit sends less than the link could carry, and only a cheaper
 /// codec shows how much more the link takes.
@@ -273,6 +279,13 @@ pub struct Chooser {
     /// A different codec that won the last window: it must win the next one too (a
     /// quarter second of data is noisy).
     pending: Option<usize>,
+    /// Whether a window has counted for the codec in use since it was chosen.
+    judged: bool,
+    /// Windows with traffic since the codec in use was chosen.
+    traffic: u32,
+    /// Windows with traffic the last change took until one counted for the new codec (its
+    /// answers had arrived): how long answers lag requests.
+    lag: Option<u32>,
 }
 
 impl Chooser {
@@ -316,6 +329,9 @@ impl Chooser {
             probed: false,
             probe_from: None,
             pending: None,
+            judged: false,
+            traffic: 0,
+            lag: None,
         }
     }
 
@@ -547,7 +563,7 @@ impl Chooser {
     pub fn explain(&self) -> String {
         let mb = |x: f64| format!("{:.0}", x / 1e6);
         let mut out = format!(
-            "link {}{} MB/s, cpus {:.2}/{:.2} (idle {:?}/{:?}, same machine {}):",
+            "link {}{} MB/s, cpus {:.2}/{:.2} (idle {:?}/{:?}, same machine {}), answers lag {:?} windows:",
             if self.link_bound() == Some(false) {
                 "not the limit now, at least "
             } else {
@@ -558,7 +574,8 @@ impl Chooser {
             self.client_cores,
             self.server_idle.map(|x| (x * 100.0).round() / 100.0),
             self.client_idle.map(|x| (x * 100.0).round() / 100.0),
-            self.same_machine
+            self.same_machine,
+            self.lag
         );
         for (i, c) in CANDIDATES.iter().enumerate() {
             if self.allowed[i] {
@@ -587,6 +604,11 @@ impl Chooser {
         // were asked for with it.
         let settled =
             self.held > SETTLE && w.fresh.saturating_mul(10) >= w.decoded.saturating_mul(9);
+        self.traffic = self.traffic.saturating_add(1);
+        if settled && !self.judged {
+            self.judged = true;
+            self.lag = Some(self.traffic);
+        }
         if w.busy {
             match w.link {
                 // The link carried at least this; a slower link shows as a lower rate when
@@ -645,6 +667,8 @@ impl Chooser {
             if self.not_limited >= NOT_LIMITED_WINDOWS && self.link.is_none() && self.current > l {
                 self.current = l;
                 self.held = 0;
+                self.judged = false;
+                self.traffic = 0;
                 self.pending = None;
                 self.probe_from = None;
                 return self.current();
@@ -701,12 +725,18 @@ impl Chooser {
             };
             let cheaper = (0..self.current).rev().find(|&i| self.allowed[i]);
             match cheaper {
-                Some(next) if self.held >= due && self.near_cpu_limit() => {
+                Some(next)
+                    if self.held >= due
+                        && self.near_cpu_limit()
+                        && self.lag.is_none_or(|l| l <= MAX_PROBE_LAG) =>
+                {
                     self.probed = true;
                     self.probe_from = Some(self.current);
                     self.pending = None;
                     self.current = next;
                     self.held = 0;
+                    self.judged = false;
+                    self.traffic = 0;
                 }
                 _ if self.held >= due => self.probe_from = None,
                 _ => {}
@@ -719,6 +749,8 @@ impl Chooser {
         self.pending = None;
         self.current = best;
         self.held = 0;
+        self.judged = false;
+        self.traffic = 0;
         self.current()
     }
 }
@@ -802,6 +834,12 @@ mod tests {
 
         /// Runs the chooser for `windows` half-second windows; returns its choice.
         fn run(&self, c: &mut Chooser, windows: usize) -> Compression {
+            self.run_logged(c, windows);
+            c.current()
+        }
+
+        /// [`Sim::run`], returning the codec asked for in each window.
+        fn run_logged(&self, c: &mut Chooser, windows: usize) -> Vec<Compression> {
             // The codec in use in each window so far.
             let mut used: Vec<usize> = Vec::new();
             for _ in 0..windows {
@@ -865,7 +903,7 @@ mod tests {
                     },
                 });
             }
-            c.current()
+            used.iter().map(|&i| CANDIDATES[i]).collect()
         }
     }
 
@@ -944,6 +982,36 @@ mod tests {
                 c.explain()
             );
         }
+    }
+
+    #[test]
+    fn no_cheaper_codec_is_probed_while_answers_lag_by_seconds() {
+        // CPUs without idle time (other clients' work) would have a cheaper codec tried;
+        // with answers a few seconds behind the requests no probe can be judged, and raw
+        // asked for by one would keep coming for seconds.
+        for lag in [8, 16] {
+            let sim = Sim {
+                link: 12.5e6,
+                table: PAGES,
+                lag,
+                busy_cpus: true,
+                ..Sim::default()
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            let used = sim.run_logged(&mut c, 200);
+            let raw = used.iter().filter(|&&u| u == Compression::None).count();
+            assert_eq!(raw, 0, "lag {lag}: {used:?}");
+        }
+        // Answers that follow the requests: probes go on (they find what the CPUs allow).
+        let sim = Sim {
+            link: 12.5e6,
+            table: PAGES,
+            busy_cpus: true,
+            ..Sim::default()
+        };
+        let mut c = Chooser::new(true, Some(6), 2);
+        let used = sim.run_logged(&mut c, 200);
+        assert!(used.windows(2).any(|w| w[1] < w[0]), "{used:?}");
     }
 
     #[test]
