@@ -384,7 +384,7 @@ impl Client {
                     s3conn::start_s3_conn(source.clone(), e, slot, dead_tx.clone())
                 } else {
                     down.push(slot);
-                    s3conn::dead_conn()
+                    conn::not_open()
                 }
             })
             .collect();

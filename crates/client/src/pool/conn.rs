@@ -88,7 +88,8 @@ fn now_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
-/// The connection of a slot whose stream is not open yet (never picked: it is not alive).
+/// The connection of a slot whose stream is not open yet (never picked: it is not alive):
+/// one still opening, or an S3 gateway that did not answer at connect.
 pub(super) fn not_open() -> Conn {
     let (tx, _) = mpsc::channel(1);
     Conn {

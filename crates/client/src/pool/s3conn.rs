@@ -77,16 +77,3 @@ pub(super) fn start_s3_conn(
         instance_id,
     }
 }
-
-/// A stream of slot `slot` that starts dead (its gateway did not answer at connect): the
-/// supervisor opens it once the gateway answers.
-pub(super) fn dead_conn() -> Conn {
-    let (tx, _) = mpsc::channel(1);
-    Conn {
-        tx,
-        inflight: Arc::new(Semaphore::new(S3_INFLIGHT as usize)),
-        alive: Arc::new(AtomicBool::new(false)),
-        kill: Arc::new(Notify::new()),
-        instance_id: [0; 16],
-    }
-}
