@@ -689,6 +689,10 @@ fn inflight_of(inner: &Inner) -> usize {
         .schedule
         .slots()
         .iter()
-        .map(|s| max.saturating_sub(s.current().inflight.available_permits()))
+        .map(|s| s.current())
+        // A stream not open (or lost) has nothing in flight, whatever its placeholder's
+        // permits say.
+        .filter(|c| c.alive.load(Ordering::Relaxed))
+        .map(|c| max.saturating_sub(c.inflight.available_permits()))
         .sum()
 }
