@@ -286,6 +286,7 @@ where
         background: Arc::new(Semaphore::new(handle::BACKGROUND_READS)),
         client,
         conn: NEXT_CONN.fetch_add(1, Relaxed),
+        work: link.work(),
     });
     let mut shutdown = shared.shutdown.clone();
     let idle = shared.config.idle_timeout;

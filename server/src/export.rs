@@ -641,11 +641,7 @@ fn small_file(
     let checksum = ferry_proto::payload::checksum(&data);
     let blake3 = *blake3::hash(&data).as_bytes();
     let decoded_len = data.len() as u32;
-    // Background reads (the only uncached ones) compress with the background coders.
-    let lane = match uncached {
-        true => ferry_proto::payload::Lane::Background,
-        false => ferry_proto::payload::Lane::Foreground,
-    };
+    let lane = ferry_proto::payload::Lane::of(uncached);
     let (encoding, data) = ferry_proto::payload::encode(data, compression, lane);
     Some((
         attr,

@@ -205,6 +205,15 @@ pub enum Lane {
 }
 
 impl Lane {
+    /// The lane of a compression done for a background read (or not).
+    pub fn of(background: bool) -> Lane {
+        if background {
+            Lane::Background
+        } else {
+            Lane::Foreground
+        }
+    }
+
     fn coders(self) -> &'static Coders {
         &CODERS[self as usize]
     }

@@ -64,6 +64,8 @@ pub(crate) struct Session {
     /// connection: for fair turns at reading ([`crate::fair`]).
     pub(crate) client: u64,
     pub(crate) conn: u64,
+    /// Where the CPU time of the work done for its client is counted (Load's share).
+    pub(crate) work: crate::conn::writer::Work,
 }
 
 /// The class a request's response is written at: a Read's own class, Demand for every
@@ -104,17 +106,6 @@ async fn fair_turn(
     Some(sh.reads.turn(session.client, session.conn, bytes).await)
 }
 
-/// Runs `f` and counts the CPU time it takes as work done for `client` (Load reports each
-/// client its share of the process's CPU).
-fn counted<T>(limits: &crate::conn::writer::LinkLimits, client: u64, f: impl FnOnce() -> T) -> T {
-    let t0 = ferry_util::priority::thread_cpu_time();
-    let out = f();
-    if let (Some(a), Some(b)) = (t0, ferry_util::priority::thread_cpu_time()) {
-        limits.add_work(client, b.saturating_sub(a));
-    }
-    out
-}
-
 /// Like [`blocking`], on [`BACKGROUND_POOL`] for background work.
 async fn blocking_as<T: Send + 'static>(
     class: Class,
@@ -134,6 +125,7 @@ async fn blocking_as<T: Send + 'static>(
 async fn hash(
     shared: &Arc<Shared>,
     sh: Arc<Shared>,
+    session: &Session,
     path: bytes::Bytes,
     sparse: bool,
     chunk_size: u32,
@@ -143,30 +135,9 @@ async fn hash(
     let Ok(_slot) = shared.hash_slots.clone().acquire_owned().await else {
         return Ok(error_response(OpError::new(Status::Busy, "server busy")));
     };
+    let work = session.work.clone();
     blocking_as(Class::Background, move || {
-        let (file, attr) = sh.export.open_file(&path)?;
-        let key = (path, sparse);
-        let cached = sh
-            .hashes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key, attr.version());
-        if let Some(blake3) = cached {
-            return Ok(FileHash {
-                version: attr.version(),
-                blake3,
-            });
-        }
-        let (version, blake3) = if sparse {
-            export::hash_file_sparse(&file, attr)?
-        } else {
-            export::hash_file(&file, attr, chunk_size as usize)?
-        };
-        sh.hashes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, version, blake3);
-        Ok(FileHash { version, blake3 })
+        work.counted(|| hash_now(&sh, path, sparse, chunk_size))
     })
     .await
     .map(|h| {
@@ -176,6 +147,39 @@ async fn hash(
             Response::Hash(h)
         }
     })
+}
+
+/// The BLAKE3 of the file at `path` (of its data only when `sparse`), from the cache when
+/// the file has not changed since it was last hashed.
+fn hash_now(
+    sh: &Shared,
+    path: bytes::Bytes,
+    sparse: bool,
+    chunk_size: u32,
+) -> Result<FileHash, OpError> {
+    let (file, attr) = sh.export.open_file(&path)?;
+    let key = (path, sparse);
+    let cached = sh
+        .hashes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key, attr.version());
+    if let Some(blake3) = cached {
+        return Ok(FileHash {
+            version: attr.version(),
+            blake3,
+        });
+    }
+    let (version, blake3) = if sparse {
+        export::hash_file_sparse(&file, attr)?
+    } else {
+        export::hash_file(&file, attr, chunk_size as usize)?
+    };
+    sh.hashes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, version, blake3);
+    Ok(FileHash { version, blake3 })
 }
 
 /// What a response holds until it has been written: its in-flight slot (and, for a
@@ -297,8 +301,8 @@ pub(crate) async fn handle(
         Request::StatFs => blocking(move || sh.export.statfs())
             .await
             .map(Response::StatFs),
-        Request::Hash { path } => hash(shared, sh, path, false, chunk_size).await,
-        Request::HashSparse { path } => hash(shared, sh, path, true, chunk_size).await,
+        Request::Hash { path } => hash(shared, sh, session, path, false, chunk_size).await,
+        Request::HashSparse { path } => hash(shared, sh, session, path, true, chunk_size).await,
         Request::IdNames { ids } => blocking(move || Ok(crate::names::names(&ids)))
             .await
             .map(Response::IdNames),
@@ -352,11 +356,9 @@ pub(crate) async fn handle(
                 uncached: class == Class::Background,
             };
             let _turn = fair_turn(&sh, session, class, max_bytes as u64).await;
-            let client = session.client;
+            let work = session.work.clone();
             blocking_as(class, move || {
-                counted(&sh.link_limits, client, || {
-                    sh.export.read_dir_data(&path, cookie, page)
-                })
+                work.counted(|| sh.export.read_dir_data(&path, cookie, page))
             })
             .await
             .map(Response::DirData)
@@ -371,9 +373,9 @@ pub(crate) async fn handle(
             let compression = effective(session, &sh.config, compression);
             let read_hash = session.features & features::READ_HASH != 0;
             let _turn = fair_turn(&sh, session, class, u64::from(len)).await;
-            let client = session.client;
+            let work = session.work.clone();
             blocking_as(class, move || {
-                counted(&sh.link_limits, client, || {
+                work.counted(|| {
                     let (file, attr) = sh.export.open_file(&path)?;
                     let uncached = class == Class::Background;
                     let (data, attr) =
@@ -384,10 +386,7 @@ pub(crate) async fn handle(
                     // verify its copy without asking again.
                     let file_hash = (read_hash && offset == 0 && data.len() as u64 == attr.size)
                         .then(|| *blake3::hash(&data).as_bytes());
-                    let lane = match class {
-                        Class::Background => payload::Lane::Background,
-                        _ => payload::Lane::Foreground,
-                    };
+                    let lane = payload::Lane::of(uncached);
                     let (encoding, data) = payload::encode(data, compression, lane);
                     Ok(ReadData {
                         version: attr.version(),

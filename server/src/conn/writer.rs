@@ -187,15 +187,6 @@ impl LinkLimits {
         }
     }
 
-    /// Counts `cpu` of work done for `client`.
-    pub(crate) fn add_work(&self, client: u64, cpu: Duration) {
-        let ns = u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX);
-        self.work.fetch_add(ns, Relaxed);
-        if let Some((l, _)) = self.clients().get(&client) {
-            l.work.fetch_add(ns, Relaxed);
-        }
-    }
-
     /// The share of the server's work that was done for `client` since its last call (or
     /// since it came): 0 to 1; 1 when none was done for anyone.
     pub(crate) fn work_share(&self, client: u64) -> f64 {
@@ -227,7 +218,42 @@ impl LinkLimits {
     }
 }
 
+/// Where the work done for one client is counted: its counters and everyone's, held by
+/// its connection's session so that counting takes no lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Work {
+    all: Arc<LinkLimits>,
+    link: Arc<ClientLink>,
+}
+
+impl Work {
+    /// Counts `cpu` of work done for the client.
+    pub(crate) fn add(&self, cpu: Duration) {
+        let ns = u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX);
+        self.all.work.fetch_add(ns, Relaxed);
+        self.link.work.fetch_add(ns, Relaxed);
+    }
+
+    /// Runs `f` on this thread and counts the CPU time it takes.
+    pub(crate) fn counted<T>(&self, f: impl FnOnce() -> T) -> T {
+        let t0 = ferry_util::priority::thread_cpu_time();
+        let out = f();
+        if let (Some(a), Some(b)) = (t0, ferry_util::priority::thread_cpu_time()) {
+            self.add(b.saturating_sub(a));
+        }
+        out
+    }
+}
+
 impl LinkMember {
+    /// Where the work done for this connection's client is counted.
+    pub(crate) fn work(&self) -> Work {
+        Work {
+            all: self.registry.clone(),
+            link: self.link.clone(),
+        }
+    }
+
     /// Looks at the connection since its last look (every quarter second): it was sending
     /// if TCP had bytes acknowledged or the writer waited for the socket; the network set
     /// the pace for all of that time if TCP's latest delivery-rate sample was not
@@ -447,19 +473,19 @@ mod tests {
         let (a, b) = (limits.join(1), limits.join(2));
         // Nothing done for anyone yet: the whole process is everyone's to use.
         assert_eq!(limits.work_share(1), 1.0);
-        limits.add_work(1, ms(30));
-        limits.add_work(2, ms(10));
+        a.work().add(ms(30));
+        b.work().add(ms(10));
         assert_eq!(limits.work_share(1), 0.75);
         assert_eq!(limits.work_share(2), 0.25);
         // Since they last asked, only client 2 was served.
-        limits.add_work(2, ms(20));
+        b.work().add(ms(20));
         assert_eq!(limits.work_share(1), 0.0);
         assert_eq!(limits.work_share(2), 1.0);
         // A newcomer's share counts from its arrival: 1 of the 4 ms done since.
-        limits.add_work(1, ms(50));
+        a.work().add(ms(50));
         let c = limits.join(3);
-        limits.add_work(3, ms(1));
-        limits.add_work(1, ms(3));
+        c.work().add(ms(1));
+        a.work().add(ms(3));
         assert_eq!(limits.work_share(3), 0.25);
         // A client that has gone is forgotten (its later asks count as none known).
         drop(c);
