@@ -685,15 +685,28 @@ mod tests {
         }
         assert_eq!(client.compression().choice, crate::CompressionChoice::Auto);
         let path = Bytes::from_static(b"f");
+        let data = Bytes::from(data);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        let mut offset = 0u64;
-        while client.compression().link.is_none() && std::time::Instant::now() < deadline {
-            let c = client
-                .read_verified(path.clone(), offset, 1 << 20)
-                .await
-                .unwrap();
-            assert_eq!(&c.data[..], &data[offset as usize..][..c.data.len()]);
-            offset = (offset + (1 << 20)) % data.len() as u64;
+        // Four readers, each reading one chunk after another, so requests are outstanding
+        // at nearly every look: a window counts for the link only then, and one reader's
+        // gaps between its reads kept every window from counting on a loaded machine.
+        let mut readers = tokio::task::JoinSet::new();
+        for r in 0..4u64 {
+            let (client, path, data) = (client.clone(), path.clone(), data.clone());
+            readers.spawn(async move {
+                let mut offset = r << 20;
+                while client.compression().link.is_none() && std::time::Instant::now() < deadline {
+                    let c = client
+                        .read_verified(path.clone(), offset, 1 << 20)
+                        .await
+                        .unwrap();
+                    assert_eq!(&c.data[..], &data[offset as usize..][..c.data.len()]);
+                    offset = (offset + (4 << 20)) % data.len() as u64;
+                }
+            });
+        }
+        while let Some(r) = readers.join_next().await {
+            r.unwrap();
         }
         let z = client.compression();
         assert!(z.link.is_some_and(|l| l > 0.0), "{z:?}");
