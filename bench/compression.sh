@@ -21,6 +21,7 @@
 #
 # Output: a markdown table (default bench/out/compression.md): seconds, MB/s of file bytes,
 # and for auto the codec it ended on (from `ferry status`).
+# FERRYD_BIN=PATH and FERRY_BIN=PATH: another ferryd or ferry binary to compare against.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -120,7 +121,7 @@ copy_once() {  # copy_once DATA METHOD: prints seconds and, for ferry, the codec
             t0=$(date +%s.%N)
             cp "$mnt/$ds/$ds.dat" "$WORK/dst/$ds.dat"
             t1=$(date +%s.%N)
-            codec=$("$ROOT/target/release/ferry" status "$mnt" 2>/dev/null | awk '/compress/ {sub(",", "", $2); print $2; exit}')
+            codec=$("${FERRY_BIN:-$ROOT/target/release/ferry}" status "$mnt" 2>/dev/null | awk '/compress/ {sub(",", "", $2); print $2; exit}')
             ferry_unmount "$mnt" || true
             # auto's decisions, for reading afterwards.
             { echo "== $link $ds $method"; grep -a "compression now" "$WORK/logs/ferry-m-$link.log" || true; } >> "$DECISIONS" ;;
@@ -129,10 +130,10 @@ copy_once() {  # copy_once DATA METHOD: prints seconds and, for ferry, the codec
             [ "$mode" = zstd1 ] && mode=zstd:1
             got=$WORK/dst/$ds/$ds.dat
             t0=$(date +%s.%N)
-            in_ns "$ROOT/target/release/ferry" mirror "127.0.0.1:$P_FERRY:/$ds" "$WORK/dst/$ds" \
+            in_ns "${FERRY_BIN:-$ROOT/target/release/ferry}" mirror "127.0.0.1:$P_FERRY:/$ds" "$WORK/dst/$ds" \
                 --quiet --compression "$mode" -v 2> "$WORK/logs/mirror.log" || { echo "failed"; return; }
             t1=$(date +%s.%N)
-            codec=$("$ROOT/target/release/ferry" status "$WORK/dst/$ds" 2>/dev/null | awk '/compress/ {sub(",", "", $2); print $2; exit}')
+            codec=$("${FERRY_BIN:-$ROOT/target/release/ferry}" status "$WORK/dst/$ds" 2>/dev/null | awk '/compress/ {sub(",", "", $2); print $2; exit}')
             { echo "== $link $ds $method"; grep -a "compression now" "$WORK/logs/mirror.log" || true; } >> "$DECISIONS" ;;
     esac
     cmp -s "$DATA/$ds.dat" "$got" || { echo "WRONG"; return; }

@@ -65,6 +65,7 @@ bench_ferryd() {
 #   drop_caches, kill_tree PID
 #   fio_randread FILE SECONDS JSON     16 KiB random reads, 4 jobs (psync, fadvise random)
 #   ferry_mount_at MNT [OPTIONS...]    ferry mount of 127.0.0.1:$P_FERRY with $FERRY_ARGS
+#                                      (FERRY_BIN=PATH: another ferry binary to compare against)
 #   ferry_unmount MNT                  unmounts and waits for the mount's process to exit
 #                                      (killed, and status 1, after 30 s)
 BIN=${ROOT:-.}/bench/out/bin
@@ -227,7 +228,7 @@ ferry_mount_at() {  # ferry_mount_at MOUNT [OPTIONS...]
     local mnt=$1; shift
     mkdir -p "$mnt"
     # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
-    in_ns "$ROOT/target/release/ferry" mount "127.0.0.1:$P_FERRY" "$mnt" \
+    in_ns "${FERRY_BIN:-$ROOT/target/release/ferry}" mount "127.0.0.1:$P_FERRY" "$mnt" \
         --log-file "$WORK/logs/ferry-$(basename "$mnt")-${link:-}.log" ${FERRY_ARGS:-} "$@" || return 1
     for _ in $(seq 100); do grep -q " $mnt " /proc/self/mountinfo && return 0; sleep 0.1; done
     return 1

@@ -25,6 +25,7 @@
 # Output: a markdown report (default bench/out/trees.md) with the date, commit and a table per
 # link: seconds (median of --repeat runs), MB/s and the ratio to nc-lz4 (for find and lsR,
 # only seconds). No namespace, mount or process is left behind, even on Ctrl-C.
+# FERRYD_BIN=PATH and FERRY_BIN=PATH: another ferryd or ferry binary to compare against.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -87,7 +88,7 @@ run_once() {
             cp) cp -r "$mnt/$t" "$WORK/dst/$t" ;;
             rsync) rsync -a "$mnt/$t/" "$WORK/dst/$t/" ;;
             tar) mkdir -p "$WORK/dst/$t"; tar -cf - -C "$mnt/$t" . | tar -xf - -C "$WORK/dst/$t" ;;
-            mirror) in_ns "$ROOT/target/release/ferry" mirror "127.0.0.1:$P_FERRY:/$t" "$WORK/dst/$t" --quiet ;;
+            mirror) in_ns "${FERRY_BIN:-$ROOT/target/release/ferry}" mirror "127.0.0.1:$P_FERRY:/$t" "$WORK/dst/$t" --quiet ;;
             find) find "$mnt/$t" > /dev/null ;;
             lsR) ls -lR "$mnt/$t" > /dev/null ;;
         esac

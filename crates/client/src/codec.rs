@@ -118,6 +118,9 @@ pub const LINK_LIMITED: f64 = 0.5;
 /// the link limits can read as not limited while a mount's read-ahead grows, with four
 /// windows too; it comes back once the link limits (docs/BENCHMARKS-TREES.md).
 const NOT_LIMITED_WINDOWS: u32 = 1;
+/// Windows that counted for lz4, the link not setting the pace, that confirm a step down
+/// to it taken because the link did not set the pace ([`Chooser::window`]).
+const STEP_DOWN_CONFIRMED: u32 = 2;
 /// Windows a codec must have been in use before its delivery counts for it (requests sent
 /// before the change are still coming in).
 const SETTLE: u32 = 1;
@@ -286,6 +289,14 @@ pub struct Chooser {
     /// Windows with traffic the last change took until one counted for the new codec (its
     /// answers had arrived): how long answers lag requests.
     lag: Option<u32>,
+    /// The codec `auto` stepped down from to lz4 because the link did not set the pace,
+    /// until that is confirmed: if the link sets the pace on lz4, the copy had been
+    /// outrunning the link by packing (a disk or a growing read-ahead held it, not the
+    /// link), and it goes straight back. With it, the windows since that counted for lz4
+    /// with the link not setting the pace: two confirm the step (the server's word covers
+    /// the quarter second before it is asked, so the first such window may speak of the
+    /// answers packed before the step).
+    stepped_down_from: Option<(usize, u32)>,
 }
 
 impl Chooser {
@@ -332,6 +343,7 @@ impl Chooser {
             judged: false,
             traffic: 0,
             lag: None,
+            stepped_down_from: None,
         }
     }
 
@@ -657,6 +669,31 @@ impl Chooser {
         } else if w.link != LinkSignal::Pending {
             self.not_limited = 0;
         }
+        // A step down to lz4 (below) that made the link the limit: the codec before was
+        // packing the data under what the link carries, and goes back at once (the link is
+        // measured now, so the step is not taken again). Confirmed once lz4's own answers
+        // show the link still not setting the pace.
+        if let Some((from, confirmed)) = self.stepped_down_from {
+            match w.link {
+                LinkSignal::Limited => {
+                    self.stepped_down_from = None;
+                    let floor = self.link_floor.unwrap_or(0.0);
+                    self.link = Some(self.link.unwrap_or(wire_rate).max(floor));
+                    self.current = from;
+                    self.held = 0;
+                    self.judged = false;
+                    self.traffic = 0;
+                    self.pending = None;
+                    self.probe_from = None;
+                    return self.current();
+                }
+                LinkSignal::NotLimited if settled => {
+                    self.stepped_down_from =
+                        (confirmed + 1 < STEP_DOWN_CONFIRMED).then_some((from, confirmed + 1));
+                }
+                _ => {}
+            }
+        }
         // A second in which the link has not set the pace, and it never has (a walk of
         // small files, a reader, a compressor short of CPU): compressing more than lz4 only
         // costs both ends CPU and each response time. lz4 at most, the cheapest codec
@@ -665,6 +702,7 @@ impl Chooser {
         let lz4 = CANDIDATES.iter().position(|&c| c == Compression::Lz4);
         if let Some(l) = lz4.filter(|&l| self.allowed[l]) {
             if self.not_limited >= NOT_LIMITED_WINDOWS && self.link.is_none() && self.current > l {
+                self.stepped_down_from = Some((self.current, 0));
                 self.current = l;
                 self.held = 0;
                 self.judged = false;
@@ -781,6 +819,9 @@ mod tests {
         /// at a server busy with other clients): each window delivers what the codec in
         /// use that many windows before delivers.
         lag: usize,
+        /// Windows the server's word on the link trails the answers: it speaks of those
+        /// that many windows before.
+        signal_lag: usize,
     }
 
     impl Default for Sim {
@@ -794,6 +835,7 @@ mod tests {
                 reports: true,
                 busy_cpus: false,
                 lag: 0,
+                signal_lag: 0,
             }
         }
     }
@@ -857,6 +899,8 @@ mod tests {
                 used.push(now);
                 // The codec whose answers arrive in this window.
                 let i = used[used.len().saturating_sub(1 + self.lag)];
+                // The codec whose answers the server's word on the link speaks of.
+                let said = used[used.len().saturating_sub(1 + self.lag + self.signal_lag)];
                 // Machines without idle time while the CPUs are the limit.
                 let idle = if self.busy_cpus
                     || self.cpu_bound(i) < (self.link * self.table[i].0).min(self.walk)
@@ -896,7 +940,7 @@ mod tests {
                     decoded: decoded as u64,
                     fresh: if i == now { decoded as u64 } else { 0 },
                     busy: true,
-                    link: match (self.reports, self.link_limits(i)) {
+                    link: match (self.reports, self.link_limits(said)) {
                         (false, _) => LinkSignal::Unreported,
                         (true, true) => LinkSignal::Limited,
                         (true, false) => LinkSignal::NotLimited,
@@ -1163,6 +1207,34 @@ mod tests {
                 "walk {walk}: {got} {share:.2}; {}",
                 c.explain()
             );
+        }
+    }
+
+    #[test]
+    fn a_step_down_that_makes_the_link_the_limit_goes_straight_back() {
+        // Database pages read from a disk that gives 480 MB/s, over 100 Mbit/s: zstd 1
+        // packs them under what the link carries, so the server first says the link does
+        // not set the pace, and auto steps down to lz4. On lz4 the link limits at once
+        // (187 MB/s): back to zstd 1 with the first window that shows it, not through the
+        // model's two winning windows (a copy of 1 GiB takes two seconds here).
+        for (lag, signal_lag) in [(0, 0), (2, 0), (2, 1)] {
+            let sim = Sim {
+                link: 12.5e6,
+                table: PAGES,
+                walk: 480e6,
+                lag,
+                signal_lag,
+                ..Sim::default()
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            let asked = sim.run_logged(&mut c, 40);
+            let cheaper = asked
+                .iter()
+                .filter(|&&x| matches!(x, Compression::Lz4 | Compression::None))
+                .count();
+            assert!(cheaper <= 1 + lag + signal_lag, "lag {lag}: {asked:?}");
+            assert_eq!(c.current(), Compression::Zstd(1), "lag {lag}: {asked:?}");
+            assert!(c.link().is_some_and(|l| l > 12e6), "{}", c.explain());
         }
     }
 
