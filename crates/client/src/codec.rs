@@ -118,6 +118,10 @@ pub const LINK_LIMITED: f64 = 0.5;
 /// the link limits can read as not limited while a mount's read-ahead grows, with four
 /// windows too; it comes back once the link limits (docs/BENCHMARKS-TREES.md).
 const NOT_LIMITED_WINDOWS: u32 = 1;
+/// A cheaper codec is probed soon only if it packs at least 1/this as well as the codec in
+/// use (or the link has been seen to carry half of what it would need); else only by the
+/// regular probe ([`PROBE_EVERY`]).
+const PROBE_RATIO_STEP: f64 = 4.0;
 /// Windows that counted for lz4, the link not setting the pace, that confirm a step down
 /// to it taken because the link did not set the pace ([`Chooser::window`]).
 const STEP_DOWN_CONFIRMED: u32 = 2;
@@ -538,6 +542,32 @@ impl Chooser {
         }
     }
 
+    /// Whether a probe of candidate `next` may be tried soon (before the regular one of
+    /// every [`PROBE_EVERY`] windows) while the codec in use delivers `decoded` bytes per
+    /// second: it must pack at least 1/[`PROBE_RATIO_STEP`] as well as the codec in use,
+    /// or the link must have been seen to carry half of what it needs. A probe shows
+    /// whether the link carries more than the codec in use sends; one that needs many times
+    /// the wire rate costs most of the delivery of its moment (raw after lz4 on database
+    /// pages lz4 packs 15:1: over 1 Gbit/s it delivered a tenth), so it waits for the
+    /// regular probe, which finds a link that fast within seconds all the same.
+    fn probe_affordable(&self, next: usize, decoded: f64) -> bool {
+        let ratio = |i: usize| {
+            if CANDIDATES[i] == Compression::None {
+                Some(1.0)
+            } else {
+                self.costs[i]
+                    .ratio
+                    .0
+                    .map(|r| (r * self.ratio_correction()).max(1.0))
+            }
+        };
+        let (Some(now), Some(then)) = (ratio(self.current), ratio(next)) else {
+            return true;
+        };
+        now <= PROBE_RATIO_STEP * then
+            || self.link().is_some_and(|seen| decoded / then <= 2.0 * seen)
+    }
+
     /// The efficiency to expect of candidate `i`: its own when it was used, else the lower
     /// of its nearest used neighbours' on the ladder (a codec between one that ran short of
     /// CPU and one that did not is not assumed to do better than either), else the mean.
@@ -766,7 +796,9 @@ impl Chooser {
                 Some(next)
                     if self.held >= due
                         && self.near_cpu_limit()
-                        && self.lag.is_none_or(|l| l <= MAX_PROBE_LAG) =>
+                        && self.lag.is_none_or(|l| l <= MAX_PROBE_LAG)
+                        && (self.held >= PROBE_EVERY
+                            || self.probe_affordable(next, w.decoded as f64 / secs)) =>
                 {
                     self.probed = true;
                     self.probe_from = Some(self.current);
@@ -1236,6 +1268,48 @@ mod tests {
             assert_eq!(c.current(), Compression::Zstd(1), "lag {lag}: {asked:?}");
             assert!(c.link().is_some_and(|l| l > 12e6), "{}", c.explain());
         }
+    }
+
+    #[test]
+    fn a_probe_that_needs_many_times_the_wire_rate_waits_for_the_regular_one() {
+        // Database pages over 1 Gbit/s, both machines short of CPU: lz4 (15:1) is what the
+        // CPUs can feed, and the link never sets the pace. Raw would need fifteen times
+        // the wire rate lz4 sends: probing it delivers a tenth of lz4 for its windows, so
+        // not in the copy's first seconds.
+        let sim = Sim {
+            link: 117e6,
+            table: PAGES,
+            other: 600e6,
+            busy_cpus: true,
+            ..Sim::default()
+        };
+        let mut c = Chooser::new(true, Some(6), 2);
+        let asked = sim.run_logged(&mut c, 40);
+        assert!(
+            !asked.contains(&Compression::None),
+            "{asked:?}; {}",
+            c.explain()
+        );
+        // Only the regular probe tries it (a link many times faster shows then).
+        let asked = sim.run_logged(&mut c, 80);
+        let raw = asked.iter().filter(|&&x| x == Compression::None).count();
+        assert!(raw <= 8, "{asked:?}");
+        // The same machines with mixed binaries (lz4 packs them 1.7:1): raw needs less
+        // than twice the wire rate, and is tried as before.
+        let mixed = Sim {
+            table: MIXED,
+            link: 2e9,
+            other: 600e6,
+            busy_cpus: true,
+            ..Sim::default()
+        };
+        let mut c = Chooser::new(true, Some(6), 2);
+        let asked = mixed.run_logged(&mut c, 80);
+        assert!(
+            asked.contains(&Compression::None),
+            "{asked:?}; {}",
+            c.explain()
+        );
     }
 
     #[test]
