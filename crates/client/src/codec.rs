@@ -709,13 +709,7 @@ impl Chooser {
                     self.stepped_down_from = None;
                     let floor = self.link_floor.unwrap_or(0.0);
                     self.link = Some(self.link.unwrap_or(wire_rate).max(floor));
-                    self.current = from;
-                    self.held = 0;
-                    self.judged = false;
-                    self.traffic = 0;
-                    self.pending = None;
-                    self.probe_from = None;
-                    return self.current();
+                    return self.change_to(from, None);
                 }
                 LinkSignal::NotLimited if settled => {
                     self.stepped_down_from =
@@ -733,13 +727,7 @@ impl Chooser {
         if let Some(l) = lz4.filter(|&l| self.allowed[l]) {
             if self.not_limited >= NOT_LIMITED_WINDOWS && self.link.is_none() && self.current > l {
                 self.stepped_down_from = Some((self.current, 0));
-                self.current = l;
-                self.held = 0;
-                self.judged = false;
-                self.traffic = 0;
-                self.pending = None;
-                self.probe_from = None;
-                return self.current();
+                return self.change_to(l, None);
             }
         }
         if !w.busy || !settled {
@@ -801,12 +789,7 @@ impl Chooser {
                             || self.probe_affordable(next, w.decoded as f64 / secs)) =>
                 {
                     self.probed = true;
-                    self.probe_from = Some(self.current);
-                    self.pending = None;
-                    self.current = next;
-                    self.held = 0;
-                    self.judged = false;
-                    self.traffic = 0;
+                    self.change_to(next, Some(self.current));
                 }
                 _ if self.held >= due => self.probe_from = None,
                 _ => {}
@@ -815,9 +798,15 @@ impl Chooser {
         }
         // Up the ladder from a probe (the step down did not pay), or any other change: the
         // next probe in ten seconds.
-        self.probe_from = None;
+        self.change_to(best, None)
+    }
+
+    /// Asks for candidate `i` from now on (`probe_from`: the codec a probe steps down from)
+    /// and starts judging it afresh; returns it.
+    fn change_to(&mut self, i: usize, probe_from: Option<usize>) -> Compression {
+        self.current = i;
+        self.probe_from = probe_from;
         self.pending = None;
-        self.current = best;
         self.held = 0;
         self.judged = false;
         self.traffic = 0;
