@@ -452,7 +452,7 @@ impl Chooser {
             (
                 c.encode.0?.max(1e-12),
                 c.decode.0?.max(1e-12),
-                c.ratio.0? * self.ratio_correction(),
+                self.expected_ratio(i)?,
             )
         };
         let (server_other, client_other) = self.other_costs().unwrap_or((0.0, 0.0));
@@ -511,6 +511,15 @@ impl Chooser {
         }
     }
 
+    /// The ratio to expect of candidate `i`: 1 for raw, else its sampled ratio corrected
+    /// by what the codec in use delivered ([`Chooser::ratio_correction`]).
+    fn expected_ratio(&self, i: usize) -> Option<f64> {
+        if CANDIDATES[i] == Compression::None {
+            return Some(1.0);
+        }
+        Some(self.costs[i].ratio.0? * self.ratio_correction())
+    }
+
     /// What the codec in use delivers over what its samples promised: applied to every
     /// codec's sampled ratio (chunks that went raw, or data unlike the samples, cost them
     /// all alike).
@@ -551,16 +560,7 @@ impl Chooser {
     /// pages lz4 packs 15:1: over 1 Gbit/s it delivered a tenth), so it waits for the
     /// regular probe, which finds a link that fast within seconds all the same.
     fn probe_affordable(&self, next: usize, decoded: f64) -> bool {
-        let ratio = |i: usize| {
-            if CANDIDATES[i] == Compression::None {
-                Some(1.0)
-            } else {
-                self.costs[i]
-                    .ratio
-                    .0
-                    .map(|r| (r * self.ratio_correction()).max(1.0))
-            }
-        };
+        let ratio = |i: usize| self.expected_ratio(i).map(|r| r.max(1.0));
         let (Some(now), Some(then)) = (ratio(self.current), ratio(next)) else {
             return true;
         };
@@ -593,7 +593,7 @@ impl Chooser {
         if i == 0 {
             return Some(p);
         }
-        let ratio = self.costs[i].ratio.0? * self.ratio_correction();
+        let ratio = self.expected_ratio(i)?;
         Some(match self.model(0) {
             Some(raw) => p.min(raw * eff(0) * ratio.max(1.0)),
             None => p,
