@@ -52,7 +52,7 @@ fi
 ns_install zstd:zstd lz4:lz4 nc:netcat-openbsd
 all_links=$(for c in $cases; do echo "${c%%:*}"; done | sort -u | paste -sd,)
 ns_toxiproxy "$all_links"
-cargo build --release -q -p ferry-server -p ferry-mount
+cargo build --release --bins -q
 
 DATA=$ROOT/bench/out/compression-data
 mkdir -p "$DATA"

@@ -23,8 +23,9 @@
 #   this VM's root file system creates files slower after every tree deleted on it).
 #
 # Output: a markdown report (default bench/out/trees.md) with the date, commit and a table per
-# link: seconds (median of --repeat runs), MB/s and the ratio to nc-lz4 (for find and lsR,
-# only seconds). No namespace, mount or process is left behind, even on Ctrl-C.
+# link: seconds (median of --repeat runs), MB/s, the ratio to nc-lz4 (for find and lsR,
+# only seconds), and the CPU time the run took on the whole machine and in ferryd (from
+# /proc/stat and /proc/PID/stat: whether two cores were the limit, and whose). No namespace, mount or process is left behind, even on Ctrl-C.
 # FERRYD_BIN=PATH and FERRY_BIN=PATH: another ferryd or ferry binary to compare against.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -67,15 +68,22 @@ real_trees "$DATA" "$trees"
 ns_start
 fresh_fs "$WORK/dst" 16
 ns_ferryd "$DATA"
-ROWS=$WORK/rows   # link|tree|method|seconds|MB/s|peak RSS MiB
+ROWS=$WORK/rows   # link|tree|method|seconds|MB/s|peak RSS MiB|CPU s|ferryd CPU s
 : > "$ROWS"
 
-# run_once TREE METHOD MOUNT: one timed run; prints "SECONDS|RSS" or "failed (why)".
+# cpu_busy: CPU seconds the whole machine has been busy (not idle, not waiting for I/O).
+cpu_busy() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / { print ($2 + $3 + $4 + $7 + $8) / hz; exit }' /proc/stat; }
+# cpu_of PID: the CPU seconds process PID has used (0 when it is gone).
+cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+# run_once TREE METHOD MOUNT: one timed run; prints "SECONDS|RSS|CPU|FERRYD CPU" or
+# "failed (why)".
 run_once() {
-    local t=$1 m=$2 mnt=$3 status=0 t0 t1 rss=""
+    local t=$1 m=$2 mnt=$3 status=0 t0 t1 rss="" c0 d0
     rm -rf "${WORK:?}/dst/$t"
     drop_caches
     case "$m" in cp|rsync|tar|find|lsR) ferry_mount_at "$mnt" || { echo "failed (mount)"; return 0; } ;; esac
+    c0=$(cpu_busy); d0=$(cpu_of "$ferryd_pid")
     t0=$(date +%s.%N)
     (
         case "$m" in
@@ -99,6 +107,9 @@ run_once() {
     wait "$job" || status=$?
     kill_tree "$watchdog"; wait "$watchdog" 2>/dev/null || true
     t1=$(date +%s.%N)
+    local cpu fcpu
+    cpu=$(awk -v a="$c0" -v z="$(cpu_busy)" 'BEGIN { printf "%.2f", z - a }')
+    fcpu=$(awk -v a="$d0" -v z="$(cpu_of "$ferryd_pid")" 'BEGIN { printf "%.2f", z - a }')
     # The nc pipeline's 0.2 s for the listener to start is not counted.
     [ "$m" = nc-lz4 ] && t1=$(echo "$t1 - 0.2" | bc)
     case "$m" in cp|rsync|tar|find|lsR)
@@ -118,7 +129,7 @@ run_once() {
         diff -r --no-dereference "$DATA/$t" "$WORK/dst/$t" >/dev/null \
             || die "$m: the copy of $t differs from the source" ;;
     esac
-    echo "$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.2f", z - a }')|$rss"
+    echo "$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.2f", z - a }')|$rss|$cpu|$fcpu"
 }
 
 for link in ${links//,/ }; do
@@ -134,12 +145,12 @@ for link in ${links//,/ }; do
                 runs+=("$r")
             done
             case "${runs[0]}" in
-                failed*|timed*) row="${runs[0]}||" ;;
+                failed*|timed*) row="${runs[0]}||||" ;;
                 *) med=$(printf '%s\n' "${runs[@]}" | sort -t'|' -k1,1g | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }')
-                   row=$(awk -v b="$bytes" -v m="$med" 'BEGIN { split(m, x, "|"); printf "%.2f|%.1f|%s", x[1], b / x[1] / 1e6, x[2] }') ;;
+                   row=$(awk -v b="$bytes" -v m="$med" 'BEGIN { split(m, x, "|"); printf "%.2f|%.1f|%s|%s|%s", x[1], b / x[1] / 1e6, x[2], x[3], x[4] }') ;;
             esac
             echo "$link|$t|$m|$row" >> "$ROWS"
-            log "  $(printf '%-7s %-7s' "$t" "$m") ${row//|/  }  (s, MB/s, peak RSS MiB; runs: $(printf '%s ' "${runs[@]%%|*}"))"
+            log "  $(printf '%-7s %-7s' "$t" "$m") ${row//|/  }  (s, MB/s, peak RSS MiB, CPU s, ferryd CPU s; runs: $(printf '%s ' "${runs[@]%%|*}"))"
         done
     done
 done
@@ -156,8 +167,8 @@ mkdir -p "$(dirname "$out")"
         echo
         echo "## $link"
         echo
-        echo "| tree | method | seconds | MB/s | × nc-lz4 | mount peak RSS (MiB) |"
-        echo "| --- | --- | ---: | ---: | ---: | ---: |"
+        echo "| tree | method | seconds | MB/s | × nc-lz4 | mount peak RSS (MiB) | CPU s (machine) | CPU s (ferryd) |"
+        echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
         awk -F'|' -v l="$link" '
             $1 == l && $3 == "nc-lz4" { base[$2] = $4 }
             $1 == l { rows[++n] = $0 }
@@ -166,7 +177,7 @@ mkdir -p "$(dirname "$out")"
                     split(rows[i], x, "|")
                     r = (x[4] + 0 > 0 && base[x[2]] + 0 > 0 && x[3] != "find" && x[3] != "lsR") ? sprintf("%.2f", base[x[2]] / x[4]) : ""
                     mbs = (x[3] == "find" || x[3] == "lsR") ? "" : x[5]
-                    printf "| %s | %s | %s | %s | %s | %s |\n", x[2], x[3], x[4], mbs, r, x[6]
+                    printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", x[2], x[3], x[4], mbs, r, x[6], x[7], x[8]
                 }
             }' "$ROWS"
     done
