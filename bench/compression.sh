@@ -3,7 +3,7 @@
 # --compression auto, lz4 and zstd, beside `zstd -1 -T0 | nc`, on emulated links, in one run.
 #
 #   bench/compression.sh [--links 1gbit,100mbit,wan,loopback] [--repeat N] [--out FILE]
-#                        [--cases LIST]
+#                        [--cases LIST] [--windows]
 #
 # Data of real shapes, made once in bench/out/compression-data:
 #   mixed.dat   1 GiB of this machine's binaries and libraries (/usr/lib, /usr/bin) laid end
@@ -20,7 +20,9 @@
 # with cmp. 100mbit: tbf at 100 Mbit/s; the other links as in bench/run.sh.
 #
 # Output: a markdown table (default bench/out/compression.md): seconds, MB/s of file bytes,
-# and for auto the codec it ended on (from `ferry status`).
+# and for auto the codec it ended on (from `ferry status`); beside it (*-decisions.log) each
+# copy's start and auto's changes of codec with what they rested on, and with --windows
+# every quarter second's reading (rates, codec, whether the server said the link set the pace).
 # FERRYD_BIN=PATH and FERRY_BIN=PATH: another ferryd or ferry binary to compare against.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,12 +31,14 @@ repeat=1
 out=bench/out/compression.md
 cases="1gbit:mixed:nc-zstd,ferry-auto,ferry-lz4 1gbit:pg:nc-zstd,ferry-auto,ferry-lz4 100mbit:pg:nc-zstd,ferry-auto,ferry-lz4 wan:mixed:nc-zstd,ferry-auto,ferry-lz4 loopback:random:ferry-auto,ferry-lz4"
 links=""
+windows=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --repeat) repeat=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --cases) cases=${2//;/ }; shift 2 ;;
         --links) links=$2; shift 2 ;;
+        --windows) windows=1; shift ;;
         *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -85,6 +89,12 @@ ns_ferryd "$DATA/sets"
 mkdir -p "$WORK/dst"
 ROWS=$WORK/rows
 DECISIONS=${out%.md}-decisions.log
+# What goes into it: auto's changes (-v), and with --windows every window's reading (trace).
+verbose=-v decisions="compression now"
+if [ -n "$windows" ]; then
+    export RUST_LOG=debug,ferry_client::pool::compress=trace
+    decisions="compression now\|window: "
+fi
 : > "$DECISIONS"
 
 set_link_more() {  # set_link plus 100mbit
@@ -117,24 +127,24 @@ copy_once() {  # copy_once DATA METHOD: prints seconds and, for ferry, the codec
             local mode=${method#ferry-}
             [ "$mode" = zstd1 ] && mode=zstd:1
             rm -f "$WORK/logs/ferry-m-$link.log"
-            ferry_mount_at "$mnt" --compression "$mode" -v || { echo "failed"; return; }
+            ferry_mount_at "$mnt" --compression "$mode" $verbose || { echo "failed"; return; }
             t0=$(date +%s.%N)
             cp "$mnt/$ds/$ds.dat" "$WORK/dst/$ds.dat"
             t1=$(date +%s.%N)
             codec=$("${FERRY_BIN:-$ROOT/target/release/ferry}" status "$mnt" 2>/dev/null | awk '/compress/ {sub(",", "", $2); print $2; exit}')
             ferry_unmount "$mnt" || true
             # auto's decisions, for reading afterwards.
-            { echo "== $link $ds $method"; grep -a "compression now" "$WORK/logs/ferry-m-$link.log" || true; } >> "$DECISIONS" ;;
+            { echo "== $link $ds $method (cp began $(date -u -d "@$t0" +%T.%N | cut -c1-12))"; grep -a "$decisions" "$WORK/logs/ferry-m-$link.log" || true; } >> "$DECISIONS" ;;
         mirror-*)
             local mode=${method#mirror-}
             [ "$mode" = zstd1 ] && mode=zstd:1
             got=$WORK/dst/$ds/$ds.dat
             t0=$(date +%s.%N)
             in_ns "${FERRY_BIN:-$ROOT/target/release/ferry}" mirror "127.0.0.1:$P_FERRY:/$ds" "$WORK/dst/$ds" \
-                --quiet --compression "$mode" -v 2> "$WORK/logs/mirror.log" || { echo "failed"; return; }
+                --quiet --compression "$mode" $verbose 2> "$WORK/logs/mirror.log" || { echo "failed"; return; }
             t1=$(date +%s.%N)
             codec=$("${FERRY_BIN:-$ROOT/target/release/ferry}" status "$WORK/dst/$ds" 2>/dev/null | awk '/compress/ {sub(",", "", $2); print $2; exit}')
-            { echo "== $link $ds $method"; grep -a "compression now" "$WORK/logs/mirror.log" || true; } >> "$DECISIONS" ;;
+            { echo "== $link $ds $method (mirror began $(date -u -d "@$t0" +%T.%N | cut -c1-12))"; grep -a "$decisions" "$WORK/logs/mirror.log" || true; } >> "$DECISIONS" ;;
     esac
     cmp -s "$DATA/$ds.dat" "$got" || { echo "WRONG"; return; }
     echo "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') $codec"

@@ -42,6 +42,8 @@ struct LinkReadings {
     last: LinkTime,
     /// What the last two readings said, and when.
     signal: Option<(LinkSignal, Instant)>,
+    /// The share of the last reading (for the trace log).
+    share: Option<f64>,
 }
 
 impl LinkReadings {
@@ -55,6 +57,7 @@ impl LinkReadings {
             let share = (now.limited_micros - before.limited_micros) as f64
                 / (now.sending_micros - before.sending_micros) as f64;
             self.signal = Some((LinkSignal::from_share(share), at));
+            self.share = Some(share);
         }
         self.last = now;
     }
@@ -389,6 +392,16 @@ pub(super) async fn run(inner: Weak<Inner>) {
                 ask_server_load(&inner, server_cpu.clone(), link_readings.clone());
             }
             let mut c = lock(chooser);
+            tracing::trace!(
+                "window: {:.0} MB/s decoded, {:.1} MB/s wire, {} % of it asked with {}, busy {}, link {:?} (last share {:.2})",
+                window.decoded as f64 / window.elapsed.as_secs_f64() / 1e6,
+                window.wire as f64 / window.elapsed.as_secs_f64() / 1e6,
+                window.fresh * 100 / window.decoded.max(1),
+                codec.current(),
+                window.busy,
+                window.link,
+                lock(&link_readings).share.unwrap_or(f64::NAN)
+            );
             let next = c.window(window);
             if next != codec.current() {
                 tracing::debug!(
