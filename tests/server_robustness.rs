@@ -24,10 +24,15 @@ fn hello_with(features: u64) -> Vec<u8> {
 
 /// Hello: protocol `version`, `features`, chunk 1 MiB, client name "t".
 fn hello_version(version: u16, features: u64) -> Vec<u8> {
+    hello_chunk(version, features, 1 << 20)
+}
+
+/// Hello: protocol `version`, `features`, chunks of `chunk` bytes, client name "t".
+fn hello_chunk(version: u16, features: u64, chunk: u32) -> Vec<u8> {
     let mut body = vec![];
     body.extend_from_slice(&version.to_be_bytes());
     body.extend_from_slice(&features.to_be_bytes());
-    body.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    body.extend_from_slice(&chunk.to_be_bytes());
     body.extend_from_slice(&1u16.to_be_bytes());
     body.push(b't');
     let mut f = vec![];
@@ -207,11 +212,22 @@ fn assert_closed_unanswered(s: &mut TcpStream, request: &ferry_proto::Request, w
 }
 
 fn handshaken_with(addr: &str, features: u64) -> (TcpStream, bytes::BytesMut, u64) {
+    let (s, buf, welcome) = handshaken_chunk(addr, features, 1 << 20);
+    (s, buf, welcome.features)
+}
+
+/// [`handshaken_with`] asking for chunks of `chunk` bytes; returns the Welcome.
+fn handshaken_chunk(
+    addr: &str,
+    features: u64,
+    chunk: u32,
+) -> (TcpStream, bytes::BytesMut, ferry_proto::Welcome) {
     use ferry_proto::{Frame, Handshake};
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(&preamble()).unwrap();
-    s.write_all(&hello_with(features)).unwrap();
+    s.write_all(&hello_chunk(ferry_proto::PROTOCOL_VERSION, features, chunk))
+        .unwrap();
     let mut pre = [0u8; 8];
     s.read_exact(&mut pre).unwrap();
     let mut buf = bytes::BytesMut::new();
@@ -227,7 +243,7 @@ fn handshaken_with(addr: &str, features: u64) -> (TcpStream, bytes::BytesMut, u6
     let Handshake::Welcome(welcome) = Handshake::decode(frame).unwrap() else {
         panic!("no Welcome");
     };
-    (s, buf, welcome.features)
+    (s, buf, welcome)
 }
 
 #[test]
@@ -1019,4 +1035,83 @@ fn dir_xattrs_pages_need_their_feature_and_a_forged_cookie_is_answered() {
         ask(&mut s, &mut buf, 3, &Request::Ping),
         Response::Pong
     ));
+}
+
+#[test]
+fn a_directory_s_extended_attributes_never_exceed_the_session_s_frame() {
+    use ferry_proto::{features, Frame, Request, Response, Status};
+    let src = tempfile::tempdir().unwrap();
+    let dir = src.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    // 40 files with 3000 bytes of attributes each: 120 KB in all, far under the protocol's
+    // 1 MiB, but over the 8 KiB frames of a session with 4 KiB chunks.
+    for i in 0..40 {
+        let f = dir.join(format!("f{i:02}"));
+        std::fs::write(&f, b"x").unwrap();
+        let path = std::ffi::CString::new(f.as_os_str().as_encoded_bytes()).unwrap();
+        let value = vec![b'v'; 3000];
+        // SAFETY: both strings are NUL-terminated and `value` is as long as said.
+        let rc = unsafe {
+            libc::setxattr(
+                path.as_ptr(),
+                c"user.big".as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
+    }
+    let server = TestServer::start(src.path());
+    let (mut s, mut buf, welcome) = handshaken_chunk(&server.addr, features::ALL, 4096);
+    assert!(welcome.max_frame < 120_000, "{}", welcome.max_frame);
+    let whole = Request::DirXattrs {
+        path: bytes::Bytes::from_static(b"d"),
+    };
+    let mut out = bytes::BytesMut::new();
+    whole.encode(1, &mut out);
+    s.write_all(&out).unwrap();
+    let mut tmp = vec![0u8; 64 << 10];
+    // The response's frame within the session's limit: parsing with it fails otherwise.
+    let frame = loop {
+        if let Some(frame) = Frame::parse(&mut buf, welcome.max_frame).unwrap() {
+            break frame;
+        }
+        let n = s.read(&mut tmp).unwrap();
+        assert!(n > 0, "closed");
+        buf.extend_from_slice(&tmp[..n]);
+    };
+    match Response::decode(frame).unwrap() {
+        Response::Error { status, .. } => assert_eq!(status, Status::TooLarge),
+        other => panic!("{other:?}"),
+    }
+    // In pages, every page within the frame, every file's attributes come.
+    let (mut cookie, mut files, mut id) = (0, 0, 2);
+    loop {
+        let page = Request::DirXattrsPage {
+            path: bytes::Bytes::from_static(b"d"),
+            cookie,
+        };
+        let mut out = bytes::BytesMut::new();
+        page.encode(id, &mut out);
+        s.write_all(&out).unwrap();
+        let frame = loop {
+            if let Some(frame) = Frame::parse(&mut buf, welcome.max_frame).unwrap() {
+                break frame;
+            }
+            let n = s.read(&mut tmp).unwrap();
+            assert!(n > 0, "closed");
+            buf.extend_from_slice(&tmp[..n]);
+        };
+        let Response::DirXattrsPage { entries, next } = Response::decode(frame).unwrap() else {
+            panic!("not a page");
+        };
+        files += entries.len();
+        if next == 0 {
+            break;
+        }
+        (cookie, id) = (next, id + 1);
+    }
+    assert_eq!(files, 40);
+    assert!(id > 2, "one page held it all");
 }

@@ -434,12 +434,13 @@ fn fd_xattrs(
 impl Export {
     /// The extended attributes of directory `path` itself (empty name) and of its regular
     /// files, directories and FIFOs that have any (symlinks and devices are not opened),
-    /// at most [`ferry_proto::MAX_DIR_XATTR_BYTES`] of names and values in all.
+    /// at most `max_bytes` encoded (the session's frame less its header) and at most
+    /// [`ferry_proto::MAX_DIR_XATTR_BYTES`].
     ///
     /// # Errors
     /// As [`Export::read_dir`]; `TooLarge` over the budget.
-    pub fn dir_xattrs(&self, path: &[u8]) -> Result<Vec<EntryXattrs>, OpError> {
-        Ok(self.xattrs_from(path, 0, None)?.0)
+    pub fn dir_xattrs(&self, path: &[u8], max_bytes: usize) -> Result<Vec<EntryXattrs>, OpError> {
+        Ok(self.xattrs_from(path, 0, max_bytes, false)?.0)
     }
 
     /// One page of [`Export::dir_xattrs`] from `cookie` (0: the directory's own attributes
@@ -456,22 +457,22 @@ impl Export {
         cookie: u64,
         max_bytes: usize,
     ) -> Result<(Vec<EntryXattrs>, u64), OpError> {
-        self.xattrs_from(path, cookie, Some(max_bytes))
+        self.xattrs_from(path, cookie, max_bytes, true)
     }
 
-    /// [`Export::dir_xattrs`] (`page` `None`: `TooLarge` over the limit) or
-    /// [`Export::dir_xattrs_page`] (pages of at most `page` bytes encoded).
+    /// At most `max_bytes` encoded (and [`ferry_proto::MAX_DIR_XATTR_BYTES`]) from `cookie`:
+    /// [`Export::dir_xattrs`] (not `paged`: `TooLarge` over the limit) or
+    /// [`Export::dir_xattrs_page`] (`paged`: the page ends before the entry that passes it).
     fn xattrs_from(
         &self,
         path: &[u8],
         cookie: u64,
-        page: Option<usize>,
+        max_bytes: usize,
+        paged: bool,
     ) -> Result<(Vec<EntryXattrs>, u64), OpError> {
-        let paged = page.is_some();
         // Each attribute's name and value with 8 bytes for its framing (fd_xattrs); each
         // entry's name and 4 bytes for its own (below); 16 for the page's.
-        let mut budget = page
-            .unwrap_or(usize::MAX)
+        let mut budget = max_bytes
             .min(ferry_proto::MAX_DIR_XATTR_BYTES)
             .saturating_sub(16);
         let mut out = Vec::new();

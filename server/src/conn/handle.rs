@@ -306,9 +306,13 @@ pub(crate) async fn handle(
         Request::IdNames { ids } => blocking(move || Ok(crate::names::names(&ids)))
             .await
             .map(Response::IdNames),
-        Request::DirXattrs { path } => blocking(move || sh.export.dir_xattrs(&path))
-            .await
-            .map(Response::DirXattrs),
+        Request::DirXattrs { path } => {
+            // Within the session's frame too (a 4 KiB chunk size gives 8 KiB frames).
+            let max = session.max_frame as usize - 64;
+            blocking(move || sh.export.dir_xattrs(&path, max))
+                .await
+                .map(Response::DirXattrs)
+        }
         Request::DirXattrsPage { path, cookie } => {
             let max = session.max_frame as usize - 64;
             blocking(move || sh.export.dir_xattrs_page(&path, cookie, max))
