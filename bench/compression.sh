@@ -14,10 +14,11 @@
 # Cases (LINK:DATA:METHODS), by default those the issue names targets for:
 #   1gbit:mixed, 1gbit:pg, 100mbit:pg, wan:mixed, loopback:random
 # Methods: nc-zstd (`zstd -1 -T0 -c FILE | nc`, `nc | zstd -d` at the other end), nc-lz4,
-# ferry-auto, ferry-lz4, ferry-zstd1 (a fresh `ferry mount --compression …` per copy, `cp`
-# of the file out of it), mirror-auto, mirror-lz4, mirror-zstd1 (`ferry mirror
-# --compression …` of the file's directory: the same engine without FUSE). The page cache is dropped before every copy; every copy is checked
-# with cmp. 100mbit: tbf at 100 Mbit/s; the other links as in bench/run.sh.
+# ferry-auto, ferry-lz4, ferry-none, ferry-zstdLEVEL (ferry-zstd1, ferry-zstd-1: a fresh
+# `ferry mount --compression …` per copy, `cp` of the file out of it), mirror-auto,
+# mirror-lz4, mirror-zstdLEVEL (`ferry mirror --compression …` of the file's directory: the
+# same engine without FUSE). The page cache is dropped before every copy; every copy is
+# checked with cmp. 100mbit: tbf at 100 Mbit/s; the other links as in bench/run.sh.
 #
 # Output: a markdown table (default bench/out/compression.md): seconds, MB/s of file bytes,
 # and for auto the codec it ended on (from `ferry status`); beside it (*-decisions.log) each
@@ -125,7 +126,7 @@ copy_once() {  # copy_once DATA METHOD: prints seconds and, for ferry, the codec
             t1=$(date +%s.%N) ;;
         ferry-*)
             local mode=${method#ferry-}
-            [ "$mode" = zstd1 ] && mode=zstd:1
+            case "$mode" in zstd*) mode=zstd:${mode#zstd} ;; esac
             rm -f "$WORK/logs/ferry-m-$link.log"
             ferry_mount_at "$mnt" --compression "$mode" $verbose || { echo "failed"; return; }
             t0=$(date +%s.%N)
@@ -137,7 +138,7 @@ copy_once() {  # copy_once DATA METHOD: prints seconds and, for ferry, the codec
             { echo "== $link $ds $method (cp began $(date -u -d "@$t0" +%T.%N | cut -c1-12))"; grep -a "$decisions" "$WORK/logs/ferry-m-$link.log" || true; } >> "$DECISIONS" ;;
         mirror-*)
             local mode=${method#mirror-}
-            [ "$mode" = zstd1 ] && mode=zstd:1
+            case "$mode" in zstd*) mode=zstd:${mode#zstd} ;; esac
             got=$WORK/dst/$ds/$ds.dat
             t0=$(date +%s.%N)
             in_ns "${FERRY_BIN:-$ROOT/target/release/ferry}" mirror "127.0.0.1:$P_FERRY:/$ds" "$WORK/dst/$ds" \
