@@ -642,16 +642,20 @@ impl Chooser {
             return self.current();
         }
         let wire_rate = w.wire as f64 / secs;
-        // Settled: in use for more than SETTLE windows, and nearly all the window's bytes
-        // were asked for with it.
-        let settled =
-            self.held > SETTLE && w.fresh.saturating_mul(10) >= w.decoded.saturating_mul(9);
+        // Its own: nearly all the window's bytes were asked for with the codec in use.
+        // Settled: that, and in use for more than SETTLE windows.
+        let own = w.fresh.saturating_mul(10) >= w.decoded.saturating_mul(9);
+        let settled = self.held > SETTLE && own;
         self.traffic = self.traffic.saturating_add(1);
         if settled && !self.judged {
             self.judged = true;
             self.lag = Some(self.traffic);
         }
-        if w.busy {
+        // While a step down to lz4 is judged, only lz4's own answers speak of the link: a
+        // window still carrying those of the codec before (the server's word may cover them
+        // too) is no measurement of it.
+        let judging_step = self.stepped_down_from.is_some() && !own;
+        if w.busy && !judging_step {
             match w.link {
                 // The link carried at least this; a slower link shows as a lower rate when
                 // the codec is not the limit.
@@ -701,11 +705,12 @@ impl Chooser {
         }
         // A step down to lz4 (below) that made the link the limit: the codec before was
         // packing the data under what the link carries, and goes back at once (the link is
-        // measured now, so the step is not taken again). Confirmed once lz4's own answers
-        // show the link still not setting the pace.
+        // measured now, so the step is not taken again). Judged by lz4's own answers only
+        // (a window that still carries the codec before's says nothing of lz4); confirmed
+        // once they show the link still not setting the pace.
         if let Some((from, confirmed)) = self.stepped_down_from {
             match w.link {
-                LinkSignal::Limited => {
+                LinkSignal::Limited if own => {
                     self.stepped_down_from = None;
                     let floor = self.link_floor.unwrap_or(0.0);
                     self.link = Some(self.link.unwrap_or(wire_rate).max(floor));
@@ -843,6 +848,9 @@ mod tests {
         /// Windows the server's word on the link trails the answers: it speaks of those
         /// that many windows before.
         signal_lag: usize,
+        /// A window (from the start of a run) in which the server says the link set the
+        /// pace whatever it did: a look that caught a burst paced by a connection's own cap.
+        spurious_limited: Option<usize>,
     }
 
     impl Default for Sim {
@@ -857,6 +865,7 @@ mod tests {
                 busy_cpus: false,
                 lag: 0,
                 signal_lag: 0,
+                spurious_limited: None,
             }
         }
     }
@@ -963,6 +972,9 @@ mod tests {
                     busy: true,
                     link: match (self.reports, self.link_limits(said)) {
                         (false, _) => LinkSignal::Unreported,
+                        (true, _) if self.spurious_limited == Some(used.len() - 1) => {
+                            LinkSignal::Limited
+                        }
                         (true, true) => LinkSignal::Limited,
                         (true, false) => LinkSignal::NotLimited,
                     },
@@ -1257,6 +1269,36 @@ mod tests {
             assert_eq!(c.current(), Compression::Zstd(1), "lag {lag}: {asked:?}");
             assert!(c.link().is_some_and(|l| l > 12e6), "{}", c.explain());
         }
+    }
+
+    #[test]
+    fn a_step_down_is_judged_by_lz4_s_own_answers_only() {
+        // Binaries over a WAN of per-connection caps, both machines short of CPU: lz4 is
+        // what the CPUs can feed, and the link does not set the pace. Right after the step
+        // down the server's word says it did: it covers answers packed before the step
+        // (toxiproxy paced their bursts). That window carries zstd 1's answers, not lz4's:
+        // no step back, and no link measured from it.
+        let sim = Sim {
+            link: 200e6,
+            table: MIXED,
+            other: 300e6,
+            busy_cpus: true,
+            lag: 1,
+            spurious_limited: Some(1),
+            ..Sim::default()
+        };
+        let mut c = Chooser::new(true, Some(6), 2);
+        let asked = sim.run_logged(&mut c, 12);
+        assert_eq!(asked[1], Compression::Lz4, "{asked:?}");
+        assert!(
+            asked[1..]
+                .iter()
+                .all(|&x| matches!(x, Compression::Lz4 | Compression::None)),
+            "{asked:?}; {}",
+            c.explain()
+        );
+        // Lz4's own answers saying the link sets the pace still send it straight back (the
+        // test above).
     }
 
     #[test]
