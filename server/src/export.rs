@@ -416,7 +416,8 @@ fn fd_xattrs(
             return Err(OpError::new(
                 Status::TooLarge,
                 format!(
-                    "{:?}: extended attributes over {} bytes in one directory",
+                    "{:?}: extended attributes in one directory over what one response holds \
+                     ({} bytes, or the session's frame)",
                     String::from_utf8_lossy(path),
                     ferry_proto::MAX_DIR_XATTR_BYTES
                 ),
