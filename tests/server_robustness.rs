@@ -343,13 +343,24 @@ fn ask(
     id: u32,
     req: &ferry_proto::Request,
 ) -> ferry_proto::Response {
+    ask_within(s, buf, id, req, 2 << 20)
+}
+
+/// [`ask`], failing on a response frame longer than `max_frame`.
+fn ask_within(
+    s: &mut TcpStream,
+    buf: &mut bytes::BytesMut,
+    id: u32,
+    req: &ferry_proto::Request,
+    max_frame: u32,
+) -> ferry_proto::Response {
     use ferry_proto::{Frame, Response};
     let mut out = bytes::BytesMut::new();
     req.encode(id, &mut out);
     s.write_all(&out).unwrap();
     let mut tmp = vec![0u8; 64 << 10];
     loop {
-        if let Some(frame) = Frame::parse(buf, 2 << 20).unwrap() {
+        if let Some(frame) = Frame::parse(buf, max_frame).unwrap() {
             assert_eq!(frame.request_id, id);
             return Response::decode(frame).unwrap();
         }
@@ -859,12 +870,7 @@ fn connections_that_never_read_their_responses_hold_their_share_only_and_are_clo
 
 #[test]
 fn pipelined_directory_pages_count_against_the_memory_budget() {
-    let src = tempfile::tempdir().unwrap();
-    let d = src.path().join("d");
-    std::fs::create_dir(&d).unwrap();
-    for i in 0..3000 {
-        std::fs::write(d.join(format!("{i:05}-{}", "n".repeat(200))), b"").unwrap();
-    }
+    let (src, _) = export_with_files(3000, |i| format!("{i:05}-{}", "n".repeat(200)));
     let server = TestServer::start_with(src.path(), &["--memory-budget", "32"]);
     let list = |_| ferry_proto::Request::ReadDir {
         path: bytes::Bytes::from_static(b"d"),
@@ -1039,15 +1045,12 @@ fn dir_xattrs_pages_need_their_feature_and_a_forged_cookie_is_answered() {
 
 #[test]
 fn a_directory_s_extended_attributes_never_exceed_the_session_s_frame() {
-    use ferry_proto::{features, Frame, Request, Response, Status};
-    let src = tempfile::tempdir().unwrap();
-    let dir = src.path().join("d");
-    std::fs::create_dir(&dir).unwrap();
+    use ferry_proto::{features, Request, Response, Status};
     // 40 files with 3000 bytes of attributes each: 120 KB in all, far under the protocol's
     // 1 MiB, but over the 8 KiB frames of a session with 4 KiB chunks.
+    let (src, dir) = export_with_files(40, |i| format!("f{i:02}"));
     for i in 0..40 {
         let f = dir.join(format!("f{i:02}"));
-        std::fs::write(&f, b"x").unwrap();
         let path = std::ffi::CString::new(f.as_os_str().as_encoded_bytes()).unwrap();
         let value = vec![b'v'; 3000];
         // SAFETY: both strings are NUL-terminated and `value` is as long as said.
@@ -1065,45 +1068,19 @@ fn a_directory_s_extended_attributes_never_exceed_the_session_s_frame() {
     let server = TestServer::start(src.path());
     let (mut s, mut buf, welcome) = handshaken_chunk(&server.addr, features::ALL, 4096);
     assert!(welcome.max_frame < 120_000, "{}", welcome.max_frame);
-    let whole = Request::DirXattrs {
-        path: bytes::Bytes::from_static(b"d"),
-    };
-    let mut out = bytes::BytesMut::new();
-    whole.encode(1, &mut out);
-    s.write_all(&out).unwrap();
-    let mut tmp = vec![0u8; 64 << 10];
-    // The response's frame within the session's limit: parsing with it fails otherwise.
-    let frame = loop {
-        if let Some(frame) = Frame::parse(&mut buf, welcome.max_frame).unwrap() {
-            break frame;
-        }
-        let n = s.read(&mut tmp).unwrap();
-        assert!(n > 0, "closed");
-        buf.extend_from_slice(&tmp[..n]);
-    };
-    match Response::decode(frame).unwrap() {
+    // Each response's frame within the session's limit (ask_within fails otherwise).
+    let mut ask = |id, req: &Request| ask_within(&mut s, &mut buf, id, req, welcome.max_frame);
+    let d = || bytes::Bytes::from_static(b"d");
+    match ask(1, &Request::DirXattrs { path: d() }) {
         Response::Error { status, .. } => assert_eq!(status, Status::TooLarge),
         other => panic!("{other:?}"),
     }
-    // In pages, every page within the frame, every file's attributes come.
+    // In pages, every file's attributes come.
     let (mut cookie, mut files, mut id) = (0, 0, 2);
     loop {
-        let page = Request::DirXattrsPage {
-            path: bytes::Bytes::from_static(b"d"),
-            cookie,
-        };
-        let mut out = bytes::BytesMut::new();
-        page.encode(id, &mut out);
-        s.write_all(&out).unwrap();
-        let frame = loop {
-            if let Some(frame) = Frame::parse(&mut buf, welcome.max_frame).unwrap() {
-                break frame;
-            }
-            let n = s.read(&mut tmp).unwrap();
-            assert!(n > 0, "closed");
-            buf.extend_from_slice(&tmp[..n]);
-        };
-        let Response::DirXattrsPage { entries, next } = Response::decode(frame).unwrap() else {
+        let Response::DirXattrsPage { entries, next } =
+            ask(id, &Request::DirXattrsPage { path: d(), cookie })
+        else {
             panic!("not a page");
         };
         files += entries.len();
@@ -1114,4 +1091,19 @@ fn a_directory_s_extended_attributes_never_exceed_the_session_s_frame() {
     }
     assert_eq!(files, 40);
     assert!(id > 2, "one page held it all");
+}
+
+/// An export holding directory `d` with `n` empty files named by `name`: the export and
+/// the directory's path.
+fn export_with_files(
+    n: usize,
+    name: impl Fn(usize) -> String,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let src = tempfile::tempdir().unwrap();
+    let d = src.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    for i in 0..n {
+        std::fs::write(d.join(name(i)), b"").unwrap();
+    }
+    (src, d)
 }
