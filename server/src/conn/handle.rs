@@ -226,14 +226,19 @@ fn response_bound(request: &Request, session: &Session) -> u64 {
     bound.min(2 * frame).max(64)
 }
 
+/// Bytes a response's body may take in this session: its frame less room for the header.
+fn frame_room(session: &Session) -> usize {
+    session.max_frame as usize - 64
+}
+
 /// Bytes of contents a ReadDirData page holds at most.
 fn dir_data_page(session: &Session) -> usize {
-    (session.max_frame as usize - 64).min(DIR_DATA_PAGE as usize)
+    frame_room(session).min(DIR_DATA_PAGE as usize)
 }
 
 /// Entries a directory page holds at most, for a request of `max_entries`.
 fn dir_page_entries(session: &Session, max_entries: u32) -> usize {
-    let fit = (session.max_frame as usize - 64) / export::MAX_DIRENT_WIRE_LEN;
+    let fit = frame_room(session) / export::MAX_DIRENT_WIRE_LEN;
     (max_entries as usize).clamp(1, MAX_DIR_PAGE.min(fit))
 }
 
@@ -308,13 +313,13 @@ pub(crate) async fn handle(
             .map(Response::IdNames),
         Request::DirXattrs { path } => {
             // Within the session's frame too (a 4 KiB chunk size gives 8 KiB frames).
-            let max = session.max_frame as usize - 64;
+            let max = frame_room(session);
             blocking(move || sh.export.dir_xattrs(&path, max))
                 .await
                 .map(Response::DirXattrs)
         }
         Request::DirXattrsPage { path, cookie } => {
-            let max = session.max_frame as usize - 64;
+            let max = frame_room(session);
             blocking(move || sh.export.dir_xattrs_page(&path, cookie, max))
                 .await
                 .map(|(entries, next)| Response::DirXattrsPage { entries, next })
