@@ -63,6 +63,9 @@ bench_ferryd() {
 #   set_link LINK                      loopback, 1gbit or wan; sets $P_FERRY (and the ports of
 #                                      the other services) and, on wan, $WAN_RTT_MS
 #   drop_caches, kill_tree PID
+#   cpu_busy                           CPU seconds the machine has been busy (not idle, not
+#                                      waiting for I/O), from /proc/stat
+#   cpu_of PID                         CPU seconds process PID has used (0 when it is gone)
 #   fio_randread FILE SECONDS JSON     16 KiB random reads, 4 jobs (psync, fadvise random)
 #   ferry_mount_at MNT [OPTIONS...]    ferry mount of 127.0.0.1:$P_FERRY with $FERRY_ARGS
 #                                      (FERRY_BIN=PATH: another ferry binary to compare against)
@@ -186,6 +189,8 @@ set_link() {
     fi
 }
 
+cpu_busy() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / { print ($2 + $3 + $4 + $7 + $8) / hz; exit }' /proc/stat; }
+cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
 # fresh_fs DIR GIB: DIR becomes a new journaled ext4 of GIB GiB (a sparse image under $WORK on

@@ -139,8 +139,6 @@ fi
 
 # ---------------------------------------------------------------- links
 # ---------------------------------------------------------------- measurement
-busy_jiffies() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
-HZ=$(getconf CLK_TCK)
 ROWS=$WORK/rows   # link|dataset|method|seconds|MBps|cpu
 : > "$ROWS"
 FIO=$WORK/fio     # link|method|iops
@@ -158,8 +156,8 @@ copy_once() {
     local link=$1 ds=$2 method=$3; shift 3
     rm -rf "${WORK:?}/dst/$ds" 2>/dev/null || { sleep 1; rm -rf "${WORK:?}/dst/$ds"; }
     drop_caches
-    local j0 t0 t1 j1 status=0
-    j0=$(busy_jiffies); t0=$(date +%s.%N)
+    local c0 t0 t1 c1 status=0
+    c0=$(cpu_busy); t0=$(date +%s.%N)
     # A copy that takes longer than --copy-timeout is stopped and reported as such (some
     # peers need tens of minutes for a tree over the WAN profile).
     "$@" >"$WORK/logs/copy.log" 2>&1 &
@@ -168,7 +166,7 @@ copy_once() {
     local watchdog=$!
     wait "$job" || status=$?
     kill_tree "$watchdog"; wait "$watchdog" 2>/dev/null || true
-    t1=$(date +%s.%N); j1=$(busy_jiffies)
+    t1=$(date +%s.%N); c1=$(cpu_busy)
     if [ $status -ne 0 ] && awk -v a="$t0" -v z="$t1" -v l="$copy_timeout" 'BEGIN { exit !(z - a >= l) }'; then
         echo "timed out (> ${copy_timeout} s)"
         return 0
@@ -193,7 +191,7 @@ copy_once() {
     else
         cmp -s "$DATA/$ds" "$WORK/dst/$ds" || die "$method: copy of $ds differs from the source"
     fi
-    awk -v a="$t0" -v z="$t1" -v j="$((j1 - j0))" -v hz="$HZ" 'BEGIN { printf "%.2f|%.1f\n", z - a, j / hz }'
+    awk -v a="$t0" -v z="$t1" -v c0="$c0" -v c1="$c1" 'BEGIN { printf "%.2f|%.1f\n", z - a, c1 - c0 }'
 }
 
 # copy LINK DATASET METHOD COMMAND... : runs the copy --repeat times (once when the first run

@@ -71,11 +71,6 @@ ns_ferryd "$DATA"
 ROWS=$WORK/rows   # link|tree|method|seconds|MB/s|peak RSS MiB|CPU s|ferryd CPU s
 : > "$ROWS"
 
-# cpu_busy: CPU seconds the whole machine has been busy (not idle, not waiting for I/O).
-cpu_busy() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / { print ($2 + $3 + $4 + $7 + $8) / hz; exit }' /proc/stat; }
-# cpu_of PID: the CPU seconds process PID has used (0 when it is gone).
-cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
-
 # run_once TREE METHOD MOUNT: one timed run; prints "SECONDS|RSS|CPU|FERRYD CPU" or
 # "failed (why)".
 run_once() {
