@@ -189,8 +189,8 @@ set_link() {
     fi
 }
 
-cpu_busy() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / { print ($2 + $3 + $4 + $7 + $8) / hz; exit }' /proc/stat; }
-cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+cpu_busy() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / { printf "%.3f\n", ($2 + $3 + $4 + $7 + $8) / hz; exit }' /proc/stat; }
+cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%.3f\n", ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
 # fresh_fs DIR GIB: DIR becomes a new journaled ext4 of GIB GiB (a sparse image under $WORK on
