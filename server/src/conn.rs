@@ -450,8 +450,7 @@ where
                 _ => {}
             }
             st.inflight.fetch_sub(1, Relaxed);
-            let mut head = BytesMut::with_capacity(128);
-            let tail = response.encode(id, &mut head);
+            let (head, tail) = encode_within(&mut response, id, session.max_frame);
             // Errors are small and answer someone: demand, whatever the request's class.
             let class = if matches!(response, Response::Error { .. }) {
                 Class::Demand
@@ -571,9 +570,64 @@ pub(crate) fn encoding_index(e: ferry_proto::Encoding) -> usize {
     }
 }
 
+/// Encodes `response` to request `id`. One whose frame would pass the session's
+/// `max_frame` (a handler that did not bound it: a server bug) goes as a `TooLarge` error
+/// instead, so no client is sent a frame it must refuse.
+fn encode_within(response: &mut Response, id: u32, max_frame: u32) -> (BytesMut, bytes::Bytes) {
+    let mut head = BytesMut::with_capacity(128);
+    let tail = response.encode(id, &mut head);
+    // The frame's length field counts all but itself.
+    let length = (head.len() + tail.len()).saturating_sub(4);
+    if length <= max_frame as usize {
+        return (head, tail);
+    }
+    tracing::error!(
+        "a response of {length} bytes would pass the session's frame of {max_frame}: \
+         answered TooLarge instead (a bug: please report it)"
+    );
+    *response = Response::Error {
+        status: ferry_proto::Status::TooLarge,
+        message: format!("the response ({length} bytes) does not fit the session's frame"),
+    };
+    let mut head = BytesMut::with_capacity(128);
+    let tail = response.encode(id, &mut head);
+    (head, tail)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_response_over_the_sessions_frame_goes_as_too_large() {
+        let frame = |head: &BytesMut, tail: &bytes::Bytes| {
+            let mut all = head.clone();
+            all.extend_from_slice(tail);
+            Frame::parse(&mut all, 8192)
+                .expect("within the frame")
+                .expect("whole")
+        };
+        // Within the frame: as it is.
+        let mut small = Response::Link(bytes::Bytes::from(vec![b'a'; 100]));
+        let (head, tail) = encode_within(&mut small, 7, 8192);
+        assert!(matches!(
+            Response::decode(frame(&head, &tail)).unwrap(),
+            Response::Link(l) if l.len() == 100
+        ));
+        // Past it: an error that fits, to the same request.
+        let mut big = Response::Link(bytes::Bytes::from(vec![b'a'; 20_000]));
+        let (head, tail) = encode_within(&mut big, 7, 8192);
+        let f = frame(&head, &tail);
+        assert_eq!(f.request_id, 7);
+        match Response::decode(f).unwrap() {
+            Response::Error { status, .. } => assert_eq!(status, ferry_proto::Status::TooLarge),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(big, Response::Error { .. }),
+            "the caller sees the error"
+        );
+    }
 
     #[tokio::test]
     async fn a_request_read_holds_no_part_of_the_connections_read_buffer() {
