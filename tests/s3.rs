@@ -329,7 +329,11 @@ fn the_mount_s_background_mirror_fills_a_verified_local_copy_of_a_bucket() {
     let after = ferry_tests::status(&m.path())["mount"]["passthrough_opens"]
         .as_u64()
         .unwrap();
-    assert!(after > before, "no passthrough open: {before} -> {after}");
+    assert!(
+        after > before,
+        "no passthrough open: {before} -> {after}\n{}",
+        m.log_text()
+    );
 }
 
 /// Random reads from a bucket into a local copy take the whole chunks they touch and keep

@@ -211,7 +211,7 @@ impl LocalCopy {
         let Some(rel) = self.rel(&key.path) else {
             return Ok(());
         };
-        let (file, generation) = {
+        let (file, generation, _writing) = {
             let _one_at_a_time = self.begin.lock().unwrap_or_else(|e| e.into_inner());
             match self.cache.state(&rel) {
                 Some(s) if s.version == key.version && s.chunk_size == self.chunk_size => {
@@ -219,10 +219,15 @@ impl LocalCopy {
                         // Present, or being replaced by someone else (the mirror).
                         return Ok(());
                     }
-                    match self.open(&rel, s.generation)? {
-                        Some(f) => (f, s.generation),
-                        None => return Ok(()),
-                    }
+                    let Some(f) = self.open(&rel, s.generation)? else {
+                        return Ok(());
+                    };
+                    // Sealed: the mirror wrote every chunk and is setting the file's
+                    // metadata; a write now would change its times.
+                    let Some(writing) = self.cache.begin_write(&rel, s.generation) else {
+                        return Ok(());
+                    };
+                    (f, s.generation, writing)
                 }
                 _ => {
                     // First chunk of this version: the local file starts over (a new inode;
@@ -232,7 +237,10 @@ impl LocalCopy {
                             .restart_file(&rel, key.version, self.chunk_size)?;
                     let f = Arc::new(f);
                     self.remember(&rel, f.clone(), generation);
-                    (f, generation)
+                    let Some(writing) = self.cache.begin_write(&rel, generation) else {
+                        return Ok(());
+                    };
+                    (f, generation, writing)
                 }
             }
         };
@@ -339,5 +347,90 @@ impl ChunkBacking for LocalCopy {
                     Some(Instant::now() + STORE_PAUSE);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::StateBase;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    /// The race CI once lost (tests/s3.rs, no passthrough open after the mirror completed):
+    /// the mirror wrote every chunk (recorded by the syncer only later), then set the file's
+    /// times; a reader's store of a chunk it had fetched meanwhile landed after that and
+    /// changed them, so the copy's mtime was not the source's and its stamp was refused.
+    #[tokio::test]
+    async fn a_readers_store_after_the_mirror_set_the_times_does_not_change_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(
+            CacheDir::open(
+                &dir.path().join("copy"),
+                &StateBase::new(dir.path().join("state")),
+            )
+            .unwrap(),
+        );
+        let (syncer, task) = Syncer::start(
+            cache.clone(),
+            Duration::from_secs(3600),
+            Arc::new(|e| panic!("{e}")),
+        );
+        let cs = 4096u32;
+        let version = ferry_proto::Version {
+            ino: 1,
+            size: 2 * u64::from(cs),
+            mtime: ferry_proto::Timestamp { sec: 1, nsec: 2 },
+            ctime: ferry_proto::Timestamp { sec: 1, nsec: 2 },
+            btime: ferry_proto::Timestamp::default(),
+        };
+        let rel = Bytes::from_static(b"f");
+        let copy = LocalCopy::new(cache.clone(), Bytes::new(), cs, syncer.clone());
+        let key = FileKey {
+            id: 1,
+            version,
+            path: rel.clone(),
+        };
+        let chunk = Bytes::from(vec![7u8; cs as usize]);
+
+        // The mirror: both chunks written, not yet recorded; sealed; times set.
+        let (f, generation) = cache.restart_file(&rel, version, cs).unwrap();
+        let f = Arc::new(f);
+        for index in 0..2 {
+            f.write_all_at(&chunk, index * u64::from(cs)).unwrap();
+            syncer.written(rel.clone(), version, generation, index, f.clone());
+        }
+        cache.seal(&rel, generation);
+        let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        f.set_modified(old).unwrap();
+        let before = f.metadata().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+
+        // A reader's chunk arrives: the state does not show it held yet.
+        assert!(!cache.state(&rel).unwrap().has(1));
+        copy.store(&key, 1, &chunk);
+        let after = f.metadata().unwrap();
+        assert_eq!(
+            (
+                after.mtime(),
+                after.mtime_nsec(),
+                after.ctime(),
+                after.ctime_nsec()
+            ),
+            (
+                before.mtime(),
+                before.mtime_nsec(),
+                before.ctime(),
+                before.ctime_nsec()
+            ),
+            "a reader wrote into a sealed file"
+        );
+
+        // Lifted after the mirror's chunks are recorded: readers see them held.
+        syncer.lift_seal(rel.clone(), generation);
+        syncer.flush().await;
+        assert!(cache.state(&rel).unwrap().complete());
+        assert_eq!(cache.seals_tracked(), 0, "the seal is gone");
+        drop((copy, syncer));
+        task.await.unwrap().unwrap();
     }
 }

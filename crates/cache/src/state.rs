@@ -20,6 +20,7 @@ use crate::journal::{Journal, Record};
 
 mod file;
 pub mod location;
+mod seals;
 
 pub use file::{replay, FileState};
 pub use location::{find_state, StateBase};
@@ -59,6 +60,8 @@ pub struct CacheDir {
     meta: PathBuf,
     inner: Mutex<Inner>,
     journal: Mutex<Journal>,
+    /// The mirror's seals and the readers' writes in flight ([`seals`]).
+    seals: seals::Seals,
     _lock: std::fs::File,
 }
 
@@ -193,6 +196,7 @@ impl CacheDir {
                 since_compaction: records.len() as u64,
             }),
             journal: Mutex::new(journal),
+            seals: seals::Seals::default(),
             _lock: lock,
         })
     }
@@ -316,6 +320,7 @@ impl CacheDir {
     ) -> std::io::Result<(std::fs::File, u64)> {
         let local = self.local_path(rel);
         let generation = self.begin_with(rel, version, chunk_size, false);
+        self.seals.lift_others(rel, generation);
         let create = || {
             std::fs::OpenOptions::new()
                 .read(true)
@@ -406,6 +411,33 @@ impl CacheDir {
         st.apply(&rec);
         g.pending.push(rec);
         g.since_compaction += 1;
+    }
+
+    /// A reader's write of a chunk to `rel` of `generation` begins; `None`: the file is
+    /// sealed, the write is skipped ([`seals`]).
+    pub(crate) fn begin_write(
+        &self,
+        rel: &Bytes,
+        generation: u64,
+    ) -> Option<seals::WriteGuard<'_>> {
+        self.seals.write(rel, generation)
+    }
+
+    /// Seals `rel` of `generation` before its metadata is set: waits for readers' writes to
+    /// it in flight; later ones skip until the seal is lifted ([`seals`]). Blocks.
+    pub(crate) fn seal(&self, rel: &Bytes, generation: u64) {
+        self.seals.seal(rel, generation);
+    }
+
+    /// Lifts the seal of `rel` of `generation` (once everything written to it before is
+    /// recorded: the syncer does).
+    pub(crate) fn lift_seal(&self, rel: &Bytes, generation: u64) {
+        self.seals.lift(rel, generation);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn seals_tracked(&self) -> usize {
+        self.seals.tracked()
     }
 
     /// The verified local file of `rel` (of `generation`), its metadata set, shows `stamp`

@@ -52,6 +52,9 @@ pub(crate) enum SyncEvent {
         generation: u64,
         stamp: Version,
     },
+    /// The seal of `rel` of `generation` is lifted (after everything sent before is
+    /// recorded: see [`CacheDir::seal`]).
+    Lift { rel: Bytes, generation: u64 },
     /// Reply once everything sent before is recorded and durable.
     Flush(oneshot::Sender<()>),
 }
@@ -140,6 +143,12 @@ impl Syncer {
             generation,
             stamp,
         });
+    }
+
+    /// Lifts the seal of `rel` of `generation` ([`CacheDir::seal`]) once everything sent
+    /// before is recorded: readers then see every chunk written to it as held.
+    pub fn lift_seal(&self, rel: Bytes, generation: u64) {
+        let _ = self.tx.send(SyncEvent::Lift { rel, generation });
     }
 
     /// Waits until everything sent before is durable and recorded.
@@ -248,8 +257,11 @@ async fn commit_batch(
         let mut done = Vec::new();
         if let Err(e) = synced {
             for ev in events {
-                if let SyncEvent::Flush(w) = ev {
-                    waiters.push(w);
+                match ev {
+                    SyncEvent::Flush(w) => waiters.push(w),
+                    // Nothing is recorded: readers' stores go on as before the seal.
+                    SyncEvent::Lift { rel, generation } => c.lift_seal(&rel, generation),
+                    _ => {}
                 }
             }
             return (Err(e), waiters, done);
@@ -278,6 +290,7 @@ async fn commit_batch(
                     generation,
                     stamp,
                 } => c.mark_stamped(&rel, generation, stamp),
+                SyncEvent::Lift { rel, generation } => c.lift_seal(&rel, generation),
                 SyncEvent::Flush(w) => waiters.push(w),
             }
         }

@@ -232,18 +232,24 @@ pub(super) async fn set_and_stamp(
 ) -> std::io::Result<()> {
     let (local, a, owner) = (ctx.cache.local_path(rel), *attr, ctx.owners.local(attr));
     let xa = super::xattrs::XattrMap::of(ctx, rel).await;
+    let (cache, r) = (ctx.cache.clone(), rel.clone());
     let stamp = background::run(move || {
+        // No reader's store lands after the times are set (it would change them).
+        cache.seal(&r, generation);
         set_metadata(&local, &a, true, owner)?;
         if let Some(x) = &xa {
             super::xattrs::apply(&local, x)?;
         }
         local_stamp(&local)
     })
-    .await??;
-    if ctx.cfg.verify {
-        ctx.sync.stamped(rel.clone(), generation, stamp);
+    .await
+    .map_err(std::io::Error::from)
+    .and_then(|r| r);
+    if let (Ok(stamp), true) = (&stamp, ctx.cfg.verify) {
+        ctx.sync.stamped(rel.clone(), generation, *stamp);
     }
-    Ok(())
+    ctx.sync.lift_seal(rel.clone(), generation);
+    stamp.map(|_| ())
 }
 
 /// A file complete and verified by an earlier run (`st`, the open `file`): kept as it is,

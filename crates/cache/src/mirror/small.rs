@@ -73,6 +73,9 @@ pub(super) async fn copy_small_file(
             d.len(),
             move || -> std::io::Result<(File, u64, [u8; 32], ferry_proto::Version)> {
                 let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
+                // No reader's store lands after the times are set (it would change them):
+                // lifted once the write is recorded.
+                cache.seal(&r, generation);
                 std::io::Write::write_all(&mut f, &d)?;
                 set_file_metadata(&f, &a, owner)?;
                 if let Some(x) = &xa {
@@ -96,12 +99,16 @@ pub(super) async fn copy_small_file(
     ctx.progress
         .bytes_done
         .fetch_add(attr.size, Ordering::Relaxed);
-    if ctx.cfg.verify {
+    let verdict = if ctx.cfg.verify {
         let verdict = verify::in_memory(ctx, rel, remote, version, generation, mine, file_hash);
-        if let Some(o) = verdict.await.with_taken_back(ctx, attr.size) {
-            return o;
+        let taken_back = verdict.await.with_taken_back(ctx, attr.size);
+        if taken_back.is_none() {
+            ctx.sync.stamped(rel.clone(), generation, stamp);
         }
-        ctx.sync.stamped(rel.clone(), generation, stamp);
-    }
-    Ok(FileOutcome::Done)
+        taken_back
+    } else {
+        None
+    };
+    ctx.sync.lift_seal(rel.clone(), generation);
+    verdict.unwrap_or(Ok(FileOutcome::Done))
 }
