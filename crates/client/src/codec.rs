@@ -564,8 +564,18 @@ impl Chooser {
         let (Some(now), Some(then)) = (ratio(self.current), ratio(next)) else {
             return true;
         };
-        now <= PROBE_RATIO_STEP * then
-            || self.link().is_some_and(|seen| decoded / then <= 2.0 * seen)
+        now <= PROBE_RATIO_STEP * then || self.link_seen_to_carry_half(next, decoded)
+    }
+
+    /// Whether the link has been seen to carry at least half of the wire bytes candidate
+    /// `i` would send to deliver `decoded` bytes per second (true when its ratio is not
+    /// known yet).
+    fn link_seen_to_carry_half(&self, i: usize, decoded: f64) -> bool {
+        let Some(ratio) = self.expected_ratio(i).map(|r| r.max(1.0)) else {
+            return true;
+        };
+        self.link()
+            .is_some_and(|seen| decoded / ratio <= 2.0 * seen)
     }
 
     /// The efficiency to expect of candidate `i`: its own when it was used, else the lower
@@ -728,9 +738,17 @@ impl Chooser {
         // costs both ends CPU and each response time. lz4 at most, the cheapest codec
         // that still packs (raw might make the link the limit, and its wire bytes cost CPU
         // too). Once the link has limited, its estimate is real and the model decides.
+        // Not when lz4 would need more than twice what the link has been seen to carry:
+        // the link not setting the pace yet says nothing of that much (database pages over
+        // 100 Mbit/s: zstd 1 packs them 43:1, lz4 15:1, and zstd 1 already fills the link
+        // while the server reads its last windows as not limited).
         let lz4 = CANDIDATES.iter().position(|&c| c == Compression::Lz4);
         if let Some(l) = lz4.filter(|&l| self.allowed[l]) {
-            if self.not_limited >= NOT_LIMITED_WINDOWS && self.link.is_none() && self.current > l {
+            if self.not_limited >= NOT_LIMITED_WINDOWS
+                && self.link.is_none()
+                && self.current > l
+                && self.link_seen_to_carry_half(l, w.decoded as f64 / secs)
+            {
                 self.stepped_down_from = Some((self.current, 0));
                 return self.change_to(l, None);
             }
@@ -1244,12 +1262,12 @@ mod tests {
     }
 
     #[test]
-    fn a_step_down_that_makes_the_link_the_limit_goes_straight_back() {
+    fn a_step_down_that_would_need_many_times_the_wire_the_link_carried_is_not_taken() {
         // Database pages read from a disk that gives 480 MB/s, over 100 Mbit/s: zstd 1
-        // packs them under what the link carries, so the server first says the link does
-        // not set the pace, and auto steps down to lz4. On lz4 the link limits at once
-        // (187 MB/s): back to zstd 1 with the first window that shows it, not through the
-        // model's two winning windows (a copy of 1 GiB takes two seconds here).
+        // packs them 43:1, under what the link carries, so the server says the link does
+        // not set the pace. lz4 (15:1) would need three times the wire bytes the link has
+        // been seen to carry: no step down (it cost 0.8 s of a 2 s copy before 2026-11-26:
+        // three windows at 173 MB/s before the link's word sent it back).
         for (lag, signal_lag) in [(0, 0), (2, 0), (2, 1)] {
             let sim = Sim {
                 link: 12.5e6,
@@ -1261,10 +1279,39 @@ mod tests {
             };
             let mut c = Chooser::new(true, Some(6), 2);
             let asked = sim.run_logged(&mut c, 40);
+            assert!(
+                !asked
+                    .iter()
+                    .any(|&x| matches!(x, Compression::Lz4 | Compression::None)),
+                "lag {lag}: {asked:?}"
+            );
+            assert_eq!(c.current(), Compression::Zstd(1), "lag {lag}: {asked:?}");
+        }
+    }
+
+    #[test]
+    fn a_step_down_that_makes_the_link_the_limit_goes_straight_back() {
+        // Binaries read at 24 MB/s over 100 Mbit/s: zstd 1 (2.1:1) sends 11.4 MB/s, under
+        // what the link carries, so the server says it does not set the pace, and lz4
+        // (1.7:1), needing 14 MB/s, under twice that, is tried. On lz4 the link limits: back
+        // to zstd 1 with the first window that shows it, not through the model's two
+        // winning windows.
+        for (lag, signal_lag) in [(0, 0), (2, 0), (2, 1)] {
+            let sim = Sim {
+                link: 12.5e6,
+                table: MIXED,
+                walk: 24e6,
+                lag,
+                signal_lag,
+                ..Sim::default()
+            };
+            let mut c = Chooser::new(true, Some(6), 2);
+            let asked = sim.run_logged(&mut c, 40);
             let cheaper = asked
                 .iter()
                 .filter(|&&x| matches!(x, Compression::Lz4 | Compression::None))
                 .count();
+            assert!(cheaper >= 1, "lag {lag}: no step down: {asked:?}");
             assert!(cheaper <= 1 + lag + signal_lag, "lag {lag}: {asked:?}");
             assert_eq!(c.current(), Compression::Zstd(1), "lag {lag}: {asked:?}");
             assert!(c.link().is_some_and(|l| l > 12e6), "{}", c.explain());
