@@ -118,6 +118,8 @@ pub const LINK_LIMITED: f64 = 0.5;
 /// the link limits can read as not limited while a mount's read-ahead grows, with four
 /// windows too; it comes back once the link limits (docs/BENCHMARKS-TREES.md).
 const NOT_LIMITED_WINDOWS: u32 = 1;
+/// Windows whose highest decoded rate the step down to lz4 is judged on (two seconds).
+const RECENT_WINDOWS: usize = 8;
 /// A cheaper codec is probed soon only if it packs at least 1/this as well as the codec in
 /// use (or the link has been seen to carry half of what it would need); else only by the
 /// regular probe ([`PROBE_EVERY`]).
@@ -262,6 +264,8 @@ pub struct Chooser {
     last_signal: LinkSignal,
     /// Windows in a row the server said the link did not set the pace.
     not_limited: u32,
+    /// The decoded rates of the last [`RECENT_WINDOWS`] windows with traffic.
+    recent_decoded: std::collections::VecDeque<f64>,
     current: usize,
     /// Windows since the last change.
     held: u32,
@@ -330,6 +334,7 @@ impl Chooser {
             link_floor: None,
             last_signal: LinkSignal::Unreported,
             not_limited: 0,
+            recent_decoded: std::collections::VecDeque::with_capacity(RECENT_WINDOWS),
             current: start,
             held: 0,
             server_cores: cores * 0.75,
@@ -652,6 +657,11 @@ impl Chooser {
             return self.current();
         }
         let wire_rate = w.wire as f64 / secs;
+        if self.recent_decoded.len() == RECENT_WINDOWS {
+            self.recent_decoded.pop_front();
+        }
+        self.recent_decoded.push_back(w.decoded as f64 / secs);
+        let decoded_lately = self.recent_decoded.iter().fold(0.0, |a: f64, &b| a.max(b));
         // Its own: nearly all the window's bytes were asked for with the codec in use.
         // Settled: that, and in use for more than SETTLE windows.
         let own = w.fresh.saturating_mul(10) >= w.decoded.saturating_mul(9);
@@ -741,13 +751,15 @@ impl Chooser {
         // Not when lz4 would need more than twice what the link has been seen to carry:
         // the link not setting the pace yet says nothing of that much (database pages over
         // 100 Mbit/s: zstd 1 packs them 43:1, lz4 15:1, and zstd 1 already fills the link
-        // while the server reads its last windows as not limited).
+        // while the server reads its last windows as not limited). Judged on the highest decoded
+        // rate of the last two seconds: a window the reader left idle, or one of a stall,
+        // understates what lz4 would have to carry.
         let lz4 = CANDIDATES.iter().position(|&c| c == Compression::Lz4);
         if let Some(l) = lz4.filter(|&l| self.allowed[l]) {
             if self.not_limited >= NOT_LIMITED_WINDOWS
                 && self.link.is_none()
                 && self.current > l
-                && self.link_seen_to_carry_half(l, w.decoded as f64 / secs)
+                && self.link_seen_to_carry_half(l, decoded_lately)
             {
                 self.stepped_down_from = Some((self.current, 0));
                 return self.change_to(l, None);
@@ -869,6 +881,9 @@ mod tests {
         /// A window (from the start of a run) in which the server says the link set the
         /// pace whatever it did: a look that caught a burst paced by a connection's own cap.
         spurious_limited: Option<usize>,
+        /// Windows (from the start of a run) the reader pauses in: they carry 0.6 of the
+        /// bytes, and requests are not outstanding all along.
+        idle: &'static [usize],
     }
 
     impl Default for Sim {
@@ -884,6 +899,7 @@ mod tests {
                 lag: 0,
                 signal_lag: 0,
                 spurious_limited: None,
+                idle: &[],
             }
         }
     }
@@ -980,14 +996,15 @@ mod tests {
                 // One machine's CPUs (the simulation's are one pool).
                 c.set_same_machine(true);
                 c.set_cpus(Some(server), Some(client));
-                let decoded = self.delivered(i) * 0.5;
+                let paused = self.idle.contains(&(used.len() - 1));
+                let decoded = self.delivered(i) * if paused { 0.3 } else { 0.5 };
                 let ratio = self.table[i].0;
                 c.window(Window {
                     elapsed: Duration::from_millis(500),
                     wire: (decoded / ratio) as u64,
                     decoded: decoded as u64,
                     fresh: if i == now { decoded as u64 } else { 0 },
-                    busy: true,
+                    busy: !paused,
                     link: match (self.reports, self.link_limits(said)) {
                         (false, _) => LinkSignal::Unreported,
                         (true, _) if self.spurious_limited == Some(used.len() - 1) => {
@@ -1267,14 +1284,23 @@ mod tests {
         // packs them 43:1, under what the link carries, so the server says the link does
         // not set the pace. lz4 (15:1) would need three times the wire bytes the link has
         // been seen to carry: no step down (it cost 0.8 s of a 2 s copy before 2026-11-26:
-        // three windows at 173 MB/s before the link's word sent it back).
-        for (lag, signal_lag) in [(0, 0), (2, 0), (2, 1)] {
+        // three windows at 173 MB/s before the link's word sent it back). Nor in a window
+        // the reader paused in (`cp` writing), whose lower rate understates what lz4 would
+        // have to carry.
+        for (lag, signal_lag, idle) in [
+            (0, 0, &[][..]),
+            (2, 0, &[]),
+            (2, 1, &[]),
+            (0, 0, &[2, 4, 5, 9]),
+            (2, 1, &[3, 4, 8]),
+        ] {
             let sim = Sim {
                 link: 12.5e6,
                 table: PAGES,
                 walk: 480e6,
                 lag,
                 signal_lag,
+                idle,
                 ..Sim::default()
             };
             let mut c = Chooser::new(true, Some(6), 2);
