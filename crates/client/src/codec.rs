@@ -575,26 +575,28 @@ impl Chooser {
         now <= PROBE_RATIO_STEP * then || self.link_seen_to_carry_half(next, decoded)
     }
 
-    /// As [`Chooser::link_seen_to_carry_half`], counting also what windows the reader left
-    /// idle carried (a walk of small files may have no busy window, hence no link
-    /// estimate, at all).
-    fn wire_seen_for_half(&self, i: usize, decoded: f64) -> bool {
-        let Some(ratio) = self.expected_ratio(i).map(|r| r.max(1.0)) else {
-            return true;
-        };
-        let seen = self.link().unwrap_or(0.0).max(self.most_wire);
-        decoded / ratio <= 2.0 * seen
-    }
-
     /// Whether the link has been seen to carry at least half of the wire bytes candidate
     /// `i` would send to deliver `decoded` bytes per second (true when its ratio is not
     /// known yet).
     fn link_seen_to_carry_half(&self, i: usize, decoded: f64) -> bool {
+        self.carries_half(i, decoded, self.link())
+    }
+
+    /// As [`Chooser::link_seen_to_carry_half`], counting also what windows the reader left
+    /// idle carried (a walk of small files may have no busy window, hence no link
+    /// estimate, at all).
+    fn wire_seen_for_half(&self, i: usize, decoded: f64) -> bool {
+        let seen = self.link().unwrap_or(0.0).max(self.most_wire);
+        self.carries_half(i, decoded, Some(seen))
+    }
+
+    /// Whether `seen` wire bytes per second is at least half of what candidate `i` would
+    /// send to deliver `decoded` (true when its ratio is not known yet).
+    fn carries_half(&self, i: usize, decoded: f64, seen: Option<f64>) -> bool {
         let Some(ratio) = self.expected_ratio(i).map(|r| r.max(1.0)) else {
             return true;
         };
-        self.link()
-            .is_some_and(|seen| decoded / ratio <= 2.0 * seen)
+        seen.is_some_and(|seen| decoded / ratio <= 2.0 * seen)
     }
 
     /// The efficiency to expect of candidate `i`: its own when it was used, else the lower
@@ -964,16 +966,7 @@ mod tests {
             // The codec in use in each window so far.
             let mut used: Vec<usize> = Vec::new();
             for _ in 0..windows {
-                for (i, &(ratio, enc, dec)) in self.table.iter().enumerate() {
-                    let raw = 65536usize;
-                    c.sample(Sample {
-                        codec: i,
-                        raw,
-                        compressed: (raw as f64 / ratio) as usize,
-                        encode: Duration::from_secs_f64(raw as f64 / (enc * 1e6)),
-                        decode: Duration::from_secs_f64(raw as f64 / (dec * 1e6)),
-                    });
-                }
+                sample_table(c, &self.table);
                 let now = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
                 used.push(now);
                 // The codec whose answers arrive in this window.
@@ -1031,6 +1024,20 @@ mod tests {
                 });
             }
             used.iter().map(|&i| CANDIDATES[i]).collect()
+        }
+    }
+
+    /// One sample of every candidate of `table` (ratio, encode and decode MB/s).
+    fn sample_table(c: &mut Chooser, table: &[(f64, f64, f64); 7]) {
+        for (i, &(ratio, enc, dec)) in table.iter().enumerate() {
+            let raw = 65536usize;
+            c.sample(Sample {
+                codec: i,
+                raw,
+                compressed: (raw as f64 / ratio) as usize,
+                encode: Duration::from_secs_f64(raw as f64 / (enc * 1e6)),
+                decode: Duration::from_secs_f64(raw as f64 / (dec * 1e6)),
+            });
         }
     }
 
@@ -1438,16 +1445,7 @@ mod tests {
         // known, and the server says the link is not the limit: lz4, as before 2026-11-26
         // (without it the copy took 7.7-15.8 s against 4.5-6.4).
         let mut c = Chooser::new(true, Some(6), 2);
-        for (i, &(ratio, enc, dec)) in MIXED.iter().enumerate() {
-            let raw = 65536usize;
-            c.sample(Sample {
-                codec: i,
-                raw,
-                compressed: (raw as f64 / ratio) as usize,
-                encode: Duration::from_secs_f64(raw as f64 / (enc * 1e6)),
-                decode: Duration::from_secs_f64(raw as f64 / (dec * 1e6)),
-            });
-        }
+        sample_table(&mut c, &MIXED);
         let mut got = c.current();
         for _ in 0..4 {
             got = c.window(Window {
