@@ -895,6 +895,54 @@ fn pipelined_directory_pages_count_against_the_memory_budget() {
     assert!(matches!(r, ferry_proto::Response::Attr(_)), "{r:?}");
 }
 
+/// CPU time (user and system) `pid` has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces), from the state on.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+#[test]
+fn requests_of_a_connection_that_has_gone_are_not_computed_for_no_one() {
+    let (src, _) = export_with_files(3000, |i| format!("{i:05}-{}", "n".repeat(200)));
+    let server = TestServer::start_with(src.path(), &["--memory-budget", "8"]);
+    let list = |_| ferry_proto::Request::ReadDir {
+        path: bytes::Bytes::from_static(b"d"),
+        cookie: 0,
+        max_entries: 4096,
+    };
+    // 40 connections pipeline 64 pages of 3,000 entries each (2,560 pages, about a minute
+    // of this machine's CPU), then go.
+    for _ in 0..40 {
+        let s = pipeline(&server.addr, 64, list);
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    // Each connection ends at its first write to the closed socket, and the pages it had
+    // asked for go with it: the server falls idle.
+    let idle = ferry_tests::wait_for(Duration::from_secs(10), || {
+        let before = cpu_time(server.pid());
+        std::thread::sleep(Duration::from_secs(1));
+        cpu_time(server.pid()) - before < Duration::from_millis(100)
+    });
+    assert!(
+        idle,
+        "ferryd is still busy with the requests of connections that have gone"
+    );
+    // And serves the next client.
+    let (mut s, mut buf) = handshaken(&server.addr);
+    let r = ask(&mut s, &mut buf, 1, &list(0));
+    assert!(matches!(r, ferry_proto::Response::DirPage(_)), "{r:?}");
+}
+
 #[test]
 fn a_request_frame_longer_than_any_legal_request_closes_the_connection_at_once() {
     let src = tempfile::tempdir().unwrap();

@@ -364,8 +364,18 @@ impl Account {
             b.dispatch(&mut g);
             rx
         };
+        // Dropped (its request cancelled: its connection ended) after the bytes were
+        // granted, the wait gives them back.
+        let mut wait = Wait {
+            account: self,
+            bytes,
+            rx: Some(rx),
+        };
         // The sender is only dropped with the budget, which outlives every account.
-        let _ = rx.await;
+        if let Some(rx) = wait.rx.as_mut() {
+            let _ = rx.await;
+        }
+        wait.rx = None;
         Hold {
             account: self.clone(),
             bytes,
@@ -449,6 +459,26 @@ impl Hold {
     }
 }
 
+/// A request waiting for its bytes.
+struct Wait<'a> {
+    account: &'a Arc<Account>,
+    bytes: u64,
+    rx: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if rx.try_recv().is_ok() {
+                self.account
+                    .budget
+                    .release(self.account.id, self.bytes, false);
+            }
+        }
+    }
+}
+
 impl Drop for Hold {
     fn drop(&mut self) {
         self.account
@@ -467,6 +497,24 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(30), f)
             .await
             .is_err()
+    }
+
+    #[tokio::test]
+    async fn bytes_granted_to_a_request_cancelled_before_it_saw_them_come_back() {
+        let b = Budget::new(1000);
+        let (a, c) = (b.account(), b.account());
+        let all = a.take(1000).await;
+        let mut waiting = Box::pin(c.take(1000));
+        assert!(pending(&mut waiting).await, "the budget is full");
+        // The bytes go to the waiter, whose request is then cancelled (its connection
+        // ended) before it looked.
+        drop(all);
+        drop(waiting);
+        let again = tokio::time::timeout(Duration::from_secs(1), a.take(1000)).await;
+        assert!(
+            again.is_ok(),
+            "the cancelled request's bytes were never given back"
+        );
     }
 
     #[tokio::test]

@@ -272,6 +272,10 @@ where
         },
     ));
     let mut writer_ended = false;
+    // The connection's requests being answered: when it ends, those not yet answered are
+    // dropped with it (a client that pipelined 64 directory listings and vanished must not
+    // keep the server computing them for no one).
+    let mut tasks = tokio::task::JoinSet::new();
     let inflight = Arc::new(Semaphore::new(welcome.max_inflight as usize));
     let session = Arc::new(Session {
         features: welcome.features,
@@ -414,7 +418,10 @@ where
         let session = session.clone();
         shared.stats.requests.fetch_add(1, Relaxed);
         shared.stats.inflight.fetch_add(1, Relaxed);
-        tokio::spawn(async move {
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(async move {
+            // Counted in flight until answered, or dropped with its connection.
+            let counted = InFlight(&shared.stats.inflight);
             let mut held = handle::Held {
                 slots: vec![permit],
                 bytes: None,
@@ -449,7 +456,7 @@ where
                 }
                 _ => {}
             }
-            st.inflight.fetch_sub(1, Relaxed);
+            drop(counted);
             let (head, tail) = encode_within(&mut response, id, session.max_frame);
             // Errors are small and answer someone: demand, whatever the request's class.
             let class = if matches!(response, Response::Error { .. }) {
@@ -489,6 +496,15 @@ where
         }
     }
     result
+}
+
+/// A request counted in [`Stats::inflight`] while it lives.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
 }
 
 /// Drives the handshake machine: Hello/Welcome, and the token proof when the server has a

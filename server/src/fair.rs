@@ -63,6 +63,8 @@ struct Wait {
 impl Drop for Wait {
     fn drop(&mut self) {
         if let Some(mut rx) = self.rx.take() {
+            // No turn granted after this look.
+            rx.close();
             if rx.try_recv().is_ok() {
                 self.pool.release();
             }
