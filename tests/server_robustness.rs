@@ -912,6 +912,59 @@ fn cpu_time(pid: u32) -> Duration {
 }
 
 #[test]
+fn connections_that_never_took_a_byte_go_sooner_than_the_grace_of_those_that_read() {
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("big"), 16 << 20, 3);
+    let server = TestServer::start_with(src.path(), &["--memory-budget", "8"]);
+    let read = |i: u32| ferry_proto::Request::Read {
+        path: bytes::Bytes::from_static(b"big"),
+        offset: u64::from(i % 16) << 20,
+        len: 1 << 20,
+        compression: ferry_proto::Compression::None,
+        class: ferry_proto::Class::Demand,
+    };
+    // Eight connections with their receive windows shut at once (as
+    // bench/hostile_client.py's) ask for 16 MiB each and take nothing: each that gets a
+    // response holds more than its share while the others wait.
+    let stuck: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let (mut s, _) = handshaken(&server.addr);
+            let small: libc::c_int = 4096;
+            // SAFETY: a valid socket and an int option of the size given.
+            let rc = unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&s),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUF,
+                    (&small as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0);
+            let mut out = bytes::BytesMut::new();
+            for i in 0..16 {
+                read(i).encode(i + 1, &mut out);
+            }
+            s.write_all(&out).unwrap();
+            s
+        })
+        .collect();
+    let closed = || {
+        server
+            .log_text()
+            .matches("stopped reading its responses")
+            .count()
+    };
+    // The first goes well within the 2 s a client that has been reading is given.
+    let first = ferry_tests::wait_for(Duration::from_millis(1500), || closed() >= 1);
+    assert!(first, "none closed yet: {}", server.log_text());
+    // And in turn all of them.
+    let all = ferry_tests::wait_for(Duration::from_secs(20), || closed() == 8);
+    assert!(all, "{} of 8 closed: {}", closed(), server.log_text());
+    drop(stuck);
+}
+
+#[test]
 fn requests_of_a_connection_that_has_gone_are_not_computed_for_no_one() {
     let (src, _) = export_with_files(3000, |i| format!("{i:05}-{}", "n".repeat(200)));
     let server = TestServer::start_with(src.path(), &["--memory-budget", "8"]);

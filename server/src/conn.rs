@@ -92,6 +92,18 @@ pub(crate) const STALL_UNDER_CONTENTION: Duration = Duration::from_secs(5);
 /// came): it keeps what others need, so it goes sooner.
 pub(crate) const STALL_OVER_SHARE: Duration = Duration::from_secs(2);
 
+/// The same, sooner, for a connection over its share whose client has taken hardly
+/// anything since it connected ([`NOTHING_TAKEN_BYTES`]) and nothing at all for this long
+/// while the writer waited (TCP had nothing acknowledged: its receive window stays shut).
+/// Such a connection asked for responses only to sit on them; with hundreds of them each
+/// holding a response for 2 s, honest clients waited for their turns for tens of seconds.
+/// A client that has been taking its responses keeps the longer grace.
+pub(crate) const STALL_NOTHING_TAKEN: Duration = Duration::from_millis(500);
+
+/// "Hardly anything" for [`STALL_NOTHING_TAKEN`]: bytes acknowledged since the connection's
+/// first look (a quarter second after its handshake).
+pub(crate) const NOTHING_TAKEN_BYTES: u64 = 256 << 10;
+
 /// Reads one frame, buffering at most `max` bytes of it.
 async fn read_frame<R: AsyncRead + Unpin>(
     rd: &mut R,
@@ -296,15 +308,28 @@ where
     let idle = shared.config.idle_timeout;
     let mut check = tokio::time::interval(Duration::from_millis(250));
     let mut idle_at = tokio::time::Instant::now() + idle;
+    // When TCP last had bytes acknowledged while the writer waited (or it did not wait),
+    // and its count of bytes acknowledged then and at the first look.
+    let mut progress_at = tokio::time::Instant::now();
+    let (mut last_acked, mut first_acked) = (None, None);
     let result = loop {
         let frame = tokio::select! {
             f = read_frame(&mut rd, &mut buf, request_limit) => Some(f),
             _ = shutdown.changed() => break Ok(()),
             _ = check.tick() => {
-                link.look(&blocked, socket);
+                let acked = link.look(&blocked, socket);
                 // Sitting on its share while others wait: closed, its memory freed.
                 let waiting = blocked.waiting_for();
-                if (waiting > STALL_OVER_SHARE && session.account.over_share())
+                if acked.is_none() || acked != last_acked || waiting.is_zero() {
+                    progress_at = tokio::time::Instant::now();
+                }
+                last_acked = acked;
+                let first = *first_acked.get_or_insert(acked.unwrap_or(0));
+                let taken_nothing = acked
+                    .is_some_and(|a| a.saturating_sub(first) < NOTHING_TAKEN_BYTES)
+                    && waiting > STALL_NOTHING_TAKEN
+                    && progress_at.elapsed() > STALL_NOTHING_TAKEN;
+                if ((waiting > STALL_OVER_SHARE || taken_nothing) && session.account.over_share())
                     || (waiting > STALL_UNDER_CONTENTION && session.account.stalled_holder())
                 {
                     break Err(ConnError::Stalled);

@@ -258,7 +258,14 @@ impl LinkMember {
     /// if TCP had bytes acknowledged or the writer waited for the socket; the network set
     /// the pace for all of that time if TCP's latest delivery-rate sample was not
     /// application-limited, else for as long as the writer waited.
-    pub(crate) fn look(&mut self, blocked: &Blocked, socket: Option<std::os::fd::RawFd>) {
+    ///
+    /// Returns the bytes TCP has had acknowledged in all (`None` where the kernel does not
+    /// say).
+    pub(crate) fn look(
+        &mut self,
+        blocked: &Blocked,
+        socket: Option<std::os::fd::RawFd>,
+    ) -> Option<u64> {
         let now = std::time::Instant::now();
         let (then, waited_before, acked_before) = self.last;
         let elapsed = now.saturating_duration_since(then);
@@ -269,13 +276,14 @@ impl LinkMember {
         let wait = waited.saturating_sub(waited_before).min(elapsed);
         self.last = (now, waited, acked);
         if !sent && wait.is_zero() {
-            return;
+            return acked;
         }
         let network = tcp.is_some_and(|t| sent && !t.1);
         let limited = if network { elapsed } else { wait };
         let us = |d: Duration| d.as_micros() as u64;
         self.link.sending.fetch_add(us(elapsed), Relaxed);
         self.link.limited.fetch_add(us(limited), Relaxed);
+        acked
     }
 }
 
