@@ -5,14 +5,21 @@
 #   2. mixed:   the same H honest clients beside S slow clients (raw protocol clients that
 #               keep 64 reads in flight and read at 2 MiB/s, like clients on a WAN) and
 #               K stuck clients (64 reads sent, nothing ever read);
-#   3. crowded: as mixed, plus idle handshaken connections up to C connections in all.
+#   3. crowded: as mixed, plus idle handshaken connections up to C connections in all;
+#   4. each hostile pattern alone beside the H honest clients, with C connections in all:
+#      stuck (64 reads sent, nothing read), listings (64 directory pages of 4,096 entries
+#      pipelined, nothing read), dirdata (the same with the files' contents), partial (the
+#      longest legal request frame but its last byte, then silence), silent (TCP opened,
+#      no handshake: never authenticated), idle (handshaken, then silence).
 #
 # Reports each honest client's rate against its fair share (its rate when the honest
 # clients are alone, less what the slow clients legitimately take, split evenly), the slow
 # clients' rates, and ferryd's peak resident memory in each pattern (VmHWM of a fresh ferryd
-# per pattern; --max-connections 2C). Defaults: H=16, S=16, K=8, C=512.
+# per pattern; --max-connections 2C). Defaults: H=16, S=16, K=8, C=512, every pattern.
 #
-#   bench/hostile.sh [--honest H] [--slow S] [--stuck K] [--connections C] [--out FILE]
+#   bench/hostile.sh [--honest H] [--slow S] [--stuck K] [--connections C]
+#                    [--patterns "mixed crowded stuck listings dirdata partial silent idle"]
+#                    [--out FILE]
 #
 # The raw clients are bench/hostile_client.py (written from docs/PROTOCOL.md alone).
 # Nothing is left running.
@@ -20,12 +27,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 honest=16 slow=16 stuck=8 conns=512 out=""
+patterns="mixed crowded stuck listings dirdata partial silent idle"
 while [ $# -gt 0 ]; do
     case "$1" in
         --honest) honest=$2; shift 2 ;;
         --slow) slow=$2; shift 2 ;;
         --stuck) stuck=$2; shift 2 ;;
         --connections) conns=$2; shift 2 ;;
+        --patterns) patterns=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         *) echo "hostile.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
     esac
@@ -48,6 +57,11 @@ data=$work/data
 mkdir -p "$data/h"
 head -c $((64 << 20)) /dev/urandom > "$data/h/honest.bin"
 head -c $((256 << 20)) /dev/urandom > "$data/big"
+# A directory of 3,000 small files with long names: a page of 4,096 entries is about 1 MiB
+# of names and attributes (3 MiB more with the contents).
+mkdir -p "$data/d"
+long=$(printf 'n%.0s' $(seq 200))
+for i in $(seq 1000 3999); do printf "%01024d" "$i" > "$data/d/$i-$long"; done
 cat "$data/h/honest.bin" "$data/big" > /dev/null
 bytes=$((64 << 20))
 
@@ -57,19 +71,30 @@ honest_round() {
     : > "$work/honest"
     for i in $(seq "$honest"); do
         (
-            rm -rf "$work/c$i"
+            rm -rf "$work/c$i" "$work/c$i.failed"
             s=$(date +%s.%N)
             if target/release/ferry mirror "$ferryd_addr:/h" "$work/c$i" -q --streams 4 2>"$work/c$i.log"; then
                 e=$(date +%s.%N)
                 awk -v a="$s" -v z="$e" -v b="$bytes" 'BEGIN { printf "%.1f\n", b / (z - a) / 1e6 }' >> "$work/honest"
             else
                 echo "failed" >> "$work/honest"
+                touch "$work/c$i.failed"
             fi
         ) &
         pids+=($!)
     done
     wait "${pids[@]}"
-    cmp -s "$data/h/honest.bin" "$work/c1/honest.bin" || { echo "hostile.sh: a copy differs" >&2; exit 1; }
+    # Every copy that succeeded is the source (a failed one is left to resume).
+    for i in $(seq "$honest"); do
+        [ -e "$work/c$i.failed" ] && continue
+        cmp -s "$data/h/honest.bin" "$work/c$i/honest.bin" || { echo "hostile.sh: honest client $i's copy differs" >&2; exit 1; }
+    done
+    for i in $(seq "$honest"); do
+        if [ -e "$work/c$i.failed" ]; then
+            echo "hostile.sh: honest client $i failed: $(tail -1 "$work/c$i.log")" >&2
+            break
+        fi
+    done
     cat "$work/honest"
 }
 
@@ -91,7 +116,8 @@ grep -q failed <<< "$alone" && { echo "hostile.sh: an honest client failed alone
 alone_sum=$(awk '{ s += $1 } END { printf "%.0f", s }' <<< "$alone")
 report+=("alone:   honest $(summary <<< "$alone"); ferryd peak RSS $(peak) MiB")
 
-for pattern in mixed crowded; do
+for pattern in $patterns; do
+    case "$pattern" in mixed | crowded) ;; *) continue ;; esac
     restart_ferryd
     python3 bench/hostile_client.py "$ferryd_addr" big stuck "$stuck" 0 $((256 << 20)) 2>>"$work/raw.log" &
     raw_pids+=($!)
@@ -114,6 +140,30 @@ for pattern in mixed crowded; do
     failed=$(grep -c failed <<< "$got" || true)
     worst=$(grep -v failed <<< "$got" | sort -g | head -1)
     report+=("$pattern: honest $(summary <<< "$(grep -v failed <<< "$got")"), failed $failed; fair share $fair MB/s each, the slowest honest client got $(awk -v w="$worst" -v f="$fair" 'BEGIN { printf "%.0f", 100 * w / f }') % of it; slow clients $(summary <<< "$slow_rates"); connections open at the end $open; ferryd peak RSS $(peak) MiB; stalled connections closed $(grep -c 'stopped reading its responses' "$work/ferryd.log" || true)")
+    bench_extra
+done
+
+# 4. One hostile pattern at a time, filling the connections the honest clients leave.
+hostile=$((conns - honest * 4))
+alone_fair=$(awk -v a="$alone_sum" -v h="$honest" 'BEGIN { printf "%.1f", a / h }')
+for pattern in $patterns; do
+    case "$pattern" in
+        stuck | listings | dirdata | partial | silent | idle) ;;
+        mixed | crowded) continue ;;
+        *) echo "hostile.sh: unknown pattern $pattern (see the header of this script)" >&2; exit 2 ;;
+    esac
+    restart_ferryd
+    target=big
+    case "$pattern" in listings | dirdata) target=d ;; esac
+    python3 bench/hostile_client.py "$ferryd_addr" "$target" "$pattern" "$hostile" 0 $((256 << 20)) 2>>"$work/raw.log" &
+    raw_pids+=($!)
+    sleep 5
+    held=$(ss -Htn state established "( sport = :${ferryd_addr##*:} )" | wc -l)
+    log "3. $pattern: $honest honest beside $hostile $pattern connections ($held open)"
+    got=$(honest_round)
+    failed=$(grep -c failed <<< "$got" || true)
+    worst=$(grep -v failed <<< "$got" | sort -g | head -1)
+    report+=("$pattern x$hostile: honest $(summary <<< "$(grep -v failed <<< "$got")"), failed $failed; the slowest honest client got $(awk -v w="$worst" -v f="$alone_fair" 'BEGIN { printf "%.0f", 100 * w / f }') % of its share alone ($alone_fair MB/s); connections open before the honest ones $held; ferryd peak RSS $(peak) MiB")
     bench_extra
 done
 

@@ -8,7 +8,12 @@ MODE:
   slow   N connections each keep 64 Reads of PATH in flight and read the responses at RATE
          bytes per second (an honest client on a slow link); prints the bytes each got.
   idle   N connections complete the handshake and send nothing more.
-  silent N connections open TCP and send nothing at all.
+  silent N connections open TCP and send nothing at all (never authenticate).
+  listings N connections each pipeline 64 ReadDir pages of 4,096 entries of directory PATH
+         and never read a byte.
+  dirdata  the same with ReadDirData (listings with the contents of files up to 1 MiB).
+  partial  N connections each send all but the last byte of the longest legal request
+         (MAX_REQUEST_FRAME) and then nothing.
 
 Runs until killed (SIGTERM): then `slow` prints "slow BYTES SECONDS" per connection.
 """
@@ -26,9 +31,13 @@ def frame(kind, rid, body):
     return struct.pack(">IBI", len(body) + 5, kind, rid) + body
 
 
-def hello(name):
+DIR_DATA = 0x10
+MAX_REQUEST_FRAME = 5127
+
+
+def hello(name, features=0):
     n = name.encode()
-    body = struct.pack(">HQI", 2, 0, CHUNK) + struct.pack(">H", len(n)) + n
+    body = struct.pack(">HQI", 2, features, CHUNK) + struct.pack(">H", len(n)) + n
     return frame(0x01, 0, body)
 
 
@@ -57,12 +66,20 @@ def recv_exact(s, n):
     return bytes(buf)
 
 
-def connect(addr, handshake=True):
+def list_req(rid, path, with_data):
+    p = path.encode()
+    body = struct.pack(">H", len(p)) + p + struct.pack(">QI", 0, 4096)
+    if with_data:
+        return frame(0x17, rid, body + struct.pack(">IB", CHUNK, 0))
+    return frame(0x12, rid, body)
+
+
+def connect(addr, handshake=True, features=0):
     host, port = addr.rsplit(":", 1)
     s = socket.create_connection((host, int(port)))
     if not handshake:
         return s
-    s.sendall(b"FERRY\x01\x00\x00" + hello(next_name()))
+    s.sendall(b"FERRY\x01\x00\x00" + hello(next_name(), features))
     pre = recv_exact(s, 8)
     if pre[6] == 0xFF:
         raise ConnectionError(f"refused, code {pre[7]}")
@@ -75,6 +92,21 @@ def stuck(addr, path, size):
     s = connect(addr)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.sendall(b"".join(read_req(i + 1, path, (i * CHUNK) % size) for i in range(64)))
+    return s
+
+
+def listings(addr, path, with_data):
+    s = connect(addr, features=DIR_DATA if with_data else 0)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(b"".join(list_req(i + 1, path, with_data) for i in range(64)))
+    return s
+
+
+def partial(addr):
+    s = connect(addr)
+    # A Read frame of the longest legal length, its last byte never sent.
+    whole = struct.pack(">IBI", MAX_REQUEST_FRAME, 0x13, 1) + bytes(MAX_REQUEST_FRAME - 5)
+    s.sendall(whole[:-1])
     return s
 
 
@@ -127,6 +159,10 @@ def main():
                     held.append(stuck(addr, path, size))
                 elif mode == "idle":
                     held.append(connect(addr))
+                elif mode in ("listings", "dirdata"):
+                    held.append(listings(addr, path, mode == "dirdata"))
+                elif mode == "partial":
+                    held.append(partial(addr))
                 else:
                     held.append(connect(addr, handshake=False))
             except (ConnectionError, OSError) as e:

@@ -5,6 +5,7 @@
 #   bench_start WORKDIR_PREFIX           sets $work (a new temp dir) and traps EXIT/INT/TERM
 #   bench_mountpoint DIR                 a mount point the cleanup unmounts
 #   bench_ferryd EXPORT [ARGS...]        starts ferryd, sets $ferryd_pid and $ferryd_addr
+#                                        (FERRYD_BIN=PATH: another ferryd binary)
 
 bench_mounts=()
 ferryd_pid=""
@@ -36,7 +37,7 @@ bench_mountpoint() {
 bench_ferryd() {
     local export=$1
     shift
-    target/release/ferryd --export "$export" --listen 127.0.0.1:0 --port-file "$work/port" "$@" 2>"$work/ferryd.log" &
+    "${FERRYD_BIN:-target/release/ferryd}" --export "$export" --listen 127.0.0.1:0 --port-file "$work/port" "$@" 2>"$work/ferryd.log" &
     ferryd_pid=$!
     for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
     [ -s "$work/port" ] || { echo "ferryd did not start: $(cat "$work/ferryd.log")" >&2; exit 1; }
