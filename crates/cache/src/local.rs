@@ -207,9 +207,11 @@ impl LocalCopy {
         g.is_some_and(|t| Instant::now() < t)
     }
 
-    fn try_store(&self, key: &FileKey, index: u64, data: &Bytes) -> std::io::Result<()> {
+    /// Writes chunk `index` into the local copy unless it is there already, being replaced
+    /// or sealed; `Ok(true)` when it was written.
+    fn try_store(&self, key: &FileKey, index: u64, data: &Bytes) -> std::io::Result<bool> {
         let Some(rel) = self.rel(&key.path) else {
-            return Ok(());
+            return Ok(false);
         };
         let (file, generation, _writing) = {
             let _one_at_a_time = self.begin.lock().unwrap_or_else(|e| e.into_inner());
@@ -217,15 +219,15 @@ impl LocalCopy {
                 Some(s) if s.version == key.version && s.chunk_size == self.chunk_size => {
                     if s.has(index) || !s.ready {
                         // Present, or being replaced by someone else (the mirror).
-                        return Ok(());
+                        return Ok(false);
                     }
                     let Some(f) = self.open(&rel, s.generation)? else {
-                        return Ok(());
+                        return Ok(false);
                     };
                     // Sealed: the mirror wrote every chunk and is setting the file's
                     // metadata; a write now would change its times.
                     let Some(writing) = self.cache.begin_write(&rel, s.generation) else {
-                        return Ok(());
+                        return Ok(false);
                     };
                     (f, s.generation, writing)
                 }
@@ -238,7 +240,7 @@ impl LocalCopy {
                     let f = Arc::new(f);
                     self.remember(&rel, f.clone(), generation);
                     let Some(writing) = self.cache.begin_write(&rel, generation) else {
-                        return Ok(());
+                        return Ok(false);
                     };
                     (f, generation, writing)
                 }
@@ -249,7 +251,7 @@ impl LocalCopy {
         ferry_util::sparse::write_sparse(&file, data, index * u64::from(self.chunk_size))?;
         self.syncer
             .written(rel, key.version, generation, index, file);
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -333,9 +335,10 @@ impl ChunkBacking for LocalCopy {
             return;
         }
         match self.try_store(key, index, data) {
-            Ok(()) => {
+            Ok(true) => {
                 self.stored.fetch_add(1, Ordering::Relaxed);
             }
+            Ok(false) => {}
             Err(e) => {
                 self.store_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
@@ -424,6 +427,15 @@ mod tests {
             ),
             "a reader wrote into a sealed file"
         );
+        // Nor is it counted as stored (`ferry status` shows the count).
+        assert_eq!(copy.stored.load(Ordering::Relaxed), 0);
+        let other = FileKey {
+            id: 2,
+            version,
+            path: Bytes::from_static(b"g"),
+        };
+        copy.store(&other, 0, &chunk);
+        assert_eq!(copy.stored.load(Ordering::Relaxed), 1);
 
         // Lifted after the mirror's chunks are recorded: readers see them held.
         syncer.lift_seal(rel.clone(), generation);
