@@ -778,6 +778,40 @@ fn rss(pid: u32) -> u64 {
     kb << 10
 }
 
+/// A demand Read of the `i`th MiB of the export's file `big`, uncompressed.
+fn mib_of_big(i: u32) -> ferry_proto::Request {
+    ferry_proto::Request::Read {
+        path: bytes::Bytes::from_static(b"big"),
+        offset: u64::from(i) << 20,
+        len: 1 << 20,
+        compression: ferry_proto::Compression::None,
+        class: ferry_proto::Class::Demand,
+    }
+}
+
+/// An export whose directory `d` holds 3,000 files with 206-byte names: a page of its
+/// listing ([`first_page_of_d`]) is about 1 MiB.
+fn long_listing() -> tempfile::TempDir {
+    export_with_files(3000, |i| format!("{i:05}-{}", "n".repeat(200))).0
+}
+
+/// The first page of `d`'s listing, as many entries as the server gives.
+fn first_page_of_d() -> ferry_proto::Request {
+    ferry_proto::Request::ReadDir {
+        path: bytes::Bytes::from_static(b"d"),
+        cookie: 0,
+        max_entries: 4096,
+    }
+}
+
+/// Connections `server` has closed for not reading their responses (from its log).
+fn stalled_closes(server: &TestServer) -> usize {
+    server
+        .log_text()
+        .matches("stopped reading its responses")
+        .count()
+}
+
 /// Pipelines `n` requests made by `req(i)` on a handshaken raw connection, reading nothing.
 fn pipeline(addr: &str, n: u32, req: impl Fn(u32) -> ferry_proto::Request) -> TcpStream {
     let (mut s, _) = handshaken(addr);
@@ -822,13 +856,7 @@ fn connections_that_never_read_their_responses_hold_their_share_only_and_are_clo
     // Twice the old freeze (60 s write timeout) would be needed if the stuck connections
     // could hold the whole budget.
     let server = TestServer::start_with(src.path(), &["--memory-budget", "32"]);
-    let read = |i: u32| ferry_proto::Request::Read {
-        path: bytes::Bytes::from_static(b"big"),
-        offset: u64::from(i % 64) << 20,
-        len: 1 << 20,
-        compression: ferry_proto::Compression::None,
-        class: ferry_proto::Class::Demand,
-    };
+    let read = |i: u32| mib_of_big(i % 64);
     let stuck: Vec<TcpStream> = (0..4).map(|_| pipeline(&server.addr, 64, read)).collect();
     std::thread::sleep(Duration::from_millis(500));
     // An honest client copies its file meanwhile, in well under the old freeze. The stuck
@@ -836,12 +864,7 @@ fn connections_that_never_read_their_responses_hold_their_share_only_and_are_clo
     // share, 5 s within it), well before the 60 s write timeout. A connection is closed
     // only while others need the budget (once the demand ends, holding its share is
     // harmless): honest copies go on until all four are, within a bound.
-    let closed = || {
-        server
-            .log_text()
-            .matches("stopped reading its responses")
-            .count()
-    };
+    let closed = || stalled_closes(&server);
     let started = std::time::Instant::now();
     loop {
         mirrors_within(40, &server, src.path(), "honest.bin");
@@ -870,13 +893,9 @@ fn connections_that_never_read_their_responses_hold_their_share_only_and_are_clo
 
 #[test]
 fn pipelined_directory_pages_count_against_the_memory_budget() {
-    let (src, _) = export_with_files(3000, |i| format!("{i:05}-{}", "n".repeat(200)));
+    let src = long_listing();
     let server = TestServer::start_with(src.path(), &["--memory-budget", "32"]);
-    let list = |_| ferry_proto::Request::ReadDir {
-        path: bytes::Bytes::from_static(b"d"),
-        cookie: 0,
-        max_entries: 4096,
-    };
+    let list = |_| first_page_of_d();
     // 20 connections × 64 pages of ~1 MiB, none read: over a GiB if pages were not counted.
     let _hogs: Vec<TcpStream> = (0..20).map(|_| pipeline(&server.addr, 64, list)).collect();
     std::thread::sleep(Duration::from_secs(3));
@@ -916,13 +935,7 @@ fn connections_that_never_took_a_byte_go_sooner_than_the_grace_of_those_that_rea
     let src = tempfile::tempdir().unwrap();
     write_random(&src.path().join("big"), 16 << 20, 3);
     let server = TestServer::start_with(src.path(), &["--memory-budget", "8"]);
-    let read = |i: u32| ferry_proto::Request::Read {
-        path: bytes::Bytes::from_static(b"big"),
-        offset: u64::from(i % 16) << 20,
-        len: 1 << 20,
-        compression: ferry_proto::Compression::None,
-        class: ferry_proto::Class::Demand,
-    };
+    let read = |i: u32| mib_of_big(i % 16);
     // Eight connections with their receive windows shut at once (as
     // bench/hostile_client.py's) ask for 16 MiB each and take nothing: each that gets a
     // response holds more than its share while the others wait.
@@ -949,12 +962,7 @@ fn connections_that_never_took_a_byte_go_sooner_than_the_grace_of_those_that_rea
             s
         })
         .collect();
-    let closed = || {
-        server
-            .log_text()
-            .matches("stopped reading its responses")
-            .count()
-    };
+    let closed = || stalled_closes(&server);
     // The first goes well within the 2 s a client that has been reading is given.
     let first = ferry_tests::wait_for(Duration::from_millis(1500), || closed() >= 1);
     assert!(first, "none closed yet: {}", server.log_text());
@@ -966,13 +974,9 @@ fn connections_that_never_took_a_byte_go_sooner_than_the_grace_of_those_that_rea
 
 #[test]
 fn requests_of_a_connection_that_has_gone_are_not_computed_for_no_one() {
-    let (src, _) = export_with_files(3000, |i| format!("{i:05}-{}", "n".repeat(200)));
+    let src = long_listing();
     let server = TestServer::start_with(src.path(), &["--memory-budget", "8"]);
-    let list = |_| ferry_proto::Request::ReadDir {
-        path: bytes::Bytes::from_static(b"d"),
-        cookie: 0,
-        max_entries: 4096,
-    };
+    let list = |_| first_page_of_d();
     // 40 connections pipeline 64 pages of 3,000 entries each (2,560 pages, about a minute
     // of this machine's CPU), then go.
     for _ in 0..40 {
