@@ -87,21 +87,12 @@ fn error_response(e: OpError) -> Response {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, OpError> + Send + 'static,
 ) -> Result<T, OpError> {
-    let task = tokio::task::spawn_blocking(f);
-    // Dropped (its connection ended) before the work started: the work never starts.
-    let _abort = AbortOnDrop(task.abort_handle());
-    task.await
+    // Dropped (its connection ended) before the work started: the work never starts (no
+    // effect once it has started or finished).
+    let mut task = ferry_util::AbortOnDrop(tokio::task::spawn_blocking(f));
+    (&mut task.0)
+        .await
         .unwrap_or_else(|e| Err(OpError::new(Status::Io, format!("worker failed: {e}"))))
-}
-
-/// Aborts a task when dropped (no effect once it has finished, or for blocking work that
-/// has started).
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// A fair turn at reading `bytes` for a demand or prediction read (background reads have
