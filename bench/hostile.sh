@@ -19,14 +19,18 @@
 #
 #   bench/hostile.sh [--honest H] [--slow S] [--stuck K] [--connections C]
 #                    [--patterns "mixed crowded stuck listings dirdata partial silent idle"]
-#                    [--out FILE]
+#                    [--file PATH] [--out FILE]
+#
+# --file: the honest clients copy the first 64 MiB of PATH and the raw clients read its first
+# 256 MiB (at least that long), instead of random bytes: e.g. a real database datafile or
+# binaries, which ferryd compresses.
 #
 # The raw clients are bench/hostile_client.py (written from docs/PROTOCOL.md alone).
 # Nothing is left running.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-honest=16 slow=16 stuck=8 conns=512 out=""
+honest=16 slow=16 stuck=8 conns=512 out="" file=/dev/urandom
 patterns="mixed crowded stuck listings dirdata partial silent idle"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -35,6 +39,7 @@ while [ $# -gt 0 ]; do
         --stuck) stuck=$2; shift 2 ;;
         --connections) conns=$2; shift 2 ;;
         --patterns) patterns=$2; shift 2 ;;
+        --file) file=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         *) echo "hostile.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
     esac
@@ -55,8 +60,9 @@ trap 'bench_extra; bench_cleanup' EXIT INT TERM
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
 data=$work/data
 mkdir -p "$data/h"
-head -c $((64 << 20)) /dev/urandom > "$data/h/honest.bin"
-head -c $((256 << 20)) /dev/urandom > "$data/big"
+head -c $((64 << 20)) "$file" > "$data/h/honest.bin"
+head -c $((256 << 20)) "$file" > "$data/big"
+[ "$(stat -c %s "$data/big")" -eq $((256 << 20)) ] || { echo "hostile.sh: $file is shorter than 256 MiB" >&2; exit 2; }
 # A directory of 3,000 small files with long names: a page of 4,096 entries is about 1 MiB
 # of names and attributes (3 MiB more with the contents).
 mkdir -p "$data/d"
@@ -168,7 +174,7 @@ for pattern in $patterns; do
 done
 
 text=$(
-    echo "ferry $(git rev-parse --short HEAD), $(date -u '+%F %H:%M UTC'), $(nproc) cores, kernel $(uname -r); ferryd defaults (48 MiB budget)"
+    echo "ferry $(git rev-parse --short HEAD), $(date -u '+%F %H:%M UTC'), $(nproc) cores, kernel $(uname -r); ferryd defaults (48 MiB budget); data $file"
     printf '%s\n' "${report[@]}"
 )
 echo "$text"
