@@ -7,6 +7,7 @@
 #
 #   bench/s3.sh [--links wan,1gbit] [--methods LIST] [--repeat N] [--out FILE]
 #   (FERRY_ARGS: extra options for the ferry mounts, e.g. "--chunk-size 4096";
+#    FERRY_BIN: another ferry binary to compare against;
 #    FERRY_MIRROR_ARGS: for ferry mirror, e.g. "--s3-metadata off")
 #
 # Data (made once in bench/out/s3-data, uploaded with rclone copy each run of the script):
@@ -16,6 +17,7 @@
 #   ferry-cp        cp of big.bin out of `ferry mount s3://…` (all three endpoints)
 #   rclone-mount    cp of big.bin out of `rclone mount --vfs-cache-mode full` (one endpoint)
 #   rclone-copy     `rclone copy --multi-thread-streams 8` of big.bin
+#   ferry-get       `ferry mirror s3://…/big` (big.bin with no FUSE in between)
 #   ferry-mirror    `ferry mirror s3://…/src`
 #   rclone-tree     `rclone copy --transfers 32` of src
 #   ferry-fio, rclone-fio   16 KiB random reads, 4 jobs, 20 s, through each mount (IOPS)
@@ -128,7 +130,7 @@ client_endpoints() {
 ferry_s3_mount() {  # ferry_s3_mount MNT
     mkdir -p "$1"
     # shellcheck disable=SC2086 # FERRY_ARGS: extra mount options, split on purpose
-    in_ns "$ROOT/target/release/ferry" mount s3://ferry-test "$1" --endpoint "$EPS" --region garage \
+    in_ns "${FERRY_BIN:-$ROOT/target/release/ferry}" mount s3://ferry-test "$1" --endpoint "$EPS" --region garage \
         --log-file "$WORK/logs/ferry-s3-$link.log" ${FERRY_ARGS:-} || return 1
     for _ in $(seq 100); do grep -q " $1 " /proc/self/mountinfo && return 0; sleep 0.1; done
     return 1
@@ -172,11 +174,15 @@ run_once() {
             killer=$!
             cp "$mnt/bench/big/big.bin" "$dst/big.bin" || ok=0
             wait "$killer" || true ;;
+        ferry-get)
+            # shellcheck disable=SC2086 # FERRY_MIRROR_ARGS: extra options, split on purpose
+            in_ns "${FERRY_BIN:-$ROOT/target/release/ferry}" mirror s3://ferry-test/bench/big "$dst/get" --quiet \
+                --endpoint "$EPS" --region garage ${FERRY_MIRROR_ARGS:-} && mv "$dst/get/big.bin" "$dst/big.bin" || ok=0 ;;
         rclone-copy)
             in_ns rclone copy --multi-thread-streams 8 g:ferry-test/bench/big/big.bin "$dst" || ok=0 ;;
         ferry-mirror)
             # shellcheck disable=SC2086 # FERRY_MIRROR_ARGS: extra options, split on purpose
-            in_ns "$ROOT/target/release/ferry" mirror s3://ferry-test/bench/src "$dst/src" --quiet \
+            in_ns "${FERRY_BIN:-$ROOT/target/release/ferry}" mirror s3://ferry-test/bench/src "$dst/src" --quiet \
                 --endpoint "$EPS" --region garage ${FERRY_MIRROR_ARGS:-} || ok=0 ;;
         rclone-tree)
             in_ns rclone copy --transfers 32 g:ferry-test/bench/src "$dst/src" || ok=0 ;;
@@ -186,7 +192,7 @@ run_once() {
     t1=$(date +%s.%N)
     local secs; secs=$(echo "$t1 - $t0" | bc -l)
     case "$m" in
-        ferry-cp|rclone-mount|rclone-copy|ferry-kill)
+        ferry-cp|rclone-mount|rclone-copy|ferry-kill|ferry-get)
             [ "$ok" = 1 ] && check_big "$dst/big.bin" || ok=0 ;;
         ferry-mirror|rclone-tree)
             [ "$ok" = 1 ] && check_tree "$dst/src" || ok=0 ;;
