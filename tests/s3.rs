@@ -386,6 +386,30 @@ fn random_reads_of_a_bucket_into_a_local_copy_keep_the_whole_chunks_they_touch()
     drop(f);
 }
 
+/// A sequential reader of an object gets it in long ranged GETs, not one per chunk: every
+/// GET costs a request (and, on a store such as Garage, a read of the object's block list
+/// from another node), so chunks read ahead go together, up to 8 MiB each. `cmp` of a
+/// 40 MiB object (40 chunks) out of the mount equals the object, in under 20 reads.
+#[test]
+fn a_sequential_reader_gets_an_object_in_long_ranged_gets() {
+    require_fuse!();
+    require_s3!();
+    let g = Garage::start(3);
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("seq.bin"), 40 * MIB as usize, 5);
+    g.put_tree(src.path(), "");
+    let m = mount_bucket(&g, &[]);
+    run(std::process::Command::new("cmp")
+        .arg(src.path().join("seq.bin"))
+        .arg(m.path().join("seq.bin")));
+    let reads = status_json(&m.path())["faults"]["chunks"].as_u64().unwrap();
+    assert!(
+        (1..20).contains(&reads),
+        "{reads} reads for 40 chunks read in order\n{}",
+        m.log_text()
+    );
+}
+
 #[test]
 fn https_endpoints_are_checked_against_the_ca_given() {
     require_s3!();

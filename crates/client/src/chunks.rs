@@ -18,6 +18,12 @@
 //! leave at once (the kernel page cache holds them now). Every operation takes one short
 //! lock and is O(1) (`chunks/table.rs`); the counters are atomics.
 //!
+//! Runs: from a source that answers long reads best (an S3 store, where every GET costs a
+//! request and the store a lookup of the object), chunks fetched ahead of a sequential
+//! reader go together, up to [`RUN_BYTES`] in one read, in groups aligned to that size
+//! ([`ChunkStore::prefetch_range`]); each chunk of a run still has its own slot, and one
+//! whose bytes the run does not bring is fetched on its own.
+//!
 //! Local copy: a chunk the [`ChunkBacking`] holds for the key's version is read from it
 //! instead of the network ([`ChunkStore::read_range`], `load_local`); every whole chunk
 //! fetched of the key's version is handed to it through a write-back queue
@@ -119,9 +125,17 @@ fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+/// Most bytes one read ahead brings from a source that prefers long reads (see the module
+/// docs). Measured over a 3-node Garage cluster at 1 Gbit/s: 1 MiB GETs of a 1 GiB object
+/// put 8 % more bytes on the link than the object itself (each GET makes the store read the
+/// object's list of blocks from another node), 8 MiB ones 1-2 %.
+pub const RUN_BYTES: u64 = 8 << 20;
+
 /// The store. Shared by all open files of a mount (or all workers of a mirror).
 pub struct ChunkStore {
     client: Client,
+    /// Chunks fetched ahead go in runs ([`ChunkStore::prefetch_range`]).
+    runs: bool,
     /// The same pool, for fetches ahead of readers.
     predict: Client,
     chunk_size: u64,
@@ -188,6 +202,7 @@ impl ChunkStore {
         let predict = client.with_class(client.class().max(Class::Prediction));
         Arc::new(ChunkStore {
             predict,
+            runs: client.s3().is_some() && chunk_size < RUN_BYTES,
             client,
             chunk_size,
             budget,
@@ -525,6 +540,106 @@ impl ChunkStore {
                 true
             }
         }
+    }
+
+    /// Starts fetching chunks `from..=to` of `key` ahead of a reader whose last chunk is
+    /// `reader`, as [`ChunkStore::prefetch`] does each. From a source that prefers long
+    /// reads, the chunks missing within one group of [`RUN_BYTES`] (aligned) go as one
+    /// read; a group the window does not reach the end of yet waits for a later call,
+    /// unless it starts within a group of the reader. Returns false when the budget
+    /// stopped it.
+    pub fn prefetch_range(
+        self: &Arc<Self>,
+        key: &FileKey,
+        reader: u64,
+        from: u64,
+        to: u64,
+    ) -> bool {
+        if !self.runs {
+            return (from..=to).all(|i| self.prefetch(key, i));
+        }
+        let per = RUN_BYTES / self.chunk_size;
+        let last = key.version.size.saturating_sub(1) / self.chunk_size;
+        let mut i = from;
+        while i <= to {
+            let group_end = (i / per + 1) * per - 1;
+            let end = group_end.min(to);
+            if end < group_end.min(last) && i > reader + per {
+                // The window reaches into this group but not to its end: later.
+                return true;
+            }
+            let mut run = Vec::new();
+            for j in i..=end {
+                let offset = j * self.chunk_size;
+                let local = self.backing.as_ref().is_some_and(|b| b.may_hold(key, j))
+                    || self.in_hole(key, offset, self.chunk_len(key.version.size, j) as u64);
+                if local {
+                    self.start_run(key, std::mem::take(&mut run));
+                    if !self.prefetch(key, j) {
+                        return false;
+                    }
+                    continue;
+                }
+                match self.slot(key, j, true) {
+                    None => {
+                        self.start_run(key, run);
+                        return false;
+                    }
+                    Some((_, true)) => self.start_run(key, std::mem::take(&mut run)),
+                    Some((slot, false)) => run.push((j, slot)),
+                }
+            }
+            self.start_run(key, run);
+            i = end + 1;
+        }
+        true
+    }
+
+    /// Fetches consecutive chunks `run` (their slots just made) with one read; each
+    /// fetched on its own when the read does not bring its bytes.
+    fn start_run(self: &Arc<Self>, key: &FileKey, run: Vec<(u64, Arc<Slot>)>) {
+        let Some(&(first, _)) = run.first() else {
+            return;
+        };
+        if run.len() == 1 {
+            let (me, key, slot) = (self.clone(), key.clone(), run[0].1.clone());
+            tokio::spawn(async move {
+                let _ = me.fill(&me.predict, &key, first, &slot).await;
+            });
+            return;
+        }
+        let mut senders = Vec::with_capacity(run.len());
+        for (index, slot) in &run {
+            let (tx, rx) = oneshot::channel();
+            senders.push((tx, slot.len));
+            let (me, key, slot, index) = (self.clone(), key.clone(), slot.clone(), *index);
+            tokio::spawn(async move {
+                let _ = me
+                    .fill_from(&me.predict, &key, index, &slot, Some(rx))
+                    .await;
+            });
+        }
+        let total: usize = senders.iter().map(|(_, len)| len).sum();
+        let (me, key) = (self.clone(), key.clone());
+        tokio::spawn(async move {
+            let offset = first * me.chunk_size;
+            let read = me
+                .predict
+                .read(key.path.clone(), offset, total as u32)
+                .await;
+            // Another version, a short read or an error: the senders go unsent and each
+            // chunk is fetched on its own (and the change found there, as for any chunk).
+            if let Ok((data, version)) = read {
+                if version == key.version && data.len() == total {
+                    bump(&me.counters.fetched, senders.len() as u64);
+                    let mut at = 0;
+                    for (tx, len) in senders {
+                        let _ = tx.send(data.slice(at..at + len));
+                        at += len;
+                    }
+                }
+            }
+        });
     }
 
     /// Makes a place for the whole of small file `key` (one chunk) that another request is

@@ -82,10 +82,8 @@ impl Fs {
         if !plan.ahead.is_empty() {
             let from = plan.ahead.start.div_ceil(cs).max(last + 1);
             let to = (plan.ahead.end - 1) / cs;
-            for i in from..=to {
-                if !self.store.prefetch(&h.key, i) {
-                    break;
-                }
+            if from <= to {
+                self.store.prefetch_range(&h.key, last, from, to);
             }
         }
         let mut parts = Vec::with_capacity((last - first + 1) as usize);
