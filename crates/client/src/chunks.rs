@@ -532,14 +532,25 @@ impl ChunkStore {
             None => false,
             Some((_, true)) => true,
             Some((slot, false)) => {
-                let me = self.clone();
-                let key = key.clone();
-                tokio::spawn(async move {
-                    let _ = me.fill(&me.predict, &key, index, &slot).await;
-                });
+                self.fill_ahead(key, index, slot, None);
                 true
             }
         }
+    }
+
+    /// Fills `slot`, chunk `index` of `key`, in a task of its own as a prediction (from
+    /// `given` first, when there is one: see [`ChunkStore::fill_from`]).
+    fn fill_ahead(
+        self: &Arc<Self>,
+        key: &FileKey,
+        index: u64,
+        slot: Arc<Slot>,
+        given: Option<oneshot::Receiver<Bytes>>,
+    ) {
+        let (me, key) = (self.clone(), key.clone());
+        tokio::spawn(async move {
+            let _ = me.fill_from(&me.predict, &key, index, &slot, given).await;
+        });
     }
 
     /// Starts fetching chunks `from..=to` of `key` ahead of a reader whose last chunk is
@@ -602,22 +613,15 @@ impl ChunkStore {
             return;
         };
         if run.len() == 1 {
-            let (me, key, slot) = (self.clone(), key.clone(), run[0].1.clone());
-            tokio::spawn(async move {
-                let _ = me.fill(&me.predict, &key, first, &slot).await;
-            });
+            let (index, slot) = run.into_iter().next().expect("one");
+            self.fill_ahead(key, index, slot, None);
             return;
         }
         let mut senders = Vec::with_capacity(run.len());
-        for (index, slot) in &run {
+        for (index, slot) in run {
             let (tx, rx) = oneshot::channel();
             senders.push((tx, slot.len));
-            let (me, key, slot, index) = (self.clone(), key.clone(), slot.clone(), *index);
-            tokio::spawn(async move {
-                let _ = me
-                    .fill_from(&me.predict, &key, index, &slot, Some(rx))
-                    .await;
-            });
+            self.fill_ahead(key, index, slot, Some(rx));
         }
         let total: usize = senders.iter().map(|(_, len)| len).sum();
         let (me, key) = (self.clone(), key.clone());
@@ -655,11 +659,7 @@ impl ChunkStore {
             return None;
         };
         let (tx, rx) = oneshot::channel();
-        let me = self.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
-            let _ = me.fill_from(&me.predict, &key, 0, &slot, Some(rx)).await;
-        });
+        self.fill_ahead(key, 0, slot, Some(rx));
         Some(tx)
     }
 
@@ -667,11 +667,7 @@ impl ChunkStore {
     /// is about to wait for it); a no-op when present or in flight.
     pub fn start(self: &Arc<Self>, key: &FileKey, index: u64) {
         if let Some((slot, false)) = self.slot(key, index, false) {
-            let me = self.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                let _ = me.fill(&me.predict, &key, index, &slot).await;
-            });
+            self.fill_ahead(key, index, slot, None);
         }
     }
 
