@@ -5,13 +5,14 @@
 # its own toxiproxy proxy (20 ms each way, 25 MB/s per TCP connection), as bench/run.sh does for
 # ferryd.
 #
-#   bench/s3.sh [--links wan,1gbit] [--methods LIST] [--repeat N] [--out FILE]
+#   bench/s3.sh [--links wan,1gbit] [--methods LIST] [--repeat N] [--file PATH] [--out FILE]
 #   (FERRY_ARGS: extra options for the ferry mounts, e.g. "--chunk-size 4096";
 #    FERRY_BIN: another ferry binary to compare against;
 #    FERRY_MIRROR_ARGS: for ferry mirror, e.g. "--s3-metadata off")
 #
 # Data (made once in bench/out/s3-data, uploaded with rclone copy each run of the script):
-#   big.bin  1 GiB of random bytes (S3 sends bytes as stored: compression plays no part)
+#   big.bin  1 GiB of random bytes (S3 sends bytes as stored: compression plays no part);
+#            --file PATH puts that file there instead (e.g. a real PostgreSQL datafile)
 #   src      a real source tree: /usr/include and the Python standard library (bench/lib.sh)
 # Methods:
 #   ferry-cp        cp of big.bin out of `ferry mount s3://…` (all three endpoints)
@@ -41,6 +42,7 @@ while [ $# -gt 0 ]; do
         --methods) methods=$2; shift 2 ;;
         --repeat) repeat=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
+        --file) big_file=$2; shift 2 ;;
         *) echo "s3.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
     esac
 done
@@ -60,7 +62,13 @@ log "building ferry (release)"
 cargo build --release --bins -q
 DATA=$ROOT/bench/out/s3-data
 real_trees "$DATA" src
-if [ ! -f "$DATA/big/big.bin" ]; then
+BIG=$DATA/big
+if [ -n "${big_file:-}" ]; then
+    [ -f "$big_file" ] || die "--file $big_file: no such file"
+    BIG=$DATA/big-file
+    rm -rf "$BIG"; mkdir -p "$BIG"
+    ln "$big_file" "$BIG/big.bin" 2>/dev/null || cp "$big_file" "$BIG/big.bin"
+elif [ ! -f "$DATA/big/big.bin" ]; then
     mkdir -p "$DATA/big"
     head -c 1G /dev/urandom > "$DATA/big/big.bin.tmp" && mv "$DATA/big/big.bin.tmp" "$DATA/big/big.bin"
 fi
@@ -105,9 +113,10 @@ rclone_env() {
 }
 rclone_env "${NODE_EPS[0]}"
 log "uploading big.bin and src ($objects objects) with rclone"
-in_ns rclone copy --transfers 32 "$DATA/big" g:ferry-test/bench/big
+in_ns rclone copy --transfers 32 "$BIG" g:ferry-test/bench/big
 in_ns rclone copy --transfers 32 "$DATA/src" g:ferry-test/bench/src
-big_md5=$(md5sum < "$DATA/big/big.bin" | cut -d' ' -f1)
+big_md5=$(md5sum < "$BIG/big.bin" | cut -d' ' -f1)
+big_mb=$(echo "$(stat -c %s "$BIG/big.bin") / 1000000" | bc -l)
 
 ROWS=$WORK/rows   # link|method|value|unit
 : > "$ROWS"
@@ -209,7 +218,7 @@ run_once() {
         ferry-fio|ferry-fio-cache|rclone-fio)
             python3 -c 'import json,sys; print("%.0f IOPS" % json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"])' "$WORK/fio.json" ;;
         ferry-mirror|rclone-tree) printf '%.2f s\n' "$secs" ;;
-        *) printf '%.1f MB/s\n' "$(echo "1073.741824 / $secs" | bc -l)" ;;
+        *) printf '%.1f MB/s\n' "$(echo "$big_mb / $secs" | bc -l)" ;;
     esac
 }
 
@@ -232,7 +241,7 @@ mkdir -p "$(dirname "$out")"
     echo "# ferry over S3 beside rclone ($(date -u +%Y-%m-%d), $commit)"
     echo
     echo "3-node Garage 2.5.0 cluster, replication 3, in the benchmark namespace on this machine;"
-    echo "ferry uses all three endpoints, rclone $(rclone version 2>/dev/null | head -1 | cut -d' ' -f2) one. big.bin: 1 GiB random;"
+    echo "ferry uses all three endpoints, rclone $(rclone version 2>/dev/null | head -1 | cut -d' ' -f2) one. big.bin: ${big_file:-1 GiB random};"
     echo "src: $objects objects. Median of $repeat; page cache dropped before each run; every copy checked;"
     echo "MTU ${S3_MTU:-1500} on the namespace's loopback; copies written to $DST_FS."
     echo
