@@ -746,3 +746,139 @@ fn a_profile_s_credential_process_gives_the_credentials_and_a_failing_one_is_one
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// `ferry mirror s3://…` killed with SIGKILL mid-copy and run again ends with the same
+/// copy, and the second run fetches only what the first had not kept: the chunks the
+/// journal names as present are not asked of the store again.
+#[test]
+fn kill_9_mid_mirror_of_a_bucket_then_resume_fetches_only_the_rest() {
+    require_s3!();
+    let g = Garage::start(3);
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("big.bin"), (40 << 20) + 4097, 21);
+    std::fs::create_dir(src.path().join("small")).unwrap();
+    for i in 0..20 {
+        write_random(
+            &src.path().join(format!("small/f{i}")),
+            300 + i * 71,
+            i as u64,
+        );
+    }
+    g.put_tree(src.path(), "r");
+    let total: u64 = (40 << 20) + 4097 + (0..20).map(|i| 300 + i * 71).sum::<u64>();
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("copy");
+    // Slowed down (8 MB/s: at least five seconds) and killed 1.2 s after its status shows
+    // 12 MiB done (one journal commit, every second, later): mid-object, with chunks kept.
+    let mut child = g
+        .ferry()
+        .arg("mirror")
+        .arg(g.url("r"))
+        .arg(&copy)
+        .arg("--quiet")
+        .args(g.args())
+        .args(["--chunk-size", "1024", "--bwlimit", "8M"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = ferry_tests::wait_for(Duration::from_secs(30), || {
+        let out = ferry_tests::ferry()
+            .arg("status")
+            .arg(&copy)
+            .arg("--json")
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .and_then(|s| s["bytes_done"].as_u64())
+            .is_some_and(|b| b >= 12 << 20)
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    let finished = child.try_wait().unwrap().is_some();
+    let _ = child.kill();
+    child.wait().unwrap();
+    assert!(started, "the mirror never showed 12 MiB done");
+    assert!(!finished, "the mirror finished before the kill");
+    let present: u64 = {
+        let c = ferry_tests::open_cache(&copy);
+        c.all().iter().map(|(_, s)| s.present_bytes()).sum()
+    };
+    eprintln!("{present} of {total} bytes kept by the killed run");
+    assert!(
+        (1..total).contains(&present),
+        "{present} of {total} bytes kept"
+    );
+
+    ok(&mirror(&g, "r", &copy, &["--chunk-size", "1024"]));
+    assert_same_contents(src.path(), &copy);
+    let s = status_json(&copy);
+    assert_eq!(s["state"], "complete");
+    assert_eq!(s["error_count"], 0, "{s}");
+    // The object cut short is verified whole once its last chunk is in.
+    assert!(s["files_verified"].as_u64().unwrap() >= 1, "{s}");
+    assert_eq!(
+        s["bytes_fetched"].as_u64().unwrap(),
+        total - present,
+        "chunks kept by the first run were fetched again: {s}"
+    );
+}
+
+/// Virtual-hosted addressing sends the bucket in the host name (`BUCKET.s3.garage.localhost`,
+/// Garage's `root_domain`): the mirror runs in a mount namespace whose /etc/hosts names only
+/// that host, so a request of the other style (whose host is `s3.garage.localhost`) cannot
+/// even connect, and does not.
+#[test]
+fn virtual_hosted_requests_name_the_bucket_in_the_host_and_reach_the_server() {
+    require_s3!();
+    if !ferry_tests::is_root() {
+        ferry_tests::skip("a mount namespace (for /etc/hosts) needs root");
+        return;
+    }
+    let g = Garage::start(1);
+    let src = tempfile::tempdir().unwrap();
+    source_tree(src.path());
+    g.put_tree(src.path(), "vh");
+    let bucket = g.url("");
+    let bucket = bucket
+        .trim_start_matches("s3://")
+        .trim_end_matches('/')
+        .to_string();
+    let port = g.endpoints().rsplit(':').next().unwrap().to_string();
+    let work = tempfile::tempdir().unwrap();
+    let hosts = work.path().join("hosts");
+    std::fs::write(
+        &hosts,
+        format!("127.0.0.1 localhost\n127.0.0.1 {bucket}.s3.garage.localhost\n"),
+    )
+    .unwrap();
+    let ferry = ferry_tests::ferry();
+    let run_as = |style: &str, copy: &Path| {
+        let mut c = std::process::Command::new("unshare");
+        c.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(r#"mount --bind "$1" /etc/hosts && shift && exec "$@""#)
+            .arg("sh")
+            .arg(&hosts)
+            .arg(ferry.get_program())
+            .arg("mirror")
+            .arg(g.url("vh"))
+            .arg(copy)
+            .arg("--quiet")
+            .args(["--endpoint", &format!("http://s3.garage.localhost:{port}")])
+            .args(["--region", "garage", "--s3-addressing", style])
+            .envs(ferry.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .envs(g.credentials());
+        c.output().unwrap()
+    };
+    let copy = work.path().join("copy");
+    ok(&run_as("virtual", &copy));
+    assert_same_contents(src.path(), &copy);
+    assert_eq!(status_json(&copy)["state"], "complete");
+
+    let other = work.path().join("other");
+    let out = run_as("path", &other);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("s3.garage.localhost"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
