@@ -27,7 +27,9 @@
 #   ferry-kill      ferry-cp with node 2 of 3 killed 1 s into the copy (restarted after)
 # Every copy is checked (MD5 against the source's, per file for the tree); the page cache is
 # dropped and each mount is fresh before every run; medians of --repeat runs. Output: a
-# markdown report (default bench/out/s3.md). No namespace, mount or process is left behind.
+# markdown report (default bench/out/s3.md), with where the CPU went during each method (the
+# Garage nodes, toxiproxy, the rest, idle: on 2 cores the cluster itself is often the limit).
+# No namespace, mount or process is left behind.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -119,7 +121,8 @@ big_md5=$(md5sum < "$BIG/big.bin" | cut -d' ' -f1)
 big_mb=$(echo "$(stat -c %s "$BIG/big.bin") / 1000000" | bc -l)
 
 ROWS=$WORK/rows   # link|method|value|unit
-: > "$ROWS"
+CPU_ROWS=$WORK/cpu-rows   # link|method|garage|toxiproxy|rest|idle (ticks, every run)
+: > "$ROWS"; : > "$CPU_ROWS"
 
 # The endpoints clients use on LINK: the nodes themselves, or on wan a toxiproxy proxy each.
 client_endpoints() {
@@ -159,6 +162,22 @@ unmount() {
 
 check_big() { [ "$(md5sum < "$1" | cut -d' ' -f1)" = "$big_md5" ]; }
 
+# CPU ticks (USER_HZ) of the processes whose command line matches $1 (pgrep -f), summed.
+ticks_of() {
+    local p t=0 f
+    for p in $(pgrep -f -- "$1"); do
+        f=$(cut -d' ' -f14,15 "/proc/$p/stat" 2>/dev/null) || continue
+        t=$((t + ${f% *} + ${f#* }))
+    done
+    echo "$t"
+}
+# "GARAGE TOXIPROXY BUSY IDLE": ticks so far of the Garage nodes, of toxiproxy, and the
+# machine's busy and idle (+ iowait) ticks, all cores.
+cpu_now() {
+    echo "$(ticks_of "$GARAGE_DIR/node") $(ticks_of "$BIN/toxiproxy-server")" \
+        "$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)"
+}
+
 # run_once METHOD: one run; prints "VALUE UNIT" or "failed (why)".
 run_once() {
     local m=$1 mnt=$WORK/mnt/s3 t0 t1 dst=$WORK/dst/run
@@ -173,6 +192,7 @@ run_once() {
                 || { echo "failed (mount)"; return 0; } ;;
         rclone-mount|rclone-fio) rclone_mount "$mnt" || { echo "failed (mount)"; return 0; } ;;
     esac
+    local c0; c0=$(cpu_now)
     t0=$(date +%s.%N)
     local ok=1 killer=""
     case "$m" in
@@ -200,6 +220,11 @@ run_once() {
     esac
     t1=$(date +%s.%N)
     local secs; secs=$(echo "$t1 - $t0" | bc -l)
+    # Where the machine's CPU went meanwhile: Garage, toxiproxy, everything else busy (the
+    # tool, cp, the kernel), idle.
+    local a b
+    read -r -a a <<<"$c0"; read -r -a b <<<"$(cpu_now)"
+    echo "$link|$m|$(( b[0] - a[0] ))|$(( b[1] - a[1] ))|$(( b[2] - a[2] - (b[0] - a[0]) - (b[1] - a[1]) ))|$(( b[3] - a[3] ))" >> "$CPU_ROWS"
     case "$m" in
         ferry-cp|rclone-mount|rclone-copy|ferry-kill|ferry-get)
             [ "$ok" = 1 ] && check_big "$dst/big.bin" || ok=0 ;;
@@ -258,6 +283,23 @@ for (link, method), vals in rows.items():
     unit = next((v.split()[1] for v in vals if not v.startswith("failed")), "")
     med = f"{statistics.median(nums):.2f} {unit}" if nums else "failed"
     print(f"| {link} | {method} | {med} | {', '.join(vals)} |")
+EOF
+    echo
+    echo "Where the CPU went during each run (both cores; seconds, median of the runs): the three"
+    echo "Garage nodes, toxiproxy, everything else busy (the tool, cp, the kernel), idle."
+    echo
+    echo "| link | method | Garage | toxiproxy | rest | idle |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: |"
+    python3 - "$CPU_ROWS" "$(getconf CLK_TCK)" <<'EOF'
+import sys, statistics, collections
+rows = collections.OrderedDict()
+hz = float(sys.argv[2])
+for line in open(sys.argv[1]):
+    link, method, *ticks = line.rstrip("\n").split("|")
+    rows.setdefault((link, method), []).append([int(t) / hz for t in ticks])
+for (link, method), runs in rows.items():
+    med = [statistics.median(col) for col in zip(*runs)]
+    print(f"| {link} | {method} | " + " | ".join(f"{v:.1f}" for v in med) + " |")
 EOF
 } > "$out"
 log "report: $out"
