@@ -391,7 +391,7 @@ fn random_reads_of_a_bucket_into_a_local_copy_keep_the_whole_chunks_they_touch()
 /// from another node), so chunks read ahead go together, up to 8 MiB each. `cmp` of a
 /// 40 MiB object (40 chunks) out of the mount equals the object, in under 20 reads.
 #[test]
-fn a_sequential_reader_gets_an_object_in_long_ranged_gets() {
+fn a_sequential_reader_and_the_mirror_get_an_object_in_long_ranged_gets() {
     require_fuse!();
     require_s3!();
     let g = Garage::start(3);
@@ -408,6 +408,20 @@ fn a_sequential_reader_gets_an_object_in_long_ranged_gets() {
         "{reads} reads for 40 chunks read in order\n{}",
         m.log_text()
     );
+    drop(m);
+
+    // `ferry mirror` of an object of 41 chunks: its aligned groups of eight, one GET each.
+    write_random(&src.path().join("seq.bin"), 40 * MIB as usize + 4097, 6);
+    g.put_tree(src.path(), "");
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("copy");
+    ok(&mirror(&g, "", &copy, &[]));
+    assert_same_contents(src.path(), &copy);
+    let s = status_json(&copy);
+    assert_eq!(s["chunks_fetched"], 41, "{s}");
+    assert_eq!(s["bytes_fetched"], 40 * MIB + 4097, "{s}");
+    let reads = s["faults"]["chunks"].as_u64().unwrap();
+    assert!((1..12).contains(&reads), "{reads} reads for 41 chunks: {s}");
 }
 
 #[test]

@@ -202,7 +202,7 @@ impl ChunkStore {
         let predict = client.with_class(client.class().max(Class::Prediction));
         Arc::new(ChunkStore {
             predict,
-            runs: client.s3().is_some() && chunk_size < RUN_BYTES,
+            runs: client.run_bytes().is_some(),
             client,
             chunk_size,
             budget,

@@ -423,6 +423,16 @@ impl Client {
         self.inner.s3.as_ref()
     }
 
+    /// How many bytes of consecutive chunks one read should bring, when the source prefers
+    /// long reads to one per chunk: an S3 store, where each ranged GET costs the store a
+    /// request and a look-up of the object's blocks ([`crate::chunks::RUN_BYTES`], in
+    /// aligned groups). `None` for ferryd, which streams chunks over its connections anyway.
+    pub fn run_bytes(&self) -> Option<u64> {
+        let chunk = u64::from(self.session().chunk_size);
+        (self.inner.s3.is_some() && chunk < crate::chunks::RUN_BYTES)
+            .then_some(crate::chunks::RUN_BYTES)
+    }
+
     /// A handle on the same streams whose requests have class `class` (see [`Client`]).
     pub fn with_class(&self, class: Class) -> Client {
         Client {

@@ -1,7 +1,9 @@
 //! One attempt at copying a file of more than one chunk (or a complete small file being
 //! resumed): its missing chunks all in flight together within the chunk memory budget,
 //! each written with `pwrite` on the background threads (within the write queue's budget)
-//! and handed to the syncer; then verification and metadata.
+//! and handed to the syncer; then verification and metadata. From a source that prefers
+//! long reads (S3: [`ferry_client::Client::run_bytes`]) the missing chunks of one aligned
+//! group go as one read, written at once and recorded chunk by chunk.
 //!
 //! Invariant: the bytes an attempt counted as done are taken back from the progress when
 //! the attempt does not end in [`FileOutcome::Done`], so the next attempt counts anew.
@@ -91,9 +93,16 @@ pub(super) async fn copy_file_once(
     };
     let mut tasks = tokio::task::JoinSet::new();
     let mut early = Vec::new();
-    for index in missing {
-        let offset = index * u64::from(cs);
-        let len = (attr.size - offset).min(u64::from(cs)) as usize;
+    // From a source that prefers long reads (S3), the missing chunks of one aligned group
+    // go as one read; else (and in a sparse file) each chunk is a read of its own.
+    let per = match (ctx.client.run_bytes(), &data_map) {
+        (Some(run), None) => (run / u64::from(cs)).max(1),
+        _ => 1,
+    };
+    let mut pending: std::collections::VecDeque<(u64, u64)> = runs_of(&missing, per).into();
+    while let Some((first, count)) = pending.pop_front() {
+        let offset = first * u64::from(cs);
+        let len = (attr.size - offset).min(count * u64::from(cs)) as usize;
         if data_map
             .as_ref()
             .is_some_and(|m| !holds_data(m, offset, len as u64))
@@ -101,8 +110,10 @@ pub(super) async fn copy_file_once(
             // All hole: nothing to fetch; the local range is made a hole too.
             let f = file.clone();
             background::run(move || punch_hole(&f, offset, len as u64)).await??;
-            ctx.sync
-                .written(rel.clone(), version, generation, index, file.clone());
+            for index in first..first + count {
+                ctx.sync
+                    .written(rel.clone(), version, generation, index, file.clone());
+            }
             done_here += len as u64;
             ctx.progress
                 .bytes_done
@@ -113,16 +124,27 @@ pub(super) async fn copy_file_once(
         let Ok(permit) = ctx.chunk_units.clone().acquire_many_owned(units).await else {
             break;
         };
-        // Recorded meanwhile by someone else (a reader of the mount this mirror runs in).
-        if ctx
-            .cache
-            .state(rel)
-            .is_some_and(|s| s.generation == generation && s.has(index))
-        {
-            done_here += len as u64;
-            ctx.progress
-                .bytes_done
-                .fetch_add(len as u64, Ordering::Relaxed);
+        // Recorded meanwhile by someone else (a reader of the mount this mirror runs in):
+        // counted as done, and the rest of the run goes as the runs between them.
+        let present: Vec<u64> = match ctx.cache.state(rel) {
+            Some(s) if s.generation == generation => {
+                (first..first + count).filter(|&i| s.has(i)).collect()
+            }
+            _ => Vec::new(),
+        };
+        if !present.is_empty() {
+            drop(permit);
+            for &index in &present {
+                let n = (attr.size - index * u64::from(cs)).min(u64::from(cs));
+                done_here += n;
+                ctx.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
+            }
+            let rest: Vec<u64> = (first..first + count)
+                .filter(|i| !present.contains(i))
+                .collect();
+            for r in runs_of(&rest, per).into_iter().rev() {
+                pending.push_front(r);
+            }
             continue;
         }
         let c = ctx.clone();
@@ -144,7 +166,15 @@ pub(super) async fn copy_file_once(
                     .await;
                     match w {
                         Ok(()) => {
-                            c.sync.written(rel, version, generation, index, file);
+                            for index in first..first + count {
+                                c.sync.written(
+                                    rel.clone(),
+                                    version,
+                                    generation,
+                                    index,
+                                    file.clone(),
+                                );
+                            }
                             c.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
                             Ok((n, file_hash))
                         }
@@ -219,6 +249,21 @@ pub(super) async fn copy_file_once(
     }
     set_and_stamp(ctx, rel, generation, attr).await?;
     Ok(FileOutcome::Done)
+}
+
+/// Chunks `missing` (ascending) as runs `(first, count)` of consecutive chunks, none
+/// crossing a boundary of `per` chunks (aligned groups): each run is one read.
+fn runs_of(missing: &[u64], per: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &i in missing {
+        match out.last_mut() {
+            Some((first, count)) if *first + *count == i && i / per == *first / per => {
+                *count += 1;
+            }
+            _ => out.push((i, 1)),
+        }
+    }
+    out
 }
 
 /// Sets the local file's mode and times as the source's, then, when it was verified,
@@ -463,4 +508,24 @@ pub(super) async fn write_queued<T: Send + 'static>(
         .await
         .map_err(std::io::Error::other)?;
     background::run(write).await?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs_of;
+
+    #[test]
+    fn runs_are_consecutive_chunks_within_aligned_groups() {
+        assert_eq!(runs_of(&[], 8), vec![]);
+        // 0-9 missing with groups of 8: two reads, split at the group boundary.
+        let all: Vec<u64> = (0..10).collect();
+        assert_eq!(runs_of(&all, 8), vec![(0, 8), (8, 2)]);
+        // Gaps (chunks kept by an earlier run) end a run.
+        assert_eq!(
+            runs_of(&[1, 2, 4, 5, 6, 7, 8, 15, 16], 8),
+            vec![(1, 2), (4, 4), (8, 1), (15, 1), (16, 1)]
+        );
+        // Groups of one: every chunk alone (ferryd, sparse files).
+        assert_eq!(runs_of(&[3, 4, 5], 1), vec![(3, 1), (4, 1), (5, 1)]);
+    }
 }

@@ -1,4 +1,4 @@
-//! Fetching one chunk of a known version (retrying transient failures) and the token
+//! Fetching a chunk (or a run of chunks) of a known version (retrying transient failures) and the token
 //! bucket that caps the mirror's rate on the wire (`--bwlimit`).
 //!
 //! Invariant: a chunk is returned only when the server answered for exactly the version
@@ -23,8 +23,9 @@ pub(super) enum ChunkError {
     Io(std::io::Error),
 }
 
-/// Fetches one chunk of `version`, retrying transient failures (a payload that failed its
-/// checksum, a broken stream) a few times.
+/// Fetches `len` bytes at `offset` of `version` (one chunk, or a run of consecutive chunks
+/// from a source that prefers long reads), retrying transient failures (a payload that
+/// failed its checksum, a broken stream) a few times.
 pub(super) async fn fetch_chunk(
     ctx: &Ctx,
     remote: &Bytes,
@@ -47,7 +48,10 @@ pub(super) async fn fetch_chunk(
                     // Shorter than the version's size says: the file is being changed.
                     return Err(ChunkError::Changed);
                 }
-                ctx.progress.chunks_fetched.fetch_add(1, Ordering::Relaxed);
+                let cs = u64::from(ctx.client.session().chunk_size).max(1);
+                ctx.progress
+                    .chunks_fetched
+                    .fetch_add((data.len() as u64).div_ceil(cs).max(1), Ordering::Relaxed);
                 ctx.progress
                     .bytes_fetched
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
