@@ -130,10 +130,7 @@ fn kill_9_mid_mirror_then_resume_refetches_no_completed_chunk() {
         );
         // What the journal says is present must be on disk: the resumed run fetches
         // exactly the rest.
-        let present: u64 = {
-            let c = ferry_tests::open_cache(&copy);
-            c.all().iter().map(|(_, s)| s.present_bytes()).sum()
-        };
+        let present = ferry_tests::present_bytes(&copy);
         assert!(present < total);
         if round == 2 {
             run(&mut mirror_cmd(&server, &copy, &[]));

@@ -233,10 +233,7 @@ fn an_unmounted_mirror_resumes_at_the_next_mount() {
     // Left interrupted, with what was fetched recorded.
     let d = status(cache.path());
     assert_eq!(d["state"], "interrupted", "{d}");
-    let kept: u64 = {
-        let c = ferry_tests::open_cache(cache.path());
-        c.all().iter().map(|(_, s)| s.present_bytes()).sum()
-    };
+    let kept = ferry_tests::present_bytes(cache.path());
     assert!(kept >= 4 << 20, "only {kept} bytes recorded");
 
     let mount = TestMount::mount(&server.addr, &["--cache-dir", &cache_arg, "--mirror"]);

@@ -814,10 +814,7 @@ fn kill_9_mid_mirror_of_a_bucket_then_resume_fetches_only_the_rest() {
     child.wait().unwrap();
     assert!(started, "the mirror never showed 12 MiB done");
     assert!(!finished, "the mirror finished before the kill");
-    let present: u64 = {
-        let c = ferry_tests::open_cache(&copy);
-        c.all().iter().map(|(_, s)| s.present_bytes()).sum()
-    };
+    let present = ferry_tests::present_bytes(&copy);
     eprintln!("{present} of {total} bytes kept by the killed run");
     assert!(
         (1..total).contains(&present),

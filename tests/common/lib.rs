@@ -73,6 +73,12 @@ pub fn open_cache(root: &Path) -> ferry_cache::CacheDir {
         .expect("open cache directory")
 }
 
+/// Bytes of the files under cache directory `root` that its journal records as present.
+pub fn present_bytes(root: &Path) -> u64 {
+    let c = open_cache(root);
+    c.all().iter().map(|(_, s)| s.present_bytes()).sum()
+}
+
 /// Whether FUSE mounts can work here. Returns false (after printing why) when the test
 /// should skip; panics instead when `FERRY_REQUIRE_FUSE=1`.
 pub fn fuse_available() -> bool {
