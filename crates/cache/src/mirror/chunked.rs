@@ -3,7 +3,8 @@
 //! each written with `pwrite` on the background threads (within the write queue's budget)
 //! and handed to the syncer; then verification and metadata. From a source that prefers
 //! long reads (S3: [`ferry_client::Client::run_bytes`]) the missing chunks of one aligned
-//! group go as one read, written at once and recorded chunk by chunk.
+//! group go as one read, written at once and recorded chunk by chunk (`ferry mirror`; a
+//! mount's background mirror keeps one read per chunk).
 //!
 //! Invariant: the bytes an attempt counted as done are taken back from the progress when
 //! the attempt does not end in [`FileOutcome::Done`], so the next attempt counts anew.
@@ -94,9 +95,11 @@ pub(super) async fn copy_file_once(
     let mut tasks = tokio::task::JoinSet::new();
     let mut early = Vec::new();
     // From a source that prefers long reads (S3), the missing chunks of one aligned group
-    // go as one read; else (and in a sparse file) each chunk is a read of its own.
+    // go as one read; else each chunk is a read of its own: from ferryd, in a sparse file,
+    // and in a mount's background mirror (its reads are cut into pieces the scheduler sizes
+    // for readers first, whole chunks at most, so a run would only hold its memory longer).
     let per = match (ctx.client.run_bytes(), &data_map) {
-        (Some(run), None) => (run / u64::from(cs)).max(1),
+        (Some(run), None) if !ctx.client.is_background() => (run / u64::from(cs)).max(1),
         _ => 1,
     };
     let mut pending: std::collections::VecDeque<(u64, u64)> = runs_of(&missing, per).into();

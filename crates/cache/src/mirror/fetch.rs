@@ -1,5 +1,5 @@
-//! Fetching a chunk (or a run of chunks) of a known version (retrying transient failures) and the token
-//! bucket that caps the mirror's rate on the wire (`--bwlimit`).
+//! Fetching a chunk (or a run of chunks) of a known version (retrying transient failures)
+//! and the token bucket that caps the mirror's rate on the wire (`--bwlimit`).
 //!
 //! Invariant: a chunk is returned only when the server answered for exactly the version
 //! asked and with exactly the length that version implies; anything else means the file
