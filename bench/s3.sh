@@ -172,7 +172,9 @@ ticks_of() {
     echo "$t"
 }
 # "GARAGE TOXIPROXY BUSY IDLE": ticks so far of the Garage nodes, of toxiproxy, and the
-# machine's busy and idle (+ iowait) ticks, all cores.
+# machine's busy and idle (+ iowait) ticks, all cores. A node killed during a run (ferry-kill)
+# is missing from the second sample, so that method's Garage figure is low and its "rest"
+# high by as much.
 cpu_now() {
     echo "$(ticks_of "$GARAGE_DIR/node") $(ticks_of "$BIN/toxiproxy-server")" \
         "$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)"
