@@ -894,3 +894,166 @@ fn virtual_hosted_requests_name_the_bucket_in_the_host_and_reach_the_server() {
     assert!(err.contains("s3.garage.localhost"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// A tree of real shapes for walks: the kernel's headers (29 directories, ~760 small
+/// files, when the machine has them; a generated tree otherwise) and a deep narrow path.
+fn header_tree(root: &Path) {
+    let headers = Path::new("/usr/include/linux");
+    if headers.is_dir() {
+        run(std::process::Command::new("cp")
+            .arg("-r")
+            .arg(headers)
+            .arg(root.join("linux")));
+    } else {
+        ferry_tests::build_tree(&root.join("generated"));
+    }
+    let deep = root.join("a/b/c/d/e");
+    std::fs::create_dir_all(&deep).unwrap();
+    for i in 0..5 {
+        write_random(&deep.join(format!("f{i}.h")), 100 + i * 3001, i as u64);
+    }
+}
+
+/// Tree-walk prediction over an S3 source: `cp -r`, `rsync -a` and `tar -c` of a bucket
+/// of small objects out of the mount equal the tree, and for each, objects came ahead of
+/// the walker (prediction-class bytes, which only the tree prediction asks for when every
+/// object is smaller than a chunk: read-ahead within a file never starts), each in one
+/// GET.
+#[test]
+fn cp_rsync_and_tar_of_a_bucket_s_tree_get_its_objects_ahead_of_the_walk() {
+    require_fuse!();
+    require_s3!();
+    let g = Garage::start(3);
+    let src = tempfile::tempdir().unwrap();
+    header_tree(src.path());
+    let n = g.put_tree(src.path(), "");
+    let total: u64 = ferry_tests::walk(src.path())
+        .iter()
+        .filter(|m| m.mode & 0o170000 == 0o100000)
+        .map(|m| m.size)
+        .sum();
+    for tool in ["cp", "rsync", "tar"] {
+        let dst = tempfile::tempdir().unwrap();
+        let copy = dst.path().join("copy");
+        let m = mount_bucket(&g, &[]);
+        match tool {
+            "cp" => run(std::process::Command::new("cp")
+                .arg("-r")
+                .arg(m.path())
+                .arg(&copy)),
+            "rsync" => run(std::process::Command::new("rsync")
+                .arg("-r")
+                .arg(format!("{}/", m.path().display()))
+                .arg(format!("{}/", copy.display()))),
+            _ => {
+                std::fs::create_dir(&copy).unwrap();
+                run(std::process::Command::new("sh").arg("-c").arg(format!(
+                    "tar -cf - -C '{}' . | tar -xf - -C '{}'",
+                    m.path().display(),
+                    copy.display()
+                )))
+            }
+        };
+        assert_same_contents(src.path(), &copy);
+        let s = status_json(&m.path());
+        let k = &s["scheduler"];
+        let ahead = k["prediction_bytes"].as_u64().unwrap();
+        eprintln!(
+            "{tool}: {n} objects, {total} bytes; prediction {ahead}, demand {}, reads {}",
+            k["demand_bytes"], s["faults"]["chunks"]
+        );
+        // Nearly all came ahead (the walker waited for few), and each once: a listing
+        // taken again while the copy goes on does not fetch what the walker read already.
+        let demand = k["demand_bytes"].as_u64().unwrap();
+        assert!(
+            ahead > 0 && demand < total / 2,
+            "{tool}: objects did not come ahead of the walk: {s}\n{}",
+            m.log_text()
+        );
+        let reads = s["faults"]["chunks"].as_u64().unwrap();
+        assert!(
+            reads <= (n + n / 50) as u64,
+            "{tool}: {reads} reads for {n} objects: {s}"
+        );
+    }
+}
+
+/// Readers first over an S3 source: while the mount's background mirror fills a local
+/// copy of a large object, 4 KiB random reads of another object get the right bytes, and
+/// the scheduler governs the S3 mirror as it does ferryd's: whole chunks while no reader
+/// is active, small pieces and a small window while one is; the mirror completes after.
+#[test]
+fn random_reads_beside_a_bucket_s_background_mirror_shrink_its_pieces_and_get_the_right_bytes() {
+    use std::os::fd::AsRawFd;
+    require_fuse!();
+    require_s3!();
+    let g = Garage::start(3);
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("big.bin"), 96 * MIB as usize, 21);
+    write_random(&src.path().join("db.dat"), 16 * MIB as usize, 22);
+    g.put_tree(src.path(), "");
+    let want = std::fs::read(src.path().join("db.dat")).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    // Capped so that the mirror still runs while the reads below happen.
+    let m = mount_bucket(
+        &g,
+        &[
+            "--cache-dir",
+            cache.path().to_str().unwrap(),
+            "--mirror",
+            "--bwlimit",
+            "8M",
+        ],
+    );
+    let sched = || ferry_tests::status(&m.path())["scheduler"].clone();
+    // The mirror alone: whole chunks.
+    let started = ferry_tests::wait_for(Duration::from_secs(20), || {
+        sched()["background_bytes"].as_u64().unwrap() > 2 * MIB
+    });
+    assert!(started, "the mirror did not start\n{}", m.log_text());
+    let alone = sched();
+    assert_eq!(alone["readers_active"], false, "{alone}");
+    assert_eq!(alone["piece_size"], MIB, "{alone}");
+
+    let f = std::fs::File::open(m.path().join("db.dat")).unwrap();
+    // SAFETY: a valid descriptor; advice only (the kernel then reads no more than asked).
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut buf = [0u8; 4096];
+    let mut seen = Vec::new();
+    for i in 0..400 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let at = (x % (want.len() as u64 - 4096)) & !4095;
+        f.read_exact_at(&mut buf, at).unwrap();
+        assert_eq!(&buf[..], &want[at as usize..at as usize + 4096], "at {at}");
+        if i % 50 == 49 {
+            seen.push(sched());
+        }
+    }
+    let during = seen
+        .iter()
+        .find(|k| k["readers_active"] == true)
+        .unwrap_or_else(|| panic!("no sample saw the reader: {seen:?}"));
+    eprintln!("mirror alone: {alone}\nbeside the reader: {during}");
+    assert!(
+        during["piece_size"].as_u64().unwrap() < MIB,
+        "background pieces stayed whole beside a reader: {during}"
+    );
+    assert!(
+        during["background_window"].as_u64().unwrap()
+            < alone["background_window"].as_u64().unwrap(),
+        "the background window did not shrink beside a reader: {alone} -> {during}"
+    );
+    drop(f);
+
+    let done = ferry_tests::wait_for(Duration::from_secs(90), || {
+        ferry_tests::status(&m.path())["state"] == "complete"
+    });
+    let s = ferry_tests::status(&m.path());
+    assert!(done, "mirror did not complete: {s}\n{}", m.log_text());
+    assert_eq!(s["error_count"], 0, "{s}");
+    assert!(s["scheduler"]["demand_bytes"].as_u64().unwrap() > 0, "{s}");
+    assert_same_contents(src.path(), cache.path());
+}

@@ -147,7 +147,22 @@ pub struct ChunkStore {
     write_back: Option<WriteBack>,
     /// Data maps of sparse files ([`ChunkStore::set_data_map`]).
     maps: Mutex<DataMaps>,
+    /// Files whose first chunk a reader read lately ([`ChunkStore::read_lately`]).
+    first_read: Mutex<FirstRead>,
 }
+
+/// Files whose first chunk was read to its end (and left the store), by file id: the
+/// version read and when; at most [`FIRST_READ_HELD`], the oldest leaving first.
+#[derive(Default)]
+struct FirstRead {
+    by_id: HashMap<u64, (Version, std::time::Instant)>,
+    order: VecDeque<u64>,
+}
+
+/// Reads of first chunks remembered at most (about 40 bytes each).
+const FIRST_READ_HELD: usize = 1 << 16;
+/// How long a read of a first chunk keeps predictions from fetching it again.
+const FIRST_READ_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Data maps by file id: the version mapped and its data extents; at most
 /// [`DATA_MAPS_HELD`], the oldest leaving first.
@@ -211,6 +226,7 @@ impl ChunkStore {
             backing,
             write_back,
             maps: Mutex::new(DataMaps::default()),
+            first_read: Mutex::new(FirstRead::default()),
         })
     }
 
@@ -692,6 +708,30 @@ impl ChunkStore {
         self.lock().remove_if((key.id, index), |v, s| {
             *v == key.version && s.cell.initialized()
         });
+        if index == 0 {
+            let mut f = self.first_read.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            if f.by_id.insert(key.id, (key.version, now)).is_none() {
+                f.order.push_back(key.id);
+            }
+            while f.order.len() > FIRST_READ_HELD {
+                if let Some(old) = f.order.pop_front() {
+                    f.by_id.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Whether a reader read the first chunk of `key`'s version to its end within the last
+    /// minute ([`ChunkStore::consumed`]): a walk's predictions skip such a file rather than
+    /// fetch it again (a directory listed again while a copy goes on hands its files to
+    /// the prefetcher afresh; from an S3 store each costs a request). A reader of it still
+    /// gets it: from the page cache, or fetched on demand.
+    pub fn read_lately(&self, key: &FileKey) -> bool {
+        let f = self.first_read.lock().unwrap_or_else(|e| e.into_inner());
+        f.by_id
+            .get(&key.id)
+            .is_some_and(|(v, at)| *v == key.version && at.elapsed() < FIRST_READ_FOR)
     }
 
     /// Drops every chunk of file `id`.

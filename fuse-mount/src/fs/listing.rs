@@ -16,7 +16,8 @@
 //! - Files ahead, only while files are being read (one opened within [`READING`]): with each
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
 //!   the others ([`fetch_files_ahead`]), within the chunk memory;
-//!   what did not fit is taken up as the copy frees room ([`PendingData`]). Opening a file
+//!   what did not fit is taken up as the copy frees room ([`PendingData`]); files read
+//!   within the last minute are not fetched again. Opening a file
 //!   also fetches the files after it in its directory's kept listing, and those before it not
 //!   fetched yet ([`PIPELINE_FILES`]); a directory whose listing is no longer kept is listed
 //!   again for that (rsync opens every file long after its file list).
@@ -437,7 +438,8 @@ type PendingData = VecDeque<(Bytes, Instant, Arc<Vec<DirEntry>>, usize)>;
 /// once ([`ferry_client::small_file_runs`]), each into a place the chunk store keeps for
 /// it ([`ChunkStore::expect`]), and the first chunk of the others. A copy opening them
 /// then finds them here or on their way: one round trip per run instead of one per file.
-/// Files held already are skipped; a file whose contents do not come (changed, or left
+/// Files held already, or read lately ([`ChunkStore::read_lately`]: a listing taken again
+/// while the copy goes on lists them afresh), are skipped; a file whose contents do not come (changed, or left
 /// out by the server) is fetched as usual. Without the server's DIR_DATA feature, every
 /// file's first chunk is fetched. Returns where it stopped for want of room (`range.end`
 /// when it did not).
@@ -457,6 +459,9 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
             continue;
         }
         let key = key_of(dir, e.name(), a);
+        if store.read_lately(&key) {
+            continue; // read already (the walker's copy has it)
+        }
         if !runs || !is_small_file(a.kind, a.size) {
             // Larger files (or no ReadDirData): their first chunk, one Read each.
             if !store.prefetch(&key, 0) {
