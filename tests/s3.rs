@@ -498,6 +498,86 @@ fn an_object_uploaded_in_parts_without_a_checksum_is_copied_and_its_copy_recheck
     assert!(status_json(&copy)["bytes_fetched"].as_u64().unwrap() > 0);
 }
 
+/// Each whole-object checksum a store keeps, read and computed right end to end. Objects
+/// of more than one chunk: put whole with SHA-256, CRC64NVME, CRC32C, CRC32 and none (its
+/// ETag is the MD5), and in parts with a full-object CRC64NVME, CRC32C and none (their
+/// ETags are no MD5: the checksum is the only digest). They are copied and verified, and
+/// `--checksum` of the intact copy fetches nothing. A copy seeded by hand (`cp -a`: sizes
+/// and mtimes match) is taken by comparing each file's digest of the store's kind with the
+/// store's, without a byte fetched, except the file changed by hand and the object in
+/// parts without a checksum (nothing to confirm it by): those are fetched.
+#[test]
+fn copies_seeded_by_hand_are_taken_by_the_store_s_sha256_crc64nvme_crc32c_crc32_or_md5() {
+    use ferry_client::DigestKind as K;
+    require_s3!();
+    let g = Garage::start(1);
+    let src = tempfile::tempdir().unwrap();
+    let whole = [
+        ("sha256.bin", Some(K::Sha256)),
+        ("crc64nvme.bin", Some(K::Crc64Nvme)),
+        ("crc32c.bin", Some(K::Crc32c)),
+        ("crc32.bin", Some(K::Crc32)),
+        ("md5.bin", None),
+    ];
+    for (i, (name, kind)) in whole.iter().enumerate() {
+        let p = src.path().join(name);
+        write_random(&p, 2 * MIB as usize + 1000 * i, 30 + i as u64);
+        g.put_checked(&format!("c/{name}"), &std::fs::read(&p).unwrap(), *kind);
+    }
+    let parts = [
+        ("parts-crc64nvme.bin", Some(K::Crc64Nvme)),
+        ("parts-crc32c.bin", Some(K::Crc32c)),
+        ("parts-none.bin", None),
+    ];
+    for (i, (name, kind)) in parts.iter().enumerate() {
+        let p = src.path().join(name);
+        write_random(&p, 11 * MIB as usize + 77 * i, 40 + i as u64);
+        g.put_multipart_checked(
+            &format!("c/{name}"),
+            &std::fs::read(&p).unwrap(),
+            5 << 20,
+            *kind,
+        );
+    }
+    let dst = tempfile::tempdir().unwrap();
+    let a = dst.path().join("a");
+    ok(&mirror(&g, "c", &a, &[]));
+    assert_same_contents(src.path(), &a);
+    let s = status_json(&a);
+    assert_eq!(s["files_verified"], 8, "{s}");
+    assert_eq!(s["hash_mismatches"], 0, "{s}");
+    ok(&mirror(&g, "c", &a, &["--checksum"]));
+    let s = status_json(&a);
+    assert_eq!(s["bytes_fetched"], 0, "{s}");
+    assert_eq!(s["files_verified"], 8, "{s}");
+
+    let b = dst.path().join("b");
+    run(std::process::Command::new("cp").arg("-a").arg(&a).arg(&b));
+    // One changed by hand, its size and mtime kept.
+    let f = b.join("sha256.bin");
+    let m = std::fs::metadata(&f).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .write_all_at(b"Z", MIB + 5)
+        .unwrap();
+    use std::os::unix::fs::MetadataExt;
+    set_mtime(&f, m.mtime(), m.mtime_nsec());
+    ok(&mirror(&g, "c", &b, &[]));
+    assert_same_contents(src.path(), &b);
+    let s = status_json(&b);
+    let unconfirmed = std::fs::metadata(src.path().join("parts-none.bin"))
+        .unwrap()
+        .len();
+    assert_eq!(
+        s["bytes_fetched"],
+        m.len() + unconfirmed,
+        "only the changed file and the one without a digest are fetched: {s}"
+    );
+    assert_eq!(s["files_verified"], 8, "{s}");
+}
+
 /// A tree whose modes, owners and times matter: private directories and files, another
 /// owner, nanosecond mtimes, a setuid file, a symlink, and a real header directory.
 fn owned_tree(root: &Path) {

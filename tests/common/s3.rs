@@ -158,20 +158,36 @@ impl Garage {
 
     /// Puts object `key` (through node 0), with a CRC32C checksum when `crc32c`.
     pub fn put(&self, key: &str, data: &[u8], crc32c: bool) {
+        let kind = crc32c.then_some(ferry_client::DigestKind::Crc32c);
+        self.put_checked(key, data, kind);
+    }
+
+    /// Puts object `key` (through node 0) with a full-object checksum of `kind` (SHA-256,
+    /// CRC64NVME, CRC32C or CRC32), which the store checks and keeps; none with `None`.
+    pub fn put_checked(&self, key: &str, data: &[u8], kind: Option<ferry_client::DigestKind>) {
+        use ferry_client::DigestKind as K;
         let (bucket, creds) = (self.bucket(0), self.creds());
         let mut a = bucket.put_object(Some(&creds), key);
-        let crc = crc32c.then(|| {
-            let mut d = ferry_client::Digester::new(ferry_client::DigestKind::Crc32c);
+        let sum = kind.map(|k| {
+            let name = match k {
+                K::Sha256 => "x-amz-checksum-sha256",
+                K::Crc64Nvme => "x-amz-checksum-crc64nvme",
+                K::Crc32c => "x-amz-checksum-crc32c",
+                K::Crc32 => "x-amz-checksum-crc32",
+                other => panic!("S3 has no checksum {other:?}"),
+            };
+            let mut d = ferry_client::Digester::new(k);
             d.update(data);
-            base64::engine::general_purpose::STANDARD.encode(d.finish().value)
+            let v = base64::engine::general_purpose::STANDARD.encode(d.finish().value);
+            (name, v)
         });
-        if let Some(c) = &crc {
-            a.headers_mut().insert("x-amz-checksum-crc32c", c.clone());
+        if let Some((name, v)) = &sum {
+            a.headers_mut().insert(*name, v.clone());
         }
         let url = a.sign(Duration::from_secs(600));
         let mut req = self.http.put(url).body(data.to_vec());
-        if let Some(c) = &crc {
-            req = req.header("x-amz-checksum-crc32c", c);
+        if let Some((name, v)) = &sum {
+            req = req.header(*name, v);
         }
         let r = self.rt.block_on(req.send()).expect("PUT");
         assert!(
@@ -185,12 +201,51 @@ impl Garage {
     /// Puts `key` as a multipart upload of parts of `part` bytes, without checksums: its
     /// ETag is then no MD5 of the bytes, and the store keeps no digest of them.
     pub fn put_multipart(&self, key: &str, data: &[u8], part: usize) {
+        self.put_multipart_checked(key, data, part, None);
+    }
+
+    /// As [`Garage::put_multipart`], with a full-object checksum of `kind` (CRC64NVME,
+    /// CRC32C or CRC32: the kinds S3 combines from its parts) when given: the store then
+    /// keeps that digest of the whole object, and its ETag is still no MD5 of it.
+    pub fn put_multipart_checked(
+        &self,
+        key: &str,
+        data: &[u8],
+        part: usize,
+        kind: Option<ferry_client::DigestKind>,
+    ) {
+        use ferry_client::DigestKind as K;
         let (bucket, creds) = (self.bucket(0), self.creds());
         let sign = Duration::from_secs(600);
-        let url = bucket.create_multipart_upload(Some(&creds), key).sign(sign);
+        let (algorithm, header) = match kind {
+            None => ("", ""),
+            Some(K::Crc64Nvme) => ("CRC64NVME", "x-amz-checksum-crc64nvme"),
+            Some(K::Crc32c) => ("CRC32C", "x-amz-checksum-crc32c"),
+            Some(K::Crc32) => ("CRC32", "x-amz-checksum-crc32"),
+            Some(other) => panic!("no full-object checksum {other:?} of parts"),
+        };
+        let sum = |bytes: &[u8]| {
+            let mut d = ferry_client::Digester::new(kind.expect("a kind"));
+            d.update(bytes);
+            base64::engine::general_purpose::STANDARD.encode(d.finish().value)
+        };
+        let mut a = bucket.create_multipart_upload(Some(&creds), key);
+        let mut headers = Vec::new();
+        if kind.is_some() {
+            headers.push(("x-amz-checksum-algorithm", algorithm.to_string()));
+            headers.push(("x-amz-checksum-type", "FULL_OBJECT".to_string()));
+        }
+        for (k, v) in &headers {
+            a.headers_mut().insert(*k, v.clone());
+        }
+        let url = a.sign(sign);
+        let mut req = self.http.post(url);
+        for (k, v) in &headers {
+            req = req.header(*k, v);
+        }
         let body = self
             .rt
-            .block_on(async { self.http.post(url).send().await?.text().await })
+            .block_on(async { req.send().await?.text().await })
             .expect("create multipart upload");
         let id = rusty_s3::actions::CreateMultipartUpload::parse_response(&body)
             .unwrap_or_else(|e| panic!("create multipart upload {key}: {e}: {body}"))
@@ -199,27 +254,48 @@ impl Garage {
         let mut etags = Vec::new();
         for (i, chunk) in data.chunks(part).enumerate() {
             let n = u16::try_from(i + 1).expect("part number");
-            let url = bucket.upload_part(Some(&creds), key, n, &id).sign(sign);
-            let r = self
-                .rt
-                .block_on(self.http.put(url).body(chunk.to_vec()).send())
-                .expect("upload part");
+            let mut a = bucket.upload_part(Some(&creds), key, n, &id);
+            let part_sum = kind.map(|_| sum(chunk));
+            if let Some(v) = &part_sum {
+                a.headers_mut().insert(header, v.clone());
+            }
+            let mut req = self.http.put(a.sign(sign)).body(chunk.to_vec());
+            if let Some(v) = &part_sum {
+                req = req.header(header, v);
+            }
+            let r = self.rt.block_on(req.send()).expect("upload part");
             assert!(r.status().is_success(), "part {n} of {key}: {}", r.status());
             let etag = r.headers().get("etag").expect("part ETag");
             etags.push(etag.to_str().expect("ETag text").to_string());
         }
-        let a = bucket.complete_multipart_upload(
+        let mut a = bucket.complete_multipart_upload(
             Some(&creds),
             key,
             &id,
             etags.iter().map(String::as_str),
         );
+        let whole = kind.map(|_| sum(data));
+        if let Some(v) = &whole {
+            a.headers_mut().insert(header, v.clone());
+            a.headers_mut().insert("x-amz-checksum-type", "FULL_OBJECT");
+        }
         let url = a.sign(sign);
+        let mut req = self.http.post(url).body(a.body());
+        if let Some(v) = &whole {
+            req = req
+                .header(header, v)
+                .header("x-amz-checksum-type", "FULL_OBJECT");
+        }
         let r = self
             .rt
-            .block_on(self.http.post(url).body(a.body()).send())
+            .block_on(req.send())
             .expect("complete multipart upload");
-        assert!(r.status().is_success(), "complete {key}: {}", r.status());
+        assert!(
+            r.status().is_success(),
+            "complete {key}: {} {}",
+            r.status(),
+            self.rt.block_on(r.text()).unwrap_or_default()
+        );
     }
 
     /// Puts many small objects at once (32 requests in flight): `(key, bytes)`.

@@ -588,6 +588,12 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(digest_of(&h, "d41d8cd98f00b204e9800998ecf8427e"), Some(crc));
+        // The strongest the store keeps: SHA-256 before a CRC (and before the ETag's MD5).
+        let sha = Digest::of(DigestKind::Sha256, b"hello");
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&sha.value);
+        h.insert("x-amz-checksum-sha256", b64.parse().unwrap());
+        assert_eq!(digest_of(&h, "d41d8cd98f00b204e9800998ecf8427e"), Some(sha));
+        h.remove("x-amz-checksum-sha256");
         h.insert("x-amz-checksum-type", "COMPOSITE".parse().unwrap());
         assert_eq!(digest_of(&h, "x-2"), None);
         h.insert("content-range", "bytes 0-9/1234".parse().unwrap());
