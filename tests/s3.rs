@@ -62,12 +62,17 @@ fn mirror(g: &Garage, prefix: &str, dir: &Path, extra: &[&str]) -> std::process:
 
 /// `ferry mount` of the whole bucket with the cluster's endpoints, the key and `extra`.
 fn mount_bucket(g: &Garage, extra: &[&str]) -> TestMount {
+    mount_prefix(g, "", extra)
+}
+
+/// `ferry mount s3://BUCKET/PREFIX`, as [`mount_bucket`].
+fn mount_prefix(g: &Garage, prefix: &str, extra: &[&str]) -> TestMount {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("mnt")).unwrap();
     let mut args: Vec<String> = g.args();
     args.extend(extra.iter().map(|a| a.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    TestMount::mount_env(dir, &g.url(""), &args, &g.credentials())
+    TestMount::mount_env(dir, &g.url(prefix), &args, &g.credentials())
 }
 
 fn ok(out: &std::process::Output) {
@@ -106,6 +111,13 @@ fn mirror_of_a_bucket_is_its_objects_verified_and_a_rerun_moves_nothing() {
     let dst = tempfile::tempdir().unwrap();
     let copy = dst.path().join("copy");
     ok(&mirror(&g, "src", &copy, &["--chunk-size", "1024"]));
+    // The GETs went to all three gateways.
+    let gets: Vec<usize> = (1..=3).map(|k| g.gets(k, "src/many/")).collect();
+    eprintln!("GETs by gateway: {gets:?}");
+    assert!(
+        gets.iter().all(|&n| n >= 1100 / 10),
+        "GETs of 1,100 objects by gateway: {gets:?}"
+    );
     // The prefix `bad/` is a directory; its key with an empty segment is left out.
     assert_eq!(std::fs::read_dir(copy.join("bad")).unwrap().count(), 0);
     std::fs::create_dir(src.path().join("bad")).unwrap();
@@ -994,9 +1006,9 @@ fn header_tree(root: &Path) {
     }
 }
 
-/// Tree-walk prediction over an S3 source: `cp -r`, `rsync -a` and `tar -c` of a bucket
-/// of small objects out of the mount equal the tree, and for each, objects came ahead of
-/// the walker (prediction-class bytes, which only the tree prediction asks for when every
+/// Tree-walk prediction over an S3 source: `cp -r`, `rsync -r` and `tar -c` of a prefix
+/// of small objects out of a mount of that prefix equal the tree (nothing beside the
+/// prefix shows), and for each, objects came ahead of the walker (prediction-class bytes, which only the tree prediction asks for when every
 /// object is smaller than a chunk: read-ahead within a file never starts), each in one
 /// GET.
 #[test]
@@ -1006,7 +1018,10 @@ fn cp_rsync_and_tar_of_a_bucket_s_tree_get_its_objects_ahead_of_the_walk() {
     let g = Garage::start(3);
     let src = tempfile::tempdir().unwrap();
     header_tree(src.path());
-    let n = g.put_tree(src.path(), "");
+    let n = g.put_tree(src.path(), "hdr");
+    // Beside the prefix mounted, not under it.
+    g.put("hdr.txt", b"beside", false);
+    g.put("hdrx/y.h", b"beside too", false);
     let total: u64 = ferry_tests::walk(src.path())
         .iter()
         .filter(|m| m.mode & 0o170000 == 0o100000)
@@ -1015,7 +1030,7 @@ fn cp_rsync_and_tar_of_a_bucket_s_tree_get_its_objects_ahead_of_the_walk() {
     for tool in ["cp", "rsync", "tar"] {
         let dst = tempfile::tempdir().unwrap();
         let copy = dst.path().join("copy");
-        let m = mount_bucket(&g, &[]);
+        let m = mount_prefix(&g, "hdr", &[]);
         match tool {
             "cp" => run(std::process::Command::new("cp")
                 .arg("-r")

@@ -420,6 +420,17 @@ impl Garage {
         m
     }
 
+    /// GET requests node `k` (1-based) answered without an error for keys starting with
+    /// `prefix`, from its log (Garage logs every request it serves).
+    pub fn gets(&self, k: usize, prefix: &str) -> usize {
+        let log = self.dir.path().join(format!("node{k}/log"));
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let needle = format!(" GET /{}/{prefix}", self.env["FERRY_S3_BUCKET"]);
+        text.lines()
+            .filter(|l| l.contains(&needle) && !l.contains("error"))
+            .count()
+    }
+
     /// Kills node `k` (1-based).
     pub fn kill_node(&self, k: usize) {
         let out = Command::new("bash")
