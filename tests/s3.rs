@@ -113,7 +113,13 @@ fn mirror_of_a_bucket_is_its_objects_verified_and_a_rerun_moves_nothing() {
     ok(&mirror(&g, "src", &copy, &["--chunk-size", "1024"]));
     // The GETs went to all three gateways.
     let gets: Vec<usize> = (1..=3).map(|k| g.gets(k, "src/many/")).collect();
-    eprintln!("GETs by gateway: {gets:?}");
+    let conns: usize = (1..=3).map(|k| g.get_clients(k, "src/many/").len()).sum();
+    eprintln!("GETs by gateway: {gets:?} over {conns} connections");
+    // Over many connections at once, each kept alive for several requests.
+    assert!(
+        (8..=1100 / 4).contains(&conns),
+        "1,100 GETs over {conns} connections"
+    );
     assert!(
         gets.iter().all(|&n| n >= 1100 / 10),
         "GETs of 1,100 objects by gateway: {gets:?}"

@@ -423,12 +423,29 @@ impl Garage {
     /// GET requests node `k` (1-based) answered without an error for keys starting with
     /// `prefix`, from its log (Garage logs every request it serves).
     pub fn gets(&self, k: usize, prefix: &str) -> usize {
+        self.get_lines(k, prefix).len()
+    }
+
+    /// The client addresses (`IP:PORT`, one per TCP connection) that sent node `k` the
+    /// GETs [`Garage::gets`] counts.
+    pub fn get_clients(&self, k: usize, prefix: &str) -> std::collections::HashSet<String> {
+        self.get_lines(k, prefix)
+            .iter()
+            .filter_map(|l| {
+                let at = l.find("generic_server: ")? + "generic_server: ".len();
+                l[at..].split_whitespace().next().map(str::to_string)
+            })
+            .collect()
+    }
+
+    fn get_lines(&self, k: usize, prefix: &str) -> Vec<String> {
         let log = self.dir.path().join(format!("node{k}/log"));
         let text = std::fs::read_to_string(log).unwrap_or_default();
         let needle = format!(" GET /{}/{prefix}", self.env["FERRY_S3_BUCKET"]);
         text.lines()
             .filter(|l| l.contains(&needle) && !l.contains("error"))
-            .count()
+            .map(str::to_string)
+            .collect()
     }
 
     /// Kills node `k` (1-based).
