@@ -15,7 +15,9 @@
 //! started when the budget is used up; demand reads always proceed and then evict the
 //! least recently used completed chunks (a chunk enters the LRU order when it completes;
 //! chunks in flight are never evicted). Chunks a sequential reader has read to their end
-//! leave at once (the kernel page cache holds them now). Every operation takes one short
+//! leave at once (the kernel page cache holds them now); for a minute the store remembers
+//! which files' first chunks left so ([`ChunkStore::read_lately`]), so that a tree walk's
+//! predictions do not fetch them again. Every operation takes one short
 //! lock and is O(1) (`chunks/table.rs`); the counters are atomics.
 //!
 //! Runs: from a source that answers long reads best (an S3 store, where every GET costs a

@@ -17,9 +17,9 @@
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
 //!   the others ([`fetch_files_ahead`]), within the chunk memory;
 //!   what did not fit is taken up as the copy frees room ([`PendingData`]); files read
-//!   within the last minute are not fetched again. Opening a file
-//!   also fetches the files after it in its directory's kept listing, and those before it not
-//!   fetched yet ([`PIPELINE_FILES`]); a directory whose listing is no longer kept is listed
+//!   within the last minute are not fetched again. Opening a file also fetches the files
+//!   after it in its directory's kept listing, and those before it not fetched yet
+//!   ([`PIPELINE_FILES`]); a directory whose listing is no longer kept is listed
 //!   again for that (rsync opens every file long after its file list).
 //! - Lookups and reopens are answered from a listing kept within the TTL, or fetched ahead;
 //!   else, for a small directory, from a new listing of it (one round trip for all its names).
@@ -439,8 +439,8 @@ type PendingData = VecDeque<(Bytes, Instant, Arc<Vec<DirEntry>>, usize)>;
 /// it ([`ChunkStore::expect`]), and the first chunk of the others. A copy opening them
 /// then finds them here or on their way: one round trip per run instead of one per file.
 /// Files held already, or read lately ([`ChunkStore::read_lately`]: a listing taken again
-/// while the copy goes on lists them afresh), are skipped; a file whose contents do not come (changed, or left
-/// out by the server) is fetched as usual. Without the server's DIR_DATA feature, every
+/// while the copy goes on lists them afresh), are skipped; a file whose contents do not
+/// come (changed, or left out by the server) is fetched as usual. Without the server's DIR_DATA feature, every
 /// file's first chunk is fetched. Returns where it stopped for want of room (`range.end`
 /// when it did not).
 fn fetch_files_ahead<E: ListedEntry + Named>(
