@@ -18,13 +18,7 @@ use ferry_tests::{require_fuse, require_s3, run, set_mtime, write_random, TestMo
 /// A tree of real shapes: a real header directory (when the machine has one), a file of
 /// several chunks, an empty file, names with spaces and `+`, a deep path.
 fn source_tree(root: &Path) {
-    let headers = Path::new("/usr/include/linux/netfilter");
-    if headers.is_dir() {
-        run(std::process::Command::new("cp")
-            .arg("-r")
-            .arg(headers)
-            .arg(root.join("netfilter")));
-    } else {
+    if !copy_headers("linux/netfilter", &root.join("netfilter")) {
         ferry_tests::build_tree(&root.join("generated"));
     }
     write_random(&root.join("big.bin"), 5 * 1024 * 1024 + 12345, 7);
@@ -32,6 +26,34 @@ fn source_tree(root: &Path) {
     std::fs::create_dir_all(root.join("dir with space/deep/er")).unwrap();
     std::fs::write(root.join("dir with space/a+b c.txt"), b"plus and space\n").unwrap();
     std::fs::write(root.join("dir with space/deep/er/last.txt"), b"deep\n").unwrap();
+}
+
+/// `cp -a` of `/usr/include/DIR` to `to`; false (nothing copied) when the machine has no
+/// such headers.
+fn copy_headers(dir: &str, to: &Path) -> bool {
+    let headers = Path::new("/usr/include").join(dir);
+    if !headers.is_dir() {
+        return false;
+    }
+    run(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(headers)
+        .arg(to));
+    true
+}
+
+/// A cluster of `nodes` nodes whose bucket holds, under `prefix`, the tree `make` writes
+/// into the returned directory; with the number of objects put.
+fn bucket_with(
+    nodes: usize,
+    prefix: &str,
+    make: impl FnOnce(&Path),
+) -> (Garage, tempfile::TempDir, usize) {
+    let g = Garage::start(nodes);
+    let src = tempfile::tempdir().unwrap();
+    make(src.path());
+    let n = g.put_tree(src.path(), prefix);
+    (g, src, n)
 }
 
 /// `diff -r` of the regular files' contents and the tree's names.
@@ -87,10 +109,7 @@ fn ok(out: &std::process::Output) {
 #[test]
 fn mirror_of_a_bucket_is_its_objects_verified_and_a_rerun_moves_nothing() {
     require_s3!();
-    let g = Garage::start(3);
-    let src = tempfile::tempdir().unwrap();
-    source_tree(src.path());
-    let n = g.put_tree(src.path(), "src");
+    let (g, src, n) = bucket_with(3, "src", source_tree);
     // What S3 has and a tree cannot show: a directory marker, a key with an empty segment,
     // an object beside the prefix (not under it).
     g.put("src/dir with space/", b"", false);
@@ -165,10 +184,7 @@ fn mirror_of_a_bucket_is_its_objects_verified_and_a_rerun_moves_nothing() {
 fn the_mount_reads_a_bucket_with_cp_and_a_replaced_object_is_an_error_never_a_splice() {
     require_fuse!();
     require_s3!();
-    let g = Garage::start(3);
-    let src = tempfile::tempdir().unwrap();
-    source_tree(src.path());
-    g.put_tree(src.path(), "t");
+    let (g, src, _) = bucket_with(3, "t", source_tree);
     // An object large enough that a random reader has fetched only what it read.
     let old = tempfile::NamedTempFile::new().unwrap();
     write_random(old.path(), 24 << 20, 11);
@@ -315,10 +331,7 @@ fn bad_s3_input_is_one_clear_line() {
 fn the_mount_s_background_mirror_fills_a_verified_local_copy_of_a_bucket() {
     require_fuse!();
     require_s3!();
-    let g = Garage::start(3);
-    let src = tempfile::tempdir().unwrap();
-    source_tree(src.path());
-    let n = g.put_tree(src.path(), "");
+    let (g, src, n) = bucket_with(3, "", source_tree);
     let cache = tempfile::tempdir().unwrap();
     let m = mount_bucket(
         &g,
@@ -364,10 +377,9 @@ fn random_reads_of_a_bucket_into_a_local_copy_keep_the_whole_chunks_they_touch()
     use std::os::fd::AsRawFd;
     require_fuse!();
     require_s3!();
-    let g = Garage::start(3);
-    let src = tempfile::tempdir().unwrap();
-    write_random(&src.path().join("big.bin"), 48 * MIB as usize, 11);
-    g.put_tree(src.path(), "");
+    let (g, src, _) = bucket_with(3, "", |root: &Path| {
+        write_random(&root.join("big.bin"), 48 * MIB as usize, 11);
+    });
     let source = std::fs::read(src.path().join("big.bin")).unwrap();
     let cache = tempfile::tempdir().unwrap();
     let m = mount_bucket(&g, &["--cache-dir", cache.path().to_str().unwrap()]);
@@ -413,10 +425,9 @@ fn random_reads_of_a_bucket_into_a_local_copy_keep_the_whole_chunks_they_touch()
 fn a_sequential_reader_and_the_mirror_get_an_object_in_long_ranged_gets() {
     require_fuse!();
     require_s3!();
-    let g = Garage::start(3);
-    let src = tempfile::tempdir().unwrap();
-    write_random(&src.path().join("seq.bin"), 40 * MIB as usize, 5);
-    g.put_tree(src.path(), "");
+    let (g, src, _) = bucket_with(3, "", |root: &Path| {
+        write_random(&root.join("seq.bin"), 40 * MIB as usize, 5);
+    });
     let m = mount_bucket(&g, &[]);
     run(std::process::Command::new("cmp")
         .arg(src.path().join("seq.bin"))
@@ -530,32 +541,27 @@ fn copies_seeded_by_hand_are_taken_by_the_store_s_sha256_crc64nvme_crc32c_crc32_
     require_s3!();
     let g = Garage::start(1);
     let src = tempfile::tempdir().unwrap();
-    let whole = [
-        ("sha256.bin", Some(K::Sha256)),
-        ("crc64nvme.bin", Some(K::Crc64Nvme)),
-        ("crc32c.bin", Some(K::Crc32c)),
-        ("crc32.bin", Some(K::Crc32)),
-        ("md5.bin", None),
+    // (name, checksum, put in parts of 5 MiB)
+    let objects = [
+        ("sha256.bin", Some(K::Sha256), false),
+        ("crc64nvme.bin", Some(K::Crc64Nvme), false),
+        ("crc32c.bin", Some(K::Crc32c), false),
+        ("crc32.bin", Some(K::Crc32), false),
+        ("md5.bin", None, false),
+        ("parts-crc64nvme.bin", Some(K::Crc64Nvme), true),
+        ("parts-crc32c.bin", Some(K::Crc32c), true),
+        ("parts-none.bin", None, true),
     ];
-    for (i, (name, kind)) in whole.iter().enumerate() {
+    for (i, (name, kind, in_parts)) in objects.into_iter().enumerate() {
         let p = src.path().join(name);
-        write_random(&p, 2 * MIB as usize + 1000 * i, 30 + i as u64);
-        g.put_checked(&format!("c/{name}"), &std::fs::read(&p).unwrap(), *kind);
-    }
-    let parts = [
-        ("parts-crc64nvme.bin", Some(K::Crc64Nvme)),
-        ("parts-crc32c.bin", Some(K::Crc32c)),
-        ("parts-none.bin", None),
-    ];
-    for (i, (name, kind)) in parts.iter().enumerate() {
-        let p = src.path().join(name);
-        write_random(&p, 11 * MIB as usize + 77 * i, 40 + i as u64);
-        g.put_multipart_checked(
-            &format!("c/{name}"),
-            &std::fs::read(&p).unwrap(),
-            5 << 20,
-            *kind,
-        );
+        let len = if in_parts { 11 * MIB } else { 2 * MIB } as usize + 1000 * i;
+        write_random(&p, len, 30 + i as u64);
+        let (key, bytes) = (format!("c/{name}"), std::fs::read(&p).unwrap());
+        if in_parts {
+            g.put_multipart_checked(&key, &bytes, 5 << 20, kind);
+        } else {
+            g.put_checked(&key, &bytes, kind);
+        }
     }
     let dst = tempfile::tempdir().unwrap();
     let a = dst.path().join("a");
@@ -611,13 +617,7 @@ fn owned_tree(root: &Path) {
     std::fs::write(root.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
     std::fs::write(root.join("empty"), b"").unwrap();
     std::os::unix::fs::symlink("data/f1", root.join("link")).unwrap();
-    let headers = Path::new("/usr/include/linux/netfilter");
-    if headers.is_dir() {
-        run(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(headers)
-            .arg(root.join("headers")));
-    }
+    copy_headers("linux/netfilter", &root.join("headers"));
     mode(&root.join("data/f1"), 0o600);
     mode(&root.join("data/big.bin"), 0o640);
     mode(&root.join("conf/x.conf"), 0o640);
@@ -866,18 +866,13 @@ fn a_profile_s_credential_process_gives_the_credentials_and_a_failing_one_is_one
 #[test]
 fn kill_9_mid_mirror_of_a_bucket_then_resume_fetches_only_the_rest() {
     require_s3!();
-    let g = Garage::start(3);
-    let src = tempfile::tempdir().unwrap();
-    write_random(&src.path().join("big.bin"), (40 << 20) + 4097, 21);
-    std::fs::create_dir(src.path().join("small")).unwrap();
-    for i in 0..20 {
-        write_random(
-            &src.path().join(format!("small/f{i}")),
-            300 + i * 71,
-            i as u64,
-        );
-    }
-    g.put_tree(src.path(), "r");
+    let (g, src, _) = bucket_with(3, "r", |root: &Path| {
+        write_random(&root.join("big.bin"), (40 << 20) + 4097, 21);
+        std::fs::create_dir(root.join("small")).unwrap();
+        for i in 0..20 {
+            write_random(&root.join(format!("small/f{i}")), 300 + i * 71, i as u64);
+        }
+    });
     let total: u64 = (40 << 20) + 4097 + (0..20).map(|i| 300 + i * 71).sum::<u64>();
     let dst = tempfile::tempdir().unwrap();
     let copy = dst.path().join("copy");
@@ -945,10 +940,7 @@ fn virtual_hosted_requests_name_the_bucket_in_the_host_and_reach_the_server() {
         ferry_tests::skip("a mount namespace (for /etc/hosts) needs root");
         return;
     }
-    let g = Garage::start(1);
-    let src = tempfile::tempdir().unwrap();
-    source_tree(src.path());
-    g.put_tree(src.path(), "vh");
+    let (g, src, _) = bucket_with(1, "vh", source_tree);
     let bucket = g.url("");
     let bucket = bucket
         .trim_start_matches("s3://")
@@ -996,13 +988,7 @@ fn virtual_hosted_requests_name_the_bucket_in_the_host_and_reach_the_server() {
 /// A tree of real shapes for walks: the kernel's headers (29 directories, ~760 small
 /// files, when the machine has them; a generated tree otherwise) and a deep narrow path.
 fn header_tree(root: &Path) {
-    let headers = Path::new("/usr/include/linux");
-    if headers.is_dir() {
-        run(std::process::Command::new("cp")
-            .arg("-r")
-            .arg(headers)
-            .arg(root.join("linux")));
-    } else {
+    if !copy_headers("linux", &root.join("linux")) {
         ferry_tests::build_tree(&root.join("generated"));
     }
     let deep = root.join("a/b/c/d/e");
@@ -1021,10 +1007,7 @@ fn header_tree(root: &Path) {
 fn cp_rsync_and_tar_of_a_bucket_s_tree_get_its_objects_ahead_of_the_walk() {
     require_fuse!();
     require_s3!();
-    let g = Garage::start(3);
-    let src = tempfile::tempdir().unwrap();
-    header_tree(src.path());
-    let n = g.put_tree(src.path(), "hdr");
+    let (g, src, n) = bucket_with(3, "hdr", header_tree);
     // Beside the prefix mounted, not under it.
     g.put("hdr.txt", b"beside", false);
     g.put("hdrx/y.h", b"beside too", false);
@@ -1088,11 +1071,10 @@ fn random_reads_beside_a_bucket_s_background_mirror_shrink_its_pieces_and_get_th
     use std::os::fd::AsRawFd;
     require_fuse!();
     require_s3!();
-    let g = Garage::start(3);
-    let src = tempfile::tempdir().unwrap();
-    write_random(&src.path().join("big.bin"), 96 * MIB as usize, 21);
-    write_random(&src.path().join("db.dat"), 16 * MIB as usize, 22);
-    g.put_tree(src.path(), "");
+    let (g, src, _) = bucket_with(3, "", |root: &Path| {
+        write_random(&root.join("big.bin"), 96 * MIB as usize, 21);
+        write_random(&root.join("db.dat"), 16 * MIB as usize, 22);
+    });
     let want = std::fs::read(src.path().join("db.dat")).unwrap();
     let cache = tempfile::tempdir().unwrap();
     // Capped so that the mirror still runs while the reads below happen.

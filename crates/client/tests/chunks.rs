@@ -251,22 +251,8 @@ async fn a_random_read_takes_only_its_bytes_from_the_local_copy_and_skips_it_whe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_chunk_read_to_its_end_is_read_lately_for_that_version_only() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("f"), pattern(5000)).unwrap();
-    let (addr, _stop) = serve(dir.path()).await;
-    let client = Client::connect(ClientConfig {
-        addr,
-        streams: 1,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let attr = client.stat(Bytes::from_static(b"f")).await.unwrap();
-    let store = ChunkStore::new(client.clone(), 8 << 20);
-    let key = FileKey {
-        id: 7,
-        version: attr.version(),
-        path: Bytes::from_static(b"f"),
-    };
+    let (client, key, _stop) = store_over(dir.path(), 5000).await;
+    let store = ChunkStore::new(client, 8 << 20);
     assert!(!store.read_lately(&key));
     store.get(&key, 0).await.unwrap();
     assert!(!store.read_lately(&key), "fetched is not read");
@@ -278,7 +264,7 @@ async fn a_first_chunk_read_to_its_end_is_read_lately_for_that_version_only() {
     other.version.size += 1;
     assert!(!store.read_lately(&other));
     // Nor another chunk's reading.
-    let next = FileKey { id: 8, ..key };
+    let next = FileKey { id: 2, ..key };
     store.consumed(&next, 1);
     assert!(!store.read_lately(&next));
 }
