@@ -21,6 +21,7 @@
 #   ferry-get       `ferry mirror s3://…/big` (big.bin with no FUSE in between)
 #   ferry-mirror    `ferry mirror s3://…/src`
 #   rclone-tree     `rclone copy --transfers 32` of src
+#   ferry-tree-cp, rclone-tree-cp   `cp -r` of src out of each mount (tree prediction)
 #   ferry-fio, rclone-fio   16 KiB random reads, 4 jobs, 20 s, through each mount (IOPS)
 #   ferry-fio-cache the same through `ferry mount --cache-dir --mirror` (a local copy filled in
 #                   the background, as rclone's full cache mode downloads around the reads)
@@ -28,7 +29,8 @@
 # Every copy is checked (MD5 against the source's, per file for the tree); the page cache is
 # dropped and each mount is fresh before every run; medians of --repeat runs. Output: a
 # markdown report (default bench/out/s3.md), with where the CPU went during each method (the
-# Garage nodes, toxiproxy, the rest, idle: on 2 cores the cluster itself is often the limit).
+# Garage nodes, toxiproxy, the rest, idle: on 2 cores the cluster itself is often the limit)
+# and the requests the nodes served meanwhile (GET, HEAD and LIST lines of their logs).
 # No namespace, mount or process is left behind.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -121,7 +123,7 @@ big_md5=$(md5sum < "$BIG/big.bin" | cut -d' ' -f1)
 big_mb=$(echo "$(stat -c %s "$BIG/big.bin") / 1000000" | bc -l)
 
 ROWS=$WORK/rows   # link|method|value|unit
-CPU_ROWS=$WORK/cpu-rows   # link|method|garage|toxiproxy|rest|idle (ticks, every run)
+CPU_ROWS=$WORK/cpu-rows   # link|method|garage|toxiproxy|rest|idle (ticks)|requests, every run
 : > "$ROWS"; : > "$CPU_ROWS"
 
 # The endpoints clients use on LINK: the nodes themselves, or on wan a toxiproxy proxy each.
@@ -179,6 +181,12 @@ cpu_now() {
     echo "$(ticks_of "$GARAGE_DIR/node") $(ticks_of "$BIN/toxiproxy-server")" \
         "$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)"
 }
+# Requests the Garage nodes have answered so far: the GET and HEAD lines of their logs (a LIST
+# is a GET of the bucket), error answers included.
+requests_now() {
+    cat "$GARAGE_DIR"/node*/log 2>/dev/null \
+        | grep -cE 'generic_server: [0-9.:]+ (\(key [^)]*\) )?(GET|HEAD) ' || true
+}
 
 # run_once METHOD: one run; prints "VALUE UNIT" or "failed (why)".
 run_once() {
@@ -187,14 +195,14 @@ run_once() {
     drop_caches
     rm -rf "$WORK/ferry-cache"
     case "$m" in
-        ferry-cp|ferry-kill|ferry-fio) ferry_s3_mount "$mnt" || { echo "failed (mount)"; return 0; } ;;
+        ferry-cp|ferry-kill|ferry-fio|ferry-tree-cp) ferry_s3_mount "$mnt" || { echo "failed (mount)"; return 0; } ;;
         ferry-fio-cache)
             mkdir -p "$WORK/ferry-cache"
             FERRY_ARGS="${FERRY_ARGS:-} --cache-dir $WORK/ferry-cache --mirror" ferry_s3_mount "$mnt" \
                 || { echo "failed (mount)"; return 0; } ;;
-        rclone-mount|rclone-fio) rclone_mount "$mnt" || { echo "failed (mount)"; return 0; } ;;
+        rclone-mount|rclone-fio|rclone-tree-cp) rclone_mount "$mnt" || { echo "failed (mount)"; return 0; } ;;
     esac
-    local c0; c0=$(cpu_now)
+    local c0 q0; c0=$(cpu_now); q0=$(requests_now)
     t0=$(date +%s.%N)
     local ok=1 killer=""
     case "$m" in
@@ -217,6 +225,8 @@ run_once() {
                 --endpoint "$EPS" --region garage ${FERRY_MIRROR_ARGS:-} || ok=0 ;;
         rclone-tree)
             in_ns rclone copy --transfers 32 g:ferry-test/bench/src "$dst/src" || ok=0 ;;
+        ferry-tree-cp|rclone-tree-cp)
+            cp -r "$mnt/bench/src" "$dst/src" || ok=0 ;;
         ferry-fio|ferry-fio-cache|rclone-fio)
             fio_randread "$mnt/bench/big/big.bin" 20 "$WORK/fio.json" || ok=0 ;;
     esac
@@ -226,15 +236,15 @@ run_once() {
     # tool, cp, the kernel), idle.
     local a b
     read -r -a a <<<"$c0"; read -r -a b <<<"$(cpu_now)"
-    echo "$link|$m|$(( b[0] - a[0] ))|$(( b[1] - a[1] ))|$(( b[2] - a[2] - (b[0] - a[0]) - (b[1] - a[1]) ))|$(( b[3] - a[3] ))" >> "$CPU_ROWS"
+    echo "$link|$m|$(( b[0] - a[0] ))|$(( b[1] - a[1] ))|$(( b[2] - a[2] - (b[0] - a[0]) - (b[1] - a[1]) ))|$(( b[3] - a[3] ))|$(( $(requests_now) - q0 ))" >> "$CPU_ROWS"
     case "$m" in
         ferry-cp|rclone-mount|rclone-copy|ferry-kill|ferry-get)
             [ "$ok" = 1 ] && check_big "$dst/big.bin" || ok=0 ;;
-        ferry-mirror|rclone-tree)
+        ferry-mirror|rclone-tree|ferry-tree-cp|rclone-tree-cp)
             [ "$ok" = 1 ] && check_tree "$dst/src" || ok=0 ;;
     esac
     case "$m" in
-        ferry-*|rclone-mount|rclone-fio) unmount "$mnt" ;;
+        ferry-*|rclone-mount|rclone-fio|rclone-tree-cp) unmount "$mnt" ;;
     esac
     if [ "$m" = ferry-kill ]; then
         in_ns bash "$ROOT/scripts/garage-cluster.sh" restart-node "$GARAGE_DIR" 2 >/dev/null \
@@ -244,7 +254,7 @@ run_once() {
     case "$m" in
         ferry-fio|ferry-fio-cache|rclone-fio)
             python3 -c 'import json,sys; print("%.0f IOPS" % json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"])' "$WORK/fio.json" ;;
-        ferry-mirror|rclone-tree) printf '%.2f s\n' "$secs" ;;
+        ferry-mirror|rclone-tree|ferry-tree-cp|rclone-tree-cp) printf '%.2f s\n' "$secs" ;;
         *) printf '%.1f MB/s\n' "$(echo "$big_mb / $secs" | bc -l)" ;;
     esac
 }
@@ -288,20 +298,21 @@ for (link, method), vals in rows.items():
 EOF
     echo
     echo "Where the CPU went during each run (both cores; seconds, median of the runs): the three"
-    echo "Garage nodes, toxiproxy, everything else busy (the tool, cp, the kernel), idle."
+    echo "Garage nodes, toxiproxy, everything else busy (the tool, cp, the kernel), idle; and the"
+    echo "requests the nodes answered (GET and HEAD lines of their logs, LISTs included; median)."
     echo
-    echo "| link | method | Garage | toxiproxy | rest | idle |"
-    echo "| --- | --- | ---: | ---: | ---: | ---: |"
+    echo "| link | method | Garage | toxiproxy | rest | idle | requests |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
     python3 - "$CPU_ROWS" "$(getconf CLK_TCK)" <<'EOF'
 import sys, statistics, collections
 rows = collections.OrderedDict()
 hz = float(sys.argv[2])
 for line in open(sys.argv[1]):
-    link, method, *ticks = line.rstrip("\n").split("|")
-    rows.setdefault((link, method), []).append([int(t) / hz for t in ticks])
+    link, method, *ticks, requests = line.rstrip("\n").split("|")
+    rows.setdefault((link, method), []).append([int(t) / hz for t in ticks] + [int(requests)])
 for (link, method), runs in rows.items():
     med = [statistics.median(col) for col in zip(*runs)]
-    print(f"| {link} | {method} | " + " | ".join(f"{v:.1f}" for v in med) + " |")
+    print(f"| {link} | {method} | " + " | ".join(f"{v:.1f}" for v in med[:-1]) + f" | {med[-1]:.0f} |")
 EOF
 } > "$out"
 log "report: $out"
