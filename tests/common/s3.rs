@@ -447,6 +447,15 @@ impl Garage {
             .collect()
     }
 
+    /// LISTs of the bucket node `k` (1-based) answered, from its log.
+    pub fn lists(&self, k: usize) -> usize {
+        let log = self.dir.path().join(format!("node{k}/log"));
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.contains(" GET /") && l.contains("list-type=2"))
+            .count()
+    }
+
     fn get_lines(&self, k: usize, prefix: &str) -> Vec<String> {
         let log = self.dir.path().join(format!("node{k}/log"));
         let text = std::fs::read_to_string(log).unwrap_or_default();

@@ -73,6 +73,11 @@ const LISTING_TTL: Duration = Duration::from_secs(30);
 const ETAGS: usize = 1 << 16;
 /// Objects' descriptions (metadata included) kept for the listings that show them.
 const HEADS: usize = 1 << 16;
+/// Directories' markers (or their absence) kept, each for [`LISTING_TTL`]: as many as a
+/// large tree has directories, since every listing of a parent asks for its subdirectories'
+/// markers (with 64 kept, a copy of a tree of 919 directories out of a mount asked again for
+/// the markers of a directory each time it was listed again).
+const MARKERS: usize = 1 << 16;
 /// Keys looked at to decide whether the bucket's objects carry metadata (`auto`).
 const SAMPLE: usize = 16;
 /// Requests one listing runs at once to describe its objects (HEADs, GETs of small ones).
@@ -258,7 +263,7 @@ impl S3Source {
             flights: Mutex::new(std::collections::HashMap::new()),
             use_meta: tokio::sync::OnceCell::new(),
             heads: Mutex::new(LruCache::new(NonZeroUsize::new(HEADS).expect("nonzero"))),
-            markers: Mutex::new(LruCache::new(NonZeroUsize::new(LISTINGS).expect("nonzero"))),
+            markers: Mutex::new(LruCache::new(NonZeroUsize::new(MARKERS).expect("nonzero"))),
             aliases: Mutex::new(LruCache::new(NonZeroUsize::new(ETAGS).expect("nonzero"))),
             bodies: Mutex::new(Bodies {
                 map: LruCache::unbounded(),

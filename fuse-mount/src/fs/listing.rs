@@ -7,7 +7,9 @@
 //!   theirs, nearest to the walker first: positions in the walk are depth-first, siblings in
 //!   listing order (`cp -r`, `tar`, `find`, `du`) or in name order (`rsync`, `ls -R`) as the
 //!   walker's moves vote ([`DirsAhead::walked_to`]). At most [`DIRS_AHEAD`] are held
-//!   ([`LISTINGS_AHEAD_IN_FLIGHT`] in flight); while the walk only lists, the furthest makes
+//!   ([`LISTINGS_AHEAD_IN_FLIGHT`] in flight); while the walk reads files, at most twice as
+//!   many as it opened within the open TTL (older listings are listed again for its opens:
+//!   [`DirsAhead::held_while_reading`]). While the walk only lists, the furthest makes
 //!   way for a nearer one (while it reads files, none does: it would be listed again). One is
 //!   used by its `opendir` if younger than the TTL, and listed again while a walk goes on if
 //!   it grew older. Directories larger than [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Off
@@ -67,6 +69,8 @@ const RELIST_AFTER: Duration = Duration::from_secs(1);
 const DIRS_AHEAD: usize = 256;
 /// Listings ahead in flight at most.
 const LISTINGS_AHEAD_IN_FLIGHT: usize = 64;
+/// Listings ahead held while files are read, at least (see `DirsAhead::held_while_reading`).
+const HELD_WHILE_READING_MIN: usize = 16;
 /// Directories found and waiting to be listed ahead, at most.
 const TODO_MAX: usize = 1 << 16;
 /// A file opened this recently means the walk reads files (a copy, not `find` or `ls -lR`).
@@ -261,6 +265,18 @@ impl DirsAhead {
             }
         }
         self.walker = self.pos.get(path).cloned();
+    }
+
+    /// How many listings ahead may be held while files are read: twice as many as the
+    /// walker opened within the last open TTL (what `walked` holds then), at least
+    /// [`HELD_WHILE_READING_MIN`], at most [`DIRS_AHEAD`]. Listings older than the open
+    /// TTL are listed again before the walker gets there (its opens take versions from
+    /// them), so more than the walker reaches within that time would each be listed again
+    /// and again: a `cp -r` of a 919-directory tree out of a mount of an S3 bucket, whose
+    /// walker opens a few dozen directories a second, listed the 256 held every second (an
+    /// S3 LIST scans everything under its prefix), and took over five minutes instead of 32 s.
+    fn held_while_reading(&self) -> usize {
+        (2 * self.walked.len()).clamp(HELD_WHILE_READING_MIN, DIRS_AHEAD)
     }
 
     /// How far `pos` is from the walker, for ordering: ahead of it, nearest first, then
@@ -681,7 +697,7 @@ impl Lister {
                 .or_else(|| a.todo.iter().next())
                 .map(|(k, _)| k.clone());
             let Some(next) = next else { break };
-            if a.by_path.len() >= DIRS_AHEAD && self.reading() {
+            if self.reading() && a.by_path.len() >= a.held_while_reading() {
                 // Full while files are read: the walker moves at the pace of its copies and
                 // reaches the listings held before they expire; one that made way would be
                 // listed again soon (a `cp -r` of a 919-directory source tree listed them
