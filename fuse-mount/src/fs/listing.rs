@@ -274,7 +274,7 @@ impl DirsAhead {
     /// them), so more than the walker reaches within that time would each be listed again
     /// and again: a `cp -r` of a 919-directory tree out of a mount of an S3 bucket, whose
     /// walker opens a few dozen directories a second, listed the 256 held every second (an
-    /// S3 LIST scans everything under its prefix), and took over five minutes instead of 32 s.
+    /// S3 LIST scans everything under its prefix): over five minutes, 66 s with this cap.
     fn held_while_reading(&self) -> usize {
         (2 * self.walked.len()).clamp(HELD_WHILE_READING_MIN, DIRS_AHEAD)
     }
