@@ -150,15 +150,8 @@ pub struct ChunkStore {
     /// Data maps of sparse files ([`ChunkStore::set_data_map`]).
     maps: Mutex<DataMaps>,
     /// Files whose first chunk a reader read lately ([`ChunkStore::read_lately`]).
-    first_read: Mutex<FirstRead>,
-}
-
-/// Files whose first chunk was read to its end (and left the store), by file id: the
-/// version read and when; at most [`FIRST_READ_HELD`], the oldest leaving first.
-#[derive(Default)]
-struct FirstRead {
-    by_id: HashMap<u64, (Version, std::time::Instant)>,
-    order: VecDeque<u64>,
+    /// By file id: the version read and when; at most [`FIRST_READ_HELD`].
+    first_read: Mutex<lru::LruCache<u64, (Version, std::time::Instant)>>,
 }
 
 /// Reads of first chunks remembered at most (about 40 bytes each).
@@ -228,7 +221,9 @@ impl ChunkStore {
             backing,
             write_back,
             maps: Mutex::new(DataMaps::default()),
-            first_read: Mutex::new(FirstRead::default()),
+            first_read: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(FIRST_READ_HELD).expect("nonzero"),
+            )),
         })
     }
 
@@ -711,16 +706,10 @@ impl ChunkStore {
             *v == key.version && s.cell.initialized()
         });
         if index == 0 {
-            let mut f = self.first_read.lock().unwrap_or_else(|e| e.into_inner());
-            let now = std::time::Instant::now();
-            if f.by_id.insert(key.id, (key.version, now)).is_none() {
-                f.order.push_back(key.id);
-            }
-            while f.order.len() > FIRST_READ_HELD {
-                if let Some(old) = f.order.pop_front() {
-                    f.by_id.remove(&old);
-                }
-            }
+            self.first_read
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .put(key.id, (key.version, std::time::Instant::now()));
         }
     }
 
@@ -731,8 +720,7 @@ impl ChunkStore {
     /// gets it: from the page cache, or fetched on demand.
     pub fn read_lately(&self, key: &FileKey) -> bool {
         let f = self.first_read.lock().unwrap_or_else(|e| e.into_inner());
-        f.by_id
-            .get(&key.id)
+        f.peek(&key.id)
             .is_some_and(|(v, at)| *v == key.version && at.elapsed() < FIRST_READ_FOR)
     }
 
