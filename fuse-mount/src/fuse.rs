@@ -357,6 +357,13 @@ impl Filesystem for FerryFuse {
                     } else if o.local.is_some() {
                         fs.passthrough_refused(o.fh);
                     }
+                    if let (Some(data), Some(n)) = (o.pages.as_ref(), notifier.get()) {
+                        // Before the answer, so the open keeps these pages (keep_cache).
+                        match n.store(ino, 0, data) {
+                            Ok(()) => fs.count_given_at_open(),
+                            Err(e) => debug!("storing inode {} in the page cache: {e}", ino.0),
+                        }
+                    }
                     let f = if o.direct_io {
                         // Beside a passthrough open of the same file the kernel allows only
                         // uncached opens.

@@ -477,3 +477,63 @@ async fn forget_drops_an_inode_at_its_last_reference() {
         FileKind::Directory
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_open_of_a_small_file_fetched_ahead_hands_its_bytes_to_the_page_cache() {
+    // A walk opens `a`; the files after it are fetched ahead. The first open of one of them
+    // then carries its whole bytes for the kernel's page cache (so its reads never reach the
+    // mount), and says to keep them. A second open while the first is held, a file larger
+    // than a chunk, and a file not fetched ahead carry none.
+    let src = tempfile::tempdir().unwrap();
+    let names = ["a", "b", "c", "d"];
+    let contents: Vec<Vec<u8>> = (0..names.len())
+        .map(|i| data(3_000 + 1_000 * i, 40 + i as u64))
+        .collect();
+    for (n, c) in names.iter().zip(&contents) {
+        std::fs::write(src.path().join(n), c).unwrap();
+    }
+    let big = data(200_000, 50); // more than one 64 KiB chunk
+    std::fs::write(src.path().join("e"), &big).unwrap();
+    let fs = fs_over(src.path(), FsConfig::default(), 64 << 10).await;
+    let mut ino = Vec::new();
+    for n in names.iter().chain(&["e"]) {
+        ino.push(fs.lookup(ROOT_INO, n.as_bytes()).await.unwrap().0);
+    }
+
+    // Nothing fetched ahead yet: an ordinary first open.
+    let a = fs.open(ino[0], false).await.unwrap();
+    assert!(a.pages.is_none() && !a.keep_cache);
+    assert!(read_at(&fs, a.fh, 0, 1 << 20).await == contents[0]);
+    fs.release(a.fh);
+
+    // The open of `a` fetched the files after it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !(fs.held_whole(ino[1]) && fs.held_whole(ino[2])) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b and c never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!fs.held_whole(ino[4]), "e is larger than a chunk");
+    let b = fs.open(ino[1], false).await.unwrap();
+    assert_eq!(b.pages.as_deref(), Some(&contents[1][..]));
+    assert!(b.keep_cache && !b.direct_io && b.local.is_none());
+    // Handed over: the store lets the chunk go; the kernel holds the bytes now.
+    assert!(!fs.held_whole(ino[1]));
+    // Reads that still come (the kernel evicted the pages) get the same bytes.
+    assert!(read_at(&fs, b.fh, 0, 1 << 20).await == contents[1]);
+    // A second open beside the first: the kernel may hold the pages already; none again.
+    let b2 = fs.open(ino[1], false).await.unwrap();
+    assert!(b2.pages.is_none() && b2.keep_cache);
+    fs.release(b.fh);
+    fs.release(b2.fh);
+
+    let c = fs.open(ino[2], false).await.unwrap();
+    assert_eq!(c.pages.as_deref(), Some(&contents[2][..]));
+    fs.release(c.fh);
+    let e = fs.open(ino[4], false).await.unwrap();
+    assert!(e.pages.is_none() && !e.keep_cache);
+    assert!(read_at(&fs, e.fh, 0, 1 << 20).await == big);
+    fs.release(e.fh);
+}

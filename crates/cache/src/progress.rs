@@ -451,6 +451,10 @@ pub struct MountStatus {
     pub files_verified_by_reads: u64,
     /// Opens served with FUSE passthrough (local disk speed).
     pub passthrough_opens: u64,
+    /// Small files fetched ahead whose bytes went into the kernel's page cache at their
+    /// open: their reads never reached the mount.
+    #[serde(default)]
+    pub files_given_at_open: u64,
 }
 
 impl Status {
@@ -694,6 +698,11 @@ impl Status {
                 "passthrough_opens_total",
                 "Opens served with FUSE passthrough.",
                 m.passthrough_opens,
+            )
+            .counter(
+                "files_given_at_open_total",
+                "Small files fetched ahead whose bytes went into the kernel's page cache at their open.",
+                m.files_given_at_open,
             );
         }
         e.finish()

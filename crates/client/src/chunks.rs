@@ -698,6 +698,19 @@ impl ChunkStore {
             .is_some_and(|(v, s)| *v == key.version && matches!(s.cell.get(), Some(Ok(_))))
     }
 
+    /// Chunk `index` of `key`'s version when it is present now (complete, of that version),
+    /// without waiting or fetching; `None` when absent or still on its way.
+    pub fn ready(&self, key: &FileKey, index: u64) -> Option<Bytes> {
+        let t = self.lock();
+        match t.peek((key.id, index)) {
+            Some((v, s)) if *v == key.version => match s.cell.get() {
+                Some(Ok((data, got))) if *got == key.version => Some(data.clone()),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// A sequential reader has read this chunk to its end: the kernel page cache holds
     /// those bytes now (and serves every other reader of the file from it), so the chunk
     /// leaves the store at once, making room for the window ahead.

@@ -236,6 +236,12 @@ fn print_status(path: &Path, s: &Status) {
             );
             print_compression(k);
         }
+        if m.files_given_at_open > 0 {
+            println!(
+                "  kernel  {} small files fetched ahead given to the page cache at their open",
+                m.files_given_at_open
+            );
+        }
         match &m.cache_dir {
             Some(d) => println!(
                 "  local   {d}: {} chunks stored by reads, {} store errors, {} files verified by reads, {} passthrough opens",

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use ferry_client::{FileKey, Prefetcher};
 use ferry_proto::{FileKind, Version};
 use tracing::debug;
@@ -68,6 +69,8 @@ pub(super) struct Handles {
     open: Mutex<HashMap<u64, Arc<Handle>>>,
     /// Opens the kernel took in passthrough mode.
     passthrough_opens: AtomicU64,
+    /// Files put into the kernel's page cache whole at their open.
+    given_at_open: AtomicU64,
 }
 
 impl Handles {
@@ -95,6 +98,11 @@ pub struct Opened {
     /// invalidated before the open is answered (close-to-open), so the size the kernel
     /// reads up to is the new one.
     pub attr_changed: bool,
+    /// The whole file, fetched ahead and in memory, for the kernel's page cache: the
+    /// adapter stores it there before it answers the open (with `keep_cache`), so the
+    /// reader's reads never come to the mount. Only for a first open of a small file that
+    /// no other handle has open (see [`Fs::open`]).
+    pub pages: Option<Bytes>,
 }
 
 impl Fs {
@@ -201,8 +209,9 @@ impl Fs {
         };
         let fh = self.next_fh();
         let key = handle.key.clone();
-        let direct_io = {
+        let (direct_io, alone) = {
             let mut handles = lock(&self.handles.open);
+            let alone = !handles.values().any(|o| o.key.id == handle.key.id);
             let (mut cached, mut passthrough) = (false, false);
             // Only a mount with passthrough has modes to reconcile.
             if self.cfg.passthrough {
@@ -219,8 +228,22 @@ impl Fs {
             }
             handle.passthrough.store(local.is_some(), Ordering::Relaxed);
             handles.insert(fh, Arc::new(handle));
-            passthrough && local.is_none()
+            (passthrough && local.is_none(), alone)
         };
+        // A first open (the kernel holds no pages of the file, nor attributes of another
+        // version) of a small file held whole in memory, which no other handle has open:
+        // its bytes go into the page cache before the open is answered, so the reader's
+        // reads are served there without a request each (a tree copy opens thousands of
+        // small files fetched ahead). Not beside another handle: a read of it in flight
+        // could hold the pages the store has to lock until its reply, which a FUSE thread
+        // blocked in the store might be the one to send.
+        let first = !keep_cache && !changed && !attr_changed;
+        let pages = (first && alone && local.is_none() && !direct_io)
+            .then(|| self.whole_in_memory(&key))
+            .flatten();
+        if pages.is_some() {
+            self.store.consumed(&key, 0);
+        }
         if local.is_none() {
             if looks_sparse(&attr, self.store.chunk_size()) && self.client.live_streams() > 0 {
                 self.map_holes(&key).await;
@@ -229,12 +252,36 @@ impl Fs {
         }
         Ok(Opened {
             fh,
-            keep_cache: keep_cache && !direct_io,
+            keep_cache: (keep_cache || pages.is_some()) && !direct_io,
+            pages,
             local,
             direct_io,
             version,
             attr_changed,
         })
+    }
+
+    /// Whether file `ino`, as last listed or stat'ed, fits one chunk held in memory now: its
+    /// first open would hand it to the kernel's page cache ([`Opened::pages`]).
+    pub fn held_whole(&self, ino: u64) -> bool {
+        let Ok((path, attr, _)) = self.inodes.path_and_attr(ino) else {
+            return false;
+        };
+        let key = FileKey {
+            id: file_id(&path),
+            version: attr.version(),
+            path,
+        };
+        self.whole_in_memory(&key).is_some()
+    }
+
+    /// The whole of `key`'s file when it fits one chunk and that chunk is in memory now.
+    fn whole_in_memory(&self, key: &FileKey) -> Option<Bytes> {
+        let size = key.version.size;
+        if size == 0 || size > self.store.chunk_size() {
+            return None;
+        }
+        self.store.ready(key, 0).filter(|d| d.len() as u64 == size)
     }
 
     /// Fetches the data map of `key`'s file unless held: then its holes are never fetched
@@ -297,6 +344,16 @@ impl Fs {
         self.handles
             .passthrough_opens
             .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a file whose bytes the kernel took into its page cache at its open.
+    pub fn count_given_at_open(&self) {
+        self.handles.given_at_open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Files given to the kernel's page cache at their open so far.
+    pub fn given_at_open(&self) -> u64 {
+        self.handles.given_at_open.load(Ordering::Relaxed)
     }
 
     /// Opens served with passthrough so far.

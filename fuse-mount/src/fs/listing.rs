@@ -22,7 +22,9 @@
 //!   within the last minute are not fetched again. Opening a file also fetches the files
 //!   after it in its directory's kept listing, and those before it not fetched yet
 //!   ([`PIPELINE_FILES`]); a directory whose listing is no longer kept is listed
-//!   again for that (rsync opens every file long after its file list).
+//!   again for that (rsync opens every file long after its file list). A file that fits
+//!   one chunk, held whole by its first open, goes into the kernel's page cache with that
+//!   open ([`super::handles::Opened::pages`]): its reads never come to the mount.
 //! - Lookups and reopens are answered from a listing kept within the TTL, or fetched ahead;
 //!   else, for a small directory, from a new listing of it (one round trip for all its names).
 //!   A kept listing still in use past half the TTL is listed again in the background, so a

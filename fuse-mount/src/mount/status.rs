@@ -61,6 +61,7 @@ pub(crate) fn source(
             store_errors: count(|l| l.store_errors.load(Relaxed)),
             files_verified_by_reads: count(|l| l.verified.load(Relaxed)),
             passthrough_opens: fs.passthrough_opens(),
+            files_given_at_open: fs.given_at_open(),
         });
         s
     })
