@@ -537,3 +537,53 @@ async fn a_first_open_of_a_small_file_fetched_ahead_hands_its_bytes_to_the_page_
     assert!(read_at(&fs, e.fh, 0, 1 << 20).await == big);
     fs.release(e.fh);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_enters_a_subdirectory_keeps_the_listings_above_it_fresh() {
+    // A copy goes down into `sub/deeper` more than half the open TTL after it listed the
+    // directories above: their listings are taken again behind it, so when it comes back up
+    // to open the files after `sub` it finds them fresh (no round trip per directory). Only
+    // while files are being read, and only within the mount's root.
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("a"), data(5_000, 1)).unwrap();
+    std::fs::create_dir_all(src.path().join("sub/deeper")).unwrap();
+    std::fs::write(src.path().join("sub/f"), data(7_000, 3)).unwrap();
+    let ttl = Duration::from_secs(4);
+    let cfg = FsConfig {
+        attr_ttl: ttl,
+        open_ttl: ttl,
+        ..FsConfig::default()
+    };
+    let fs = fs_over(src.path(), cfg, 64 << 10).await;
+    let listed = std::time::Instant::now();
+    let root = fs.opendir(ROOT_INO).await.unwrap();
+    let (a, _) = fs.lookup(ROOT_INO, b"a").await.unwrap();
+    let (sub, _) = fs.lookup(ROOT_INO, b"sub").await.unwrap();
+    let s = fs.opendir(sub).await.unwrap();
+    let (deeper, _) = fs.lookup(sub, b"deeper").await.unwrap();
+    tokio::time::sleep(ttl / 2 + Duration::from_millis(100)).await;
+    assert!(fs.listing_age(ROOT_INO).unwrap() > ttl / 2);
+    assert!(fs.listing_age(sub).unwrap() > ttl / 2);
+    // Not while only listing (`find`, `ls -lR` come back to no file).
+    let d = fs.opendir(deeper).await.unwrap();
+    fs.releasedir(d);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(fs.listing_age(ROOT_INO).unwrap() > ttl / 2);
+    // Files are being read (a copy): going down refreshes both levels above.
+    let o = fs.open(a, false).await.unwrap();
+    fs.release(o.fh);
+    let d = fs.opendir(deeper).await.unwrap();
+    while fs.listing_age(ROOT_INO).unwrap() > ttl / 2 || fs.listing_age(sub).unwrap() > ttl / 2 {
+        // Before the old listings expire (then anything would list them again).
+        assert!(
+            listed.elapsed() < ttl - Duration::from_millis(500),
+            "the listings above were not taken again: ages {:?} and {:?}",
+            fs.listing_age(ROOT_INO),
+            fs.listing_age(sub)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    fs.releasedir(d);
+    fs.releasedir(s);
+    fs.releasedir(root);
+}

@@ -28,7 +28,9 @@
 //! - Lookups and reopens are answered from a listing kept within the TTL, or fetched ahead;
 //!   else, for a small directory, from a new listing of it (one round trip for all its names).
 //!   A kept listing still in use past half the TTL is listed again in the background, so a
-//!   copy of a large directory that takes longer than the TTL keeps answering from it.
+//!   copy of a large directory that takes longer than the TTL keeps answering from it; so
+//!   are those of the directories above one a copy enters ([`Fs::refresh_ancestors`]), for
+//!   its opens when it comes back up.
 //! - Classes: file contents fetched ahead are prediction requests (after readers' demand
 //!   requests, before the mirror's); listings, ahead or not, are demand: they are small, and
 //!   one queued behind file contents would hold up the whole walk.
@@ -155,6 +157,10 @@ impl Listing {
         })
     }
 }
+
+/// Levels above a directory a copy enters whose kept listings are kept fresh
+/// ([`Fs::refresh_ancestors`]).
+const ANCESTORS_REFRESHED: usize = 16;
 
 /// How many kept listings after one found too old for an open are listed again at once
 /// ([`refresh_following`]).
@@ -834,8 +840,51 @@ impl Fs {
         // `du`) moves no file data.
         if self.lister().reading() {
             self.pipeline_files(ino, &path, 0);
+            self.refresh_ancestors(&path);
         }
         Ok(fh)
+    }
+
+    /// How long ago the listing of directory `dir` kept for lookups and opens was taken;
+    /// `None` when none is kept.
+    pub fn listing_age(&self, dir: u64) -> Option<Duration> {
+        lock(&self.dirs.listings)
+            .by_dir
+            .get(&dir)
+            .map(|l| l.listed.elapsed())
+    }
+
+    /// A copy that goes down into directory `path` comes back up to open the files after it
+    /// in the directories above, often more than the open TTL later (a `cp -r` of a
+    /// directory with a large subdirectory in the middle): then each such return would wait
+    /// a round trip for a new listing before its first open. So the kept listings of the
+    /// directories above, past half the open TTL, are listed again now, in the background,
+    /// at most [`ANCESTORS_REFRESHED`] levels up. Not for an S3 source, where a listing is
+    /// a LIST request that scans its prefix.
+    fn refresh_ancestors(&self, path: &Bytes) {
+        let max_age = self.cfg.open_ttl.min(self.cfg.attr_ttl);
+        if max_age.is_zero() || self.client.s3().is_some() {
+            return;
+        }
+        let mut at = path.clone();
+        for _ in 0..ANCESTORS_REFRESHED {
+            let (parent, _) = ferry_proto::name::split(&at);
+            if parent.len() >= at.len() {
+                return; // the export root
+            }
+            let Some(dir) = self.inodes.ino_of(&parent) else {
+                return; // above the mount's root
+            };
+            let mut ls = lock(&self.dirs.listings);
+            if let Some(l) = ls.by_dir.get_mut(&dir) {
+                if !l.refreshing && l.listed.elapsed() >= max_age / 2 {
+                    l.refreshing = true;
+                    self.lister().refresh(dir, parent.clone());
+                }
+            }
+            drop(ls);
+            at = parent;
+        }
     }
 
     /// Lists directory `ino` (at `path`): the listing fetched ahead for it if there is one,
