@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferry_client::{ChunkBacking, ChunkStore, Client, PrefetchConfig};
+use ferry_client::{ChunkBacking, ChunkStore, Client, FileKey, PrefetchConfig};
 use ferry_proto::name::{join, validate_name};
 use ferry_proto::{Attr, StatFs};
 
@@ -119,6 +119,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// path, so chunks can be fetched for files the kernel has not looked up yet.
 fn file_id(path: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(path)
+}
+
+/// The chunk store's key of `version` of the file at `path`.
+fn key_at(path: Bytes, version: ferry_proto::Version) -> FileKey {
+    FileKey {
+        id: file_id(&path),
+        version,
+        path,
+    }
+}
+
+/// The longest a version the server reported may serve an open (close-to-open): the open
+/// TTL, and never longer than the attributes' TTL.
+fn open_max_age(cfg: &FsConfig) -> Duration {
+    cfg.open_ttl.min(cfg.attr_ttl)
 }
 
 impl Fs {

@@ -449,16 +449,19 @@ impl Garage {
 
     /// LISTs of the bucket node `k` (1-based) answered, from its log.
     pub fn lists(&self, k: usize) -> usize {
-        let log = self.dir.path().join(format!("node{k}/log"));
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        text.lines()
+        self.log(k)
+            .lines()
             .filter(|l| l.contains(" GET /") && l.contains("list-type=2"))
             .count()
     }
 
+    /// Node `k`'s log so far (empty when it has none yet).
+    fn log(&self, k: usize) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("node{k}/log"))).unwrap_or_default()
+    }
+
     fn get_lines(&self, k: usize, prefix: &str) -> Vec<String> {
-        let log = self.dir.path().join(format!("node{k}/log"));
-        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let text = self.log(k);
         let needle = format!(" GET /{}/{prefix}", self.env["FERRY_S3_BUCKET"]);
         text.lines()
             .filter(|l| l.contains(&needle) && !l.contains("error"))

@@ -22,7 +22,7 @@ use ferry_client::{FileKey, Prefetcher};
 use ferry_proto::{FileKind, Version};
 use tracing::debug;
 
-use super::{file_id, lock, Fs};
+use super::{file_id, key_at, lock, open_max_age, Fs};
 use crate::error::Error;
 
 /// Whether `e` says the server could not be reached (rather than answered).
@@ -124,7 +124,7 @@ impl Fs {
         // In a directory too large to list again quickly (a listing of 100,000 names takes
         // longer than the open TTL to arrive), the files after this one are stat'ed ahead,
         // many at once, so their opens find fresh versions without a round trip each.
-        let ttl = self.cfg.open_ttl.min(self.cfg.attr_ttl);
+        let ttl = open_max_age(&self.cfg);
         let (parent_path, name) = ferry_proto::name::split(&path);
         let large_dir = self
             .inodes
@@ -185,11 +185,7 @@ impl Fs {
             self.store.invalidate(file_id(&path));
         }
         let handle = Handle {
-            key: FileKey {
-                id: file_id(&path),
-                version,
-                path,
-            },
+            key: key_at(path, version),
             prefetcher: Mutex::new(Prefetcher::new(self.cfg.prefetch)),
             stats: Mutex::new(HandleStats::default()),
             opened: Instant::now(),
@@ -211,16 +207,17 @@ impl Fs {
         let key = handle.key.clone();
         let (direct_io, alone) = {
             let mut handles = lock(&self.handles.open);
-            let alone = !handles.values().any(|o| o.key.id == handle.key.id);
-            let (mut cached, mut passthrough) = (false, false);
-            // Only a mount with passthrough has modes to reconcile.
-            if self.cfg.passthrough {
-                for o in handles.values().filter(|o| o.key.id == handle.key.id) {
-                    if o.passthrough.load(Ordering::Relaxed) {
-                        passthrough = true;
-                    } else {
-                        cached = true;
-                    }
+            let (mut alone, mut cached, mut passthrough) = (true, false, false);
+            for o in handles.values().filter(|o| o.key.id == handle.key.id) {
+                alone = false;
+                // Only a mount with passthrough has modes to reconcile.
+                if !self.cfg.passthrough {
+                    break;
+                }
+                if o.passthrough.load(Ordering::Relaxed) {
+                    passthrough = true;
+                } else {
+                    cached = true;
                 }
             }
             if cached {
@@ -267,12 +264,8 @@ impl Fs {
         let Ok((path, attr, _)) = self.inodes.path_and_attr(ino) else {
             return false;
         };
-        let key = FileKey {
-            id: file_id(&path),
-            version: attr.version(),
-            path,
-        };
-        self.whole_in_memory(&key).is_some()
+        self.whole_in_memory(&key_at(path, attr.version()))
+            .is_some()
     }
 
     /// The whole of `key`'s file when it fits one chunk and that chunk is in memory now.

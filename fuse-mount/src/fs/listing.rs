@@ -56,7 +56,7 @@ use ferry_proto::name::join;
 use ferry_proto::{features, Attr, Class, DirEntry, FileKind, Version};
 use tokio::sync::oneshot;
 
-use super::{file_id, lock, Fs};
+use super::{key_at, lock, open_max_age, Fs};
 use crate::error::Error;
 
 /// How many files after the one being opened are fetched ahead.
@@ -140,6 +140,17 @@ impl Listing {
         }
     }
 
+    /// Whether this listing is due to be listed again in the background (past half of
+    /// `max_age`, and not being listed again already): then it is marked as being, and its
+    /// path returned for [`Lister::refresh`].
+    fn due_for_refresh(&mut self, max_age: Duration) -> Option<Bytes> {
+        if self.refreshing || self.listed.elapsed() < max_age / 2 {
+            return None;
+        }
+        self.refreshing = true;
+        Some(self.path.clone())
+    }
+
     /// Each entry's rank in name order, and the entries by rank.
     fn by_name(&self) -> &(Vec<u32>, Vec<u32>) {
         self.by_name.get_or_init(|| {
@@ -179,16 +190,14 @@ fn refresh_following(ls: &mut Listings, dir: u64, max_age: Duration, lister: &Li
         if started >= REFRESH_FOLLOWING {
             break;
         }
-        let Some(l) = ls.by_dir.get_mut(&d) else {
-            continue;
-        };
-        if l.refreshing || l.listed.elapsed() < max_age / 2 {
-            continue;
+        if let Some(path) = ls
+            .by_dir
+            .get_mut(&d)
+            .and_then(|l| l.due_for_refresh(max_age))
+        {
+            lister.refresh(d, path);
+            started += 1;
         }
-        let path = l.path.clone();
-        l.refreshing = true;
-        lister.refresh(d, path);
-        started += 1;
     }
 }
 
@@ -399,12 +408,7 @@ struct Lister {
 
 /// The chunk store's key of entry `name` of directory `dir`.
 fn key_of(dir: &Bytes, name: &Bytes, attr: &Attr) -> FileKey {
-    let path = Bytes::from(join(dir, name));
-    FileKey {
-        id: file_id(&path),
-        version: attr.version(),
-        path,
-    }
+    key_at(Bytes::from(join(dir, name)), attr.version())
 }
 
 /// The entries of directory `path` (a plain listing: the walker goes on at once), its
@@ -862,7 +866,7 @@ impl Fs {
     /// at most [`ANCESTORS_REFRESHED`] levels up. Not for an S3 source, where a listing is
     /// a LIST request that scans its prefix.
     fn refresh_ancestors(&self, path: &Bytes) {
-        let max_age = self.cfg.open_ttl.min(self.cfg.attr_ttl);
+        let max_age = open_max_age(&self.cfg);
         if max_age.is_zero() || self.client.s3().is_some() {
             return;
         }
@@ -875,14 +879,13 @@ impl Fs {
             let Some(dir) = self.inodes.ino_of(&parent) else {
                 return; // above the mount's root
             };
-            let mut ls = lock(&self.dirs.listings);
-            if let Some(l) = ls.by_dir.get_mut(&dir) {
-                if !l.refreshing && l.listed.elapsed() >= max_age / 2 {
-                    l.refreshing = true;
-                    self.lister().refresh(dir, parent.clone());
-                }
+            let due = lock(&self.dirs.listings)
+                .by_dir
+                .get_mut(&dir)
+                .and_then(|l| l.due_for_refresh(max_age));
+            if let Some(path) = due {
+                self.lister().refresh(dir, path);
             }
-            drop(ls);
             at = parent;
         }
     }
@@ -956,12 +959,11 @@ impl Fs {
             let mut ls = lock(&self.dirs.listings);
             if let Some(l) = ls.by_dir.get_mut(&parent) {
                 let age = l.listed.elapsed();
-                if age >= max_age / 2 && !l.refreshing {
-                    // In use past half its life: listed again in the background, so a copy
-                    // of a large directory (longer than the TTL) keeps finding its names
-                    // here instead of asking for each (one round trip per name).
-                    l.refreshing = true;
-                    self.lister().refresh(parent, parent_path.clone());
+                // In use past half its life: listed again in the background, so a copy of a
+                // large directory (longer than the TTL) keeps finding its names here instead
+                // of asking for each (one round trip per name).
+                if let Some(path) = l.due_for_refresh(max_age) {
+                    self.lister().refresh(parent, path);
                 }
                 if age < max_age {
                     return Ok(l.index.get(name).map(|&i| (l.items[i].attr, l.listed)));
