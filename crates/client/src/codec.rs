@@ -696,12 +696,18 @@ impl Chooser {
             match w.link {
                 // The link carried at least this; a slower link shows as a lower rate when
                 // the codec is not the limit.
-                LinkSignal::Unreported | LinkSignal::Limited => {
-                    self.link = Some(match self.link {
-                        Some(l) if wire_rate < l => l - LINK_DECAY * (l - wire_rate),
-                        _ => wire_rate,
-                    });
+                LinkSignal::Unreported => self.take_link(wire_rate),
+                // The same once two readings running say so: a lone one among readings of
+                // the network not setting the pace is not yet the link's (a look that caught
+                // fresh connections in slow start or a burst: on loopback, one window of a
+                // tree walk read 0.52 at 38 MB/s, and that estimate then held the walk on
+                // zstd for good).
+                LinkSignal::Limited
+                    if self.link.is_some() || self.last_signal == LinkSignal::Limited =>
+                {
+                    self.take_link(wire_rate)
                 }
+                LinkSignal::Limited => {}
                 // Something else set the pace: the link carries at least this much, and
                 // its estimate must not sink to what a walk or a CPU let through.
                 LinkSignal::NotLimited => {
@@ -851,6 +857,15 @@ impl Chooser {
         // Up the ladder from a probe (the step down did not pay), or any other change: the
         // next probe in ten seconds.
         self.change_to(best, None)
+    }
+
+    /// Takes a window's wire rate for the link's: at least this; a slower link shows as a
+    /// lower rate, followed slowly.
+    fn take_link(&mut self, wire_rate: f64) {
+        self.link = Some(match self.link {
+            Some(l) if wire_rate < l => l - LINK_DECAY * (l - wire_rate),
+            _ => wire_rate,
+        });
     }
 
     /// Asks for candidate `i` from now on (`probe_from`: the codec a probe steps down from)
@@ -1394,6 +1409,47 @@ mod tests {
         );
         // Lz4's own answers saying the link sets the pace still send it straight back (the
         // test above).
+    }
+
+    #[test]
+    fn a_lone_reading_of_the_link_at_its_limit_is_not_taken_for_the_link() {
+        // A tree walk on loopback, both machines short of CPU: the link never sets the pace,
+        // but the server's first word said it did (fresh connections in slow start, or a
+        // burst its look caught). Taken for the link's, that window's 38 MB/s held the walk
+        // on zstd for good; now the next readings (not the limit) take it to lz4 as any
+        // walk.
+        let sim = Sim {
+            link: 2e9,
+            table: MIXED,
+            other: 300e6,
+            walk: 40e6,
+            busy_cpus: true,
+            spurious_limited: Some(0),
+            ..Sim::default()
+        };
+        let mut c = Chooser::new(true, Some(6), 2);
+        let asked = sim.run_logged(&mut c, 12);
+        assert_eq!(c.link, None, "{}", c.explain());
+        assert!(
+            asked[2..]
+                .iter()
+                .all(|&x| matches!(x, Compression::Lz4 | Compression::None)),
+            "{asked:?}; {}",
+            c.explain()
+        );
+        // Two readings running are the link's (the 100 Mbit/s link of the test above).
+        let mut slow = Chooser::new(true, Some(6), 2);
+        for _ in 0..2 {
+            slow.window(Window {
+                elapsed: Duration::from_millis(250),
+                wire: 3_000_000,
+                decoded: 9_000_000,
+                fresh: 9_000_000,
+                busy: true,
+                link: LinkSignal::Limited,
+            });
+        }
+        assert!(slow.link().is_some_and(|l| l > 11e6), "{}", slow.explain());
     }
 
     #[test]
