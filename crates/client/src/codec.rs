@@ -1437,7 +1437,7 @@ mod tests {
             "{asked:?}; {}",
             c.explain()
         );
-        // Two readings running are the link's (the 100 Mbit/s link of the test above).
+        // Two readings running are the link's (a 100 Mbit/s link: 12 MB/s of wire).
         let mut slow = Chooser::new(true, Some(6), 2);
         for _ in 0..2 {
             slow.window(Window {
