@@ -113,6 +113,14 @@ async fn background_reads_keep_to_one_chunk_per_stream_and_readers_get_through()
     })
     .await
     .unwrap();
+    // The pool starts on its first stream and the others join as they open: with all four
+    // open, the reads below can spread (on a busy machine they could all be done before the
+    // second stream joined).
+    let t = Instant::now();
+    while client.live_streams() < 4 && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(client.live_streams(), 4);
     let chunk = u64::from(client.session().chunk_size);
     let bg = client.background();
     let tasks: Vec<_> = (0..64u64)
