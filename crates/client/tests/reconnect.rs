@@ -61,11 +61,22 @@ async fn requests_wait_for_a_restarted_server_and_then_succeed() {
     assert!(c.reconnects.load(Ordering::Relaxed) >= 1);
     assert_eq!(c.server_restarts.load(Ordering::Relaxed), 1);
     // Every stream comes back.
+    all_streams_open(
+        &client,
+        4,
+        Duration::from_secs(10),
+        "every stream came back",
+    )
+    .await;
+}
+
+/// Waits up to `within` for `client` to have `n` streams open, and asserts it has.
+async fn all_streams_open(client: &Client, n: usize, within: Duration, what: &str) {
     let t = Instant::now();
-    while client.live_streams() < 4 && t.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    while client.live_streams() < n && t.elapsed() < within {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(client.live_streams(), 4);
+    assert_eq!(client.live_streams(), n, "{what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,11 +127,13 @@ async fn background_reads_keep_to_one_chunk_per_stream_and_readers_get_through()
     // The pool starts on its first stream and the others join as they open: with all four
     // open, the reads below can spread (on a busy machine they could all be done before the
     // second stream joined).
-    let t = Instant::now();
-    while client.live_streams() < 4 && t.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(client.live_streams(), 4);
+    all_streams_open(
+        &client,
+        4,
+        Duration::from_secs(10),
+        "all four streams opened",
+    )
+    .await;
     let chunk = u64::from(client.session().chunk_size);
     let bg = client.background();
     let tasks: Vec<_> = (0..64u64)
@@ -443,11 +456,13 @@ async fn starts_on_first_stream(gate: Gate) {
     assert_eq!(&got[..], &data[..1 << 20]);
 
     open.send(true).unwrap();
-    let t = Instant::now();
-    while client.live_streams() < 4 && t.elapsed() < Duration::from_secs(15) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(client.live_streams(), 4, "the other streams joined");
+    all_streams_open(
+        &client,
+        4,
+        Duration::from_secs(15),
+        "the other streams joined",
+    )
+    .await;
     let (got, _) = client
         .read(Bytes::from_static(b"f"), 1 << 20, 1 << 20)
         .await
