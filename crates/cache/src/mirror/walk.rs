@@ -74,6 +74,10 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
             // Where an earlier run left files, listed without contents: most of those
             // files are likely complete here already (resume fetches only what is missing).
             let with_data = dir_data && !known.contains(&rel);
+            // The entries' extended attributes are asked for beside the listing, not after
+            // it: their files' metadata waits for them, and on a WAN a round trip per
+            // directory in turn adds up.
+            super::xattrs::XattrMap::prefetch(ctx, &rel);
             listings.spawn(async move {
                 let r = list(&c, &rel, with_data).await;
                 (rel, r)
@@ -97,7 +101,6 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
         if ctx.cfg.delete {
             delete_extras(ctx, &rel, &entries).await;
         }
-        super::xattrs::XattrMap::prefetch(ctx, &rel);
         let made = make_dirs(ctx, &rel, &entries).await;
         // Small files came with the listing's first page, or come in runs of ReadDirData
         // (a few round trips per directory, not one per file), except where an earlier run

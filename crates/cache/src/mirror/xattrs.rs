@@ -1,10 +1,10 @@
 //! Extended attributes and POSIX ACLs of the copy (`system.posix_acl_access` and
 //! `_default` are xattrs too): the server sends those of a directory's entries in one
-//! request per directory ([`ferry_client::Client::dir_xattrs`]), asked as the walk lists the
-//! directory and awaited when an entry's metadata is set. Each entry gets the server's
-//! attributes (those this process may set: `trusted.*` and most `security.*` need root, and
-//! are skipped otherwise), and loses the `user.*` and ACL attributes the server's does not
-//! have. `--no-xattrs` turns it off.
+//! request per directory ([`ferry_client::Client::dir_xattrs`]), asked beside the directory's
+//! listing (not after it: a round trip per directory) and awaited when an entry's metadata is
+//! set. Each entry gets the server's attributes (those this process may set: `trusted.*` and
+//! most `security.*` need root, and are skipped otherwise), and loses the `user.*` and ACL
+//! attributes the server's does not have. `--no-xattrs` turns it off.
 
 use std::collections::HashMap;
 use std::path::Path;
