@@ -537,11 +537,22 @@ fn mirror_copies_xattrs_and_acls_and_drops_those_the_server_no_longer_has() {
     run(Command::new("setfattr")
         .args(["-n", "user.dir", "-v", "yes"])
         .arg(e.join("d")));
+    // Names past what either end lists on the stack (512 bytes): 40 names of 40 bytes, on a
+    // file and on a directory (kept from run to run: the copy's own list is read then).
+    std::fs::write(e.join("d/many"), b"many attributes").unwrap();
+    let long = |i: usize| format!("user.an-attribute-with-a-long-name-{i:04}");
+    for i in 0..40 {
+        for p in ["d/many", "d"] {
+            run(Command::new("setfattr")
+                .args(["-n", &long(i), "-v", &format!("value {i}")])
+                .arg(e.join(p)));
+        }
+    }
     let server = TestServer::start(e);
     let dst = tempfile::tempdir().unwrap();
     let d = dst.path();
     mirror(&server.addr, d, &[]);
-    for p in ["d", "d/f", "plain"] {
+    for p in ["d", "d/f", "d/many", "plain"] {
         assert_eq!(all_xattrs(&e.join(p)), all_xattrs(&d.join(p)), "{p}");
     }
     assert!(all_xattrs(&d.join("d/f")).contains("system.posix_acl_access"));
@@ -550,9 +561,24 @@ fn mirror_copies_xattrs_and_acls_and_drops_those_the_server_no_longer_has() {
     run(Command::new("setfattr")
         .args(["-x", "user.checksum"])
         .arg(e.join("d/f")));
+    for i in (0..40).step_by(2) {
+        for p in ["d/many", "d"] {
+            run(Command::new("setfattr")
+                .args(["-x", &long(i)])
+                .arg(e.join(p)));
+        }
+    }
     mirror(&server.addr, d, &[]);
     assert_eq!(all_xattrs(&e.join("d/f")), all_xattrs(&d.join("d/f")));
     assert!(!all_xattrs(&d.join("d/f")).contains("user.checksum"));
+    for p in ["d/many", "d"] {
+        let many = all_xattrs(&d.join(p));
+        assert_eq!(all_xattrs(&e.join(p)), many, "{p}");
+        assert!(
+            many.contains(&long(39)) && !many.contains(&long(38)),
+            "{many}"
+        );
+    }
     // --no-xattrs copies none.
     let none = tempfile::tempdir().unwrap();
     mirror(&server.addr, none.path(), &["--no-xattrs"]);

@@ -98,18 +98,26 @@ pub(super) fn apply(local: &Path, attrs: &[(Bytes, Bytes)]) -> std::io::Result<(
     use rustix::fs::XattrFlags;
     use std::os::unix::ffi::OsStrExt;
     let name = |n: &[u8]| std::ffi::OsStr::from_bytes(n).to_owned();
-    let mut list = vec![0u8; 64 << 10];
-    let have = match rustix::fs::llistxattr(local, &mut list[..]) {
-        Ok(n) => n,
+    // A new file has none or a few short names: a buffer on the stack, the largest list the
+    // kernel allows only when that does not hold them (not 64 KiB zeroed per file).
+    let mut small = [0u8; 512];
+    let mut large = Vec::new();
+    let have = match rustix::fs::llistxattr(local, &mut small[..]) {
+        Ok(n) => &small[..n],
+        Err(rustix::io::Errno::RANGE) => {
+            large.resize(64 << 10, 0);
+            let n = rustix::fs::llistxattr(local, &mut large[..])?;
+            &large[..n]
+        }
         Err(rustix::io::Errno::NOTSUP) => {
             if attrs.is_empty() {
                 return Ok(());
             }
-            0
+            &small[..0]
         }
         Err(e) => return Err(e.into()),
     };
-    for old in list[..have].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+    for old in have.split(|&b| b == 0).filter(|n| !n.is_empty()) {
         if managed(old) && !attrs.iter().any(|(n, _)| n.as_ref() == old) {
             match rustix::fs::lremovexattr(local, name(old).as_os_str()) {
                 Ok(()) | Err(rustix::io::Errno::NODATA) => {}
