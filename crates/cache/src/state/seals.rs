@@ -11,15 +11,18 @@
 //! the syncer lifts the seal once it has recorded everything the mirror wrote, after which
 //! the state itself shows every chunk held.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
-/// The seals and readers' writes in flight, per local file generation.
+/// The seals and readers' writes in flight, per local file generation. Ordered, so a
+/// file's generations are found without a walk over every file: seals are lifted only at the
+/// syncer's next commit, so a mirror of small files holds thousands at once, and a walk of
+/// them for each file it starts grew with the square of the tree.
 #[derive(Debug, Default)]
 pub(crate) struct Seals {
-    files: Mutex<HashMap<(Bytes, u64), Entry>>,
+    files: Mutex<BTreeMap<(Bytes, u64), Entry>>,
     drained: Condvar,
 }
 
@@ -37,7 +40,7 @@ pub(crate) struct WriteGuard<'a> {
 }
 
 impl Seals {
-    fn lock(&self) -> MutexGuard<'_, HashMap<(Bytes, u64), Entry>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<(Bytes, u64), Entry>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -80,13 +83,19 @@ impl Seals {
     /// old inodes guard nothing any more).
     pub(crate) fn lift_others(&self, rel: &Bytes, generation: u64) {
         let mut files = self.lock();
-        files.retain(|(r, g), e| {
-            if r != rel || *g == generation {
-                return true;
+        let others: Vec<(Bytes, u64)> = files
+            .range((rel.clone(), 0)..=(rel.clone(), u64::MAX))
+            .filter(|((_, g), _)| *g != generation)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in others {
+            if let Some(e) = files.get_mut(&key) {
+                e.sealed = false;
+                if e.writers == 0 {
+                    files.remove(&key);
+                }
             }
-            e.sealed = false;
-            e.writers > 0
-        });
+        }
     }
 
     #[cfg(test)]
@@ -132,6 +141,30 @@ mod tests {
         s.seal(&rel, 3);
         s.lift_others(&rel, 4);
         assert_eq!(s.tracked(), 0);
+    }
+
+    #[test]
+    fn lifting_a_files_other_generations_leaves_its_own_and_other_files_seals() {
+        let s = Seals::default();
+        let (rel, longer, shorter) = (
+            Bytes::from_static(b"a/b"),
+            Bytes::from_static(b"a/bc"),
+            Bytes::from_static(b"a/"),
+        );
+        for g in [1, 2, 3] {
+            s.seal(&rel, g);
+        }
+        s.seal(&longer, 1);
+        s.seal(&shorter, 1);
+        let w = s.write(&rel, 4).expect("not sealed");
+        s.lift_others(&rel, 2);
+        assert!(s.write(&rel, 1).is_some() && s.write(&rel, 3).is_some(), "lifted");
+        assert!(s.write(&rel, 2).is_none(), "its own generation stays sealed");
+        assert!(s.write(&longer, 1).is_none() && s.write(&shorter, 1).is_none());
+        // 2 of rel, the other two files, and 4 of rel (a write in flight).
+        assert_eq!(s.tracked(), 4);
+        drop(w);
+        assert_eq!(s.tracked(), 3);
     }
 
     #[test]
