@@ -514,7 +514,9 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
     if places.is_empty() {
         return stopped;
     }
-    for run in small_file_runs(entries, range, |i| places.contains_key(&i)) {
+    // Only as far as places were kept: a copy of a large directory tops this up at each
+    // open, and runs over the rest of its listing grew with the square of the directory.
+    for run in small_file_runs(entries, range.start..stopped, |i| places.contains_key(&i)) {
         let mut want: HashMap<Bytes, (FileKey, oneshot::Sender<Bytes>)> = HashMap::new();
         for i in run.entries.clone() {
             if let Some(p) = places.remove(&i) {
