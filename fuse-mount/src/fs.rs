@@ -196,7 +196,10 @@ impl Fs {
         let listed = self
             .listed_attr(parent, &parent_path, name, self.cfg.attr_ttl)
             .await?;
-        let (attr, fetched) = match listed {
+        // In a directory too large to list again, what was asked ahead of a walker's opens
+        // ([`Fs::stat_ahead`]) answers its lookups too.
+        let ahead = || self.stat_fresh(&path, self.cfg.attr_ttl);
+        let (attr, fetched) = match listed.or_else(ahead) {
             Some(found) => found,
             None => (self.client.stat(path.clone()).await?, Instant::now()),
         };

@@ -17,10 +17,21 @@ use ferry_proto::{Attr, FileKind};
 /// ferryd serving `dir` on 127.0.0.1:0 in this runtime, and an `Fs` over it with chunks of
 /// `chunk_size` bytes. The server stops with the test's runtime.
 async fn fs_over(dir: &Path, cfg: FsConfig, chunk_size: u32) -> Arc<Fs> {
+    fs_over_with_metrics(dir, cfg, chunk_size, None).await
+}
+
+/// As [`fs_over`], the server serving its metrics on `metrics`.
+async fn fs_over_with_metrics(
+    dir: &Path,
+    cfg: FsConfig,
+    chunk_size: u32,
+    metrics: Option<std::net::SocketAddr>,
+) -> Arc<Fs> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let config = ferry_server::ServerConfig {
         export: dir.to_path_buf(),
+        metrics,
         ..Default::default()
     };
     tokio::spawn(ferry_server::run(listener, config, std::future::pending()));
@@ -326,6 +337,74 @@ async fn readdirplus_counts_a_lookup_only_for_entries_added() {
 /// Reads `len` bytes at `offset` through `fh` as the kernel would (short only at the end).
 async fn read_at(fs: &Fs, fh: u64, offset: u64, len: u32) -> Vec<u8> {
     fs.read(fh, offset, len).await.unwrap().to_vec()
+}
+
+/// The requests a server serving its metrics on `metrics` has received.
+async fn requests_served(metrics: std::net::SocketAddr) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(metrics).await.unwrap();
+    c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("ferry_server_requests_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no request count in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opens_in_listing_order_in_a_large_directory_ask_for_pages_not_a_stat_each() {
+    // A directory too large to list again within the open TTL (over 256 KiB), its files
+    // empty so that opening them costs no reads: what the opens and lookups of a walker in
+    // listing order (cp -r, tar) ask the server is only their files' versions.
+    let src = tempfile::tempdir().unwrap();
+    let big = src.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    let name = |i: usize| format!("{i:05}-{}", "n".repeat(120));
+    const FILES: usize = 4000;
+    for i in 0..FILES {
+        std::fs::write(big.join(name(i)), b"").unwrap();
+    }
+    assert!(std::fs::metadata(&big).unwrap().len() > 256 << 10);
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let ttl = Duration::from_millis(500);
+    let cfg = FsConfig {
+        attr_ttl: ttl,
+        open_ttl: ttl,
+        ..FsConfig::default()
+    };
+    let fs = fs_over_with_metrics(src.path(), cfg, 64 << 10, Some(metrics)).await;
+    let (dir, _) = fs.lookup(ROOT_INO, b"big").await.unwrap();
+    let fh = fs.opendir(dir).await.unwrap();
+    let listed = read_all(&fs, dir, fh, 512, true);
+    assert_eq!(listed.len(), FILES + 2, "with . and ..");
+    // Past the open TTL: each open needs a version younger than the listing's.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    // Changed on the server after the listing: its open sees the new version.
+    let changed = listed[FILES / 2].name.clone();
+    std::fs::write(big.join(&changed), b"changed\n").unwrap();
+    let before = requests_served(metrics).await;
+    for e in listed.iter().filter(|e| e.kind == FileKind::File) {
+        let (ino, attr) = fs.lookup(dir, e.name.as_bytes()).await.unwrap();
+        let o = fs.open(ino, false).await.unwrap();
+        if e.name == changed {
+            assert_eq!(attr.size, 8, "the changed file's new size");
+            assert_eq!(read_at(&fs, o.fh, 0, 4096).await, b"changed\n");
+        } else {
+            assert_eq!(attr.size, 0, "{}", e.name);
+        }
+        fs.release(o.fh);
+    }
+    let asked = requests_served(metrics).await - before;
+    // A Stat per file would be 4,000 requests; pages of 128 entries are about 32, and the
+    // opens that come before their page arrives ask for their own.
+    assert!(
+        asked < FILES as u64 / 4,
+        "{asked} requests for {FILES} opens"
+    );
+    fs.releasedir(fh);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -386,6 +386,24 @@ struct StatsAhead {
     /// (`cp -r` and tar the listing's, rsync names'); any other order would have every open
     /// send a new batch.
     last_open: HashMap<u64, (usize, usize)>,
+    /// By directory, for a walker in listing order: the kept listing (its address) and the
+    /// position up to which a page of it was asked for again ([`Fs::stat_ahead`]).
+    paged_until: HashMap<u64, (usize, usize)>,
+}
+
+impl StatsAhead {
+    /// Holds what the server said of `path` (asked at `sent`), the oldest going past
+    /// [`STATS_HELD`].
+    fn keep(&mut self, path: Bytes, attr: Attr, sent: Instant) {
+        if self.fresh.insert(path.clone(), (attr, sent)).is_none() {
+            self.order.push_back(path);
+            while self.order.len() > STATS_HELD {
+                if let Some(old) = self.order.pop_front() {
+                    self.fresh.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 /// What fetching listings ahead needs, for the tasks that do it (they go on listing the
@@ -1039,8 +1057,11 @@ impl Fs {
 
     /// Close-to-open in a large directory (whose listing takes longer than the open TTL to
     /// arrive): the attributes of the [`STATS_AHEAD`] regular files after `name` in the kept
-    /// listing of directory `parent` (at `parent_path`) are asked now, many at once, so
-    /// their opens find versions younger than the open TTL without a round trip each.
+    /// listing of directory `parent` (at `parent_path`) are asked now, so their opens (and
+    /// lookups) find versions younger than the open TTL without a round trip each. A walker
+    /// in listing order (`cp -r`, tar) gets them as one page of the listing from `name`'s
+    /// cookie, asked again when it is half way through the last; one in name order (rsync)
+    /// as a Stat per file, many at once.
     pub(super) fn stat_ahead(&self, parent: u64, parent_path: &Bytes, name: &[u8]) {
         let items = {
             let ls = lock(&self.dirs.listings);
@@ -1052,25 +1073,55 @@ impl Fs {
             };
             let (rank, by_rank) = l.by_name();
             let r = rank[at] as usize;
-            let before = {
-                let mut st = lock(&self.dirs.stats);
-                if st.last_open.len() > KEPT_LISTINGS {
-                    st.last_open.clear();
-                }
-                st.last_open.insert(parent, (at, r))
-            };
+            let mut st = lock(&self.dirs.stats);
+            if st.last_open.len() > KEPT_LISTINGS {
+                st.last_open.clear();
+                st.paged_until.clear();
+            }
+            let before = st.last_open.insert(parent, (at, r));
             let follows = |b: usize, now: usize| b < now && now - b <= 8;
-            let next: Box<dyn Iterator<Item = &DirItem>> = match before {
-                Some((b, _)) if follows(b, at) => Box::new(l.items.iter().skip(at + 1)),
-                Some((_, br)) if follows(br, r) => {
-                    Box::new(by_rank.iter().skip(r + 1).map(|&i| &l.items[i as usize]))
+            match before {
+                Some((b, _)) if follows(b, at) => {
+                    let kept = Arc::as_ptr(&l.items) as usize;
+                    let until = match st.paged_until.get(&parent) {
+                        Some(&(k, u)) if k == kept => u,
+                        _ => 0,
+                    };
+                    let from = until.max(at + 1);
+                    if until > at + STATS_AHEAD / 2 || from >= l.items.len() {
+                        return;
+                    }
+                    st.paged_until.insert(parent, (kept, from + STATS_AHEAD));
+                    let cookie = l.items[from - 1].cookie;
+                    let (client, stats, dir) = (
+                        self.client.clone(),
+                        self.dirs.stats.clone(),
+                        parent_path.clone(),
+                    );
+                    tokio::spawn(async move {
+                        let sent = Instant::now();
+                        let max = STATS_AHEAD as u32;
+                        let Ok((entries, _)) = client.read_dir_page(dir.clone(), cookie, max).await
+                        else {
+                            return; // the opens ask for their own
+                        };
+                        let mut st = lock(&stats);
+                        for e in entries.iter().filter(|e| e.attr.kind == FileKind::File) {
+                            st.keep(Bytes::from(join(&dir, &e.name)), e.attr, sent);
+                        }
+                    });
+                    return;
                 }
+                Some((_, br)) if follows(br, r) => by_rank
+                    .iter()
+                    .skip(r + 1)
+                    .map(|&i| &l.items[i as usize])
+                    .filter(|it| it.attr.kind == FileKind::File)
+                    .take(STATS_AHEAD)
+                    .map(|it| Bytes::from(join(parent_path, &it.name)))
+                    .collect::<Vec<_>>(),
                 _ => return,
-            };
-            next.filter(|it| it.attr.kind == FileKind::File)
-                .take(STATS_AHEAD)
-                .map(|it| Bytes::from(join(parent_path, &it.name)))
-                .collect::<Vec<_>>()
+            }
         };
         let mut st = lock(&self.dirs.stats);
         for path in items {
@@ -1088,14 +1139,7 @@ impl Fs {
                 let mut st = lock(&stats);
                 st.asked.remove(&path);
                 if let Ok(attr) = got {
-                    if st.fresh.insert(path.clone(), (attr, sent)).is_none() {
-                        st.order.push_back(path);
-                        while st.order.len() > STATS_HELD {
-                            if let Some(old) = st.order.pop_front() {
-                                st.fresh.remove(&old);
-                            }
-                        }
-                    }
+                    st.keep(path, attr, sent);
                 }
             });
         }

@@ -158,8 +158,14 @@ mod tests {
         s.seal(&shorter, 1);
         let w = s.write(&rel, 4).expect("not sealed");
         s.lift_others(&rel, 2);
-        assert!(s.write(&rel, 1).is_some() && s.write(&rel, 3).is_some(), "lifted");
-        assert!(s.write(&rel, 2).is_none(), "its own generation stays sealed");
+        assert!(
+            s.write(&rel, 1).is_some() && s.write(&rel, 3).is_some(),
+            "lifted"
+        );
+        assert!(
+            s.write(&rel, 2).is_none(),
+            "its own generation stays sealed"
+        );
         assert!(s.write(&longer, 1).is_none() && s.write(&shorter, 1).is_none());
         // 2 of rel, the other two files, and 4 of rel (a write in flight).
         assert_eq!(s.tracked(), 4);

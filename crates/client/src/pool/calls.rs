@@ -269,26 +269,13 @@ impl Client {
     ) -> Result<Vec<DirEntry>, ClientError> {
         let mut all = Vec::new();
         loop {
-            let page = match self
-                .call(Request::ReadDir {
-                    path: path.clone(),
-                    cookie,
-                    max_entries: 4096,
-                })
-                .await?
-            {
-                Response::DirPage(p) => p,
-                r => return Err(unexpected(&r)),
-            };
-            for e in &page.entries {
-                ferry_proto::name::validate_name(&e.name).map_err(ClientError::BadEntryName)?;
-            }
-            let progressed = !page.entries.is_empty();
-            if let Some(last) = page.entries.last() {
+            let (entries, eof) = self.read_dir_page(path.clone(), cookie, 4096).await?;
+            let progressed = !entries.is_empty();
+            if let Some(last) = entries.last() {
                 cookie = last.cookie;
             }
-            all.extend(page.entries);
-            if page.eof {
+            all.extend(entries);
+            if eof {
                 return Ok(all);
             }
             if !progressed {
@@ -297,6 +284,33 @@ impl Client {
                 ));
             }
         }
+    }
+
+    /// One page of the listing of the directory at `path`: at most `max_entries` entries
+    /// after the entry whose cookie is `cookie` (0: from the start), names validated as in
+    /// [`Client::read_dir`], and whether the listing ended.
+    ///
+    /// # Errors
+    /// As [`Client::read_dir`].
+    pub async fn read_dir_page(
+        &self,
+        path: Bytes,
+        cookie: u64,
+        max_entries: u32,
+    ) -> Result<(Vec<DirEntry>, bool), ClientError> {
+        let request = Request::ReadDir {
+            path,
+            cookie,
+            max_entries,
+        };
+        let page = match self.call(request).await? {
+            Response::DirPage(p) => p,
+            r => return Err(unexpected(&r)),
+        };
+        for e in &page.entries {
+            ferry_proto::name::validate_name(&e.name).map_err(ClientError::BadEntryName)?;
+        }
+        Ok((page.entries, page.eof))
     }
 
     /// One page of directory `path` from `cookie` (at most `max_entries` entries) with the
