@@ -1273,7 +1273,10 @@ impl Fs {
             };
             let start = l.pipelined_until;
             let end = (from + PIPELINE_FILES).min(l.items.len());
-            if start >= end {
+            // Topped up once the lead is down to half, so the walker's opens ask for runs
+            // of dozens of files, not a run of one file each (a request, and a seek into
+            // the listing on the server, per file).
+            if start >= end || start > from + PIPELINE_FILES / 2 {
                 return;
             }
             (start, end, l.items.clone())
