@@ -396,23 +396,13 @@ fn fd_xattrs(
     budget: &mut usize,
 ) -> Result<Vec<(Bytes, Bytes)>, OpError> {
     use std::os::unix::ffi::OsStrExt;
-    // Most entries have no attributes, or a few short names: a buffer on the stack, and the
-    // largest list the kernel allows only when that does not hold them (zeroing 128 KiB per
-    // entry took a seventh of ferryd's CPU in a mirror of a source tree).
-    let mut small = [0u8; 512];
-    let mut large = Vec::new();
-    let names = match rustix::fs::flistxattr(fd, &mut small[..]) {
-        Ok(n) => &small[..n],
-        Err(Errno::RANGE) => {
-            large.resize(64 << 10, 0);
-            match rustix::fs::flistxattr(fd, &mut large[..]) {
-                Ok(n) => &large[..n],
-                Err(e) => return Err(op_err(e, "listxattr", path)),
-            }
-        }
-        Err(Errno::NOTSUP) => return Ok(Vec::new()),
-        Err(e) => return Err(op_err(e, "listxattr", path)),
-    };
+    let (mut small, mut large) = ([0u8; ferry_util::xattr::SMALL], Vec::new());
+    let names =
+        match ferry_util::xattr::names(&mut small, &mut large, |b| rustix::fs::flistxattr(fd, b)) {
+            Ok(n) => n,
+            Err(Errno::NOTSUP) => return Ok(Vec::new()),
+            Err(e) => return Err(op_err(e, "listxattr", path)),
+        };
     let mut out = Vec::new();
     if names.is_empty() {
         return Ok(out);

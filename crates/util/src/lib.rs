@@ -24,6 +24,7 @@ pub mod priority;
 pub mod process;
 pub mod sparse;
 pub mod task;
+pub mod xattr;
 
 pub use human::human_bytes;
 pub use metrics::serve_metrics;

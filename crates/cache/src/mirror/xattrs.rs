@@ -98,17 +98,11 @@ pub(super) fn apply(local: &Path, attrs: &[(Bytes, Bytes)]) -> std::io::Result<(
     use rustix::fs::XattrFlags;
     use std::os::unix::ffi::OsStrExt;
     let name = |n: &[u8]| std::ffi::OsStr::from_bytes(n).to_owned();
-    // A new file has none or a few short names: a buffer on the stack, the largest list the
-    // kernel allows only when that does not hold them (not 64 KiB zeroed per file).
-    let mut small = [0u8; 512];
-    let mut large = Vec::new();
-    let have = match rustix::fs::llistxattr(local, &mut small[..]) {
-        Ok(n) => &small[..n],
-        Err(rustix::io::Errno::RANGE) => {
-            large.resize(64 << 10, 0);
-            let n = rustix::fs::llistxattr(local, &mut large[..])?;
-            &large[..n]
-        }
+    let (mut small, mut large) = ([0u8; ferry_util::xattr::SMALL], Vec::new());
+    let have = match ferry_util::xattr::names(&mut small, &mut large, |b| {
+        rustix::fs::llistxattr(local, b)
+    }) {
+        Ok(n) => n,
         Err(rustix::io::Errno::NOTSUP) => {
             if attrs.is_empty() {
                 return Ok(());
