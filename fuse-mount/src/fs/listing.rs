@@ -60,7 +60,7 @@ use super::{key_at, lock, open_max_age, Fs};
 use crate::error::Error;
 
 /// How many files after the one being opened are fetched ahead.
-const PIPELINE_FILES: usize = 128;
+const PIPELINE_FILES: usize = 512;
 /// Directory listings kept for small-file pipelining and lookups.
 const KEPT_LISTINGS: usize = 256;
 /// A directory kept listed this recently is not listed again for its `opendir` (a lookup
@@ -371,8 +371,16 @@ impl Dirs {
 
 /// Files stat'ed ahead in a large directory ([`Fs::stat_ahead`]), at most this many held.
 const STATS_HELD: usize = 4096;
-/// How many files after the one opened are stat'ed ahead.
+/// How many files after the one opened are stat'ed ahead by a walker in name order (a Stat
+/// each).
 const STATS_AHEAD: usize = 128;
+/// Entries of one page of a large directory's listing asked ahead of a walker in listing
+/// order; the next is asked once the walker is into the last, so one to two pages are
+/// ahead of it. A page must last longer than a round trip at the walker's pace, with the
+/// files fetched ahead queued before it on the streams: a `cp -r` of 100,000 small files
+/// opens about 4,000 a second, and over the WAN profile (40 ms) pages of 128 asked half
+/// way through the last came late for most of them (docs/BENCHMARKS-TREES.md).
+const PAGE_AHEAD: usize = 512;
 
 /// Attributes asked ahead of opens in a large directory, by path: what the server said and
 /// when the request was sent (so their age is never understated).
@@ -386,9 +394,18 @@ struct StatsAhead {
     /// (`cp -r` and tar the listing's, rsync names'); any other order would have every open
     /// send a new batch.
     last_open: HashMap<u64, (usize, usize)>,
-    /// By directory, for a walker in listing order: the kept listing (its address) and the
-    /// position up to which a page of it was asked for again ([`Fs::stat_ahead`]).
-    paged_until: HashMap<u64, (usize, usize)>,
+    /// By directory, for a walker in listing order: the pages of it asked for again ahead
+    /// of the walker ([`Fs::stat_ahead`]).
+    paged: HashMap<u64, Paged>,
+}
+
+/// The pages of a large directory's kept listing asked ahead of a walker in listing order.
+struct Paged {
+    /// The kept listing they are positions in (its address): a new listing starts afresh.
+    kept: usize,
+    /// Each page's first position and when it was asked, in the order asked (each covers
+    /// [`PAGE_AHEAD`] positions from its first).
+    pages: VecDeque<(usize, Instant)>,
 }
 
 impl StatsAhead {
@@ -1059,9 +1076,10 @@ impl Fs {
     /// arrive): the attributes of the [`STATS_AHEAD`] regular files after `name` in the kept
     /// listing of directory `parent` (at `parent_path`) are asked now, so their opens (and
     /// lookups) find versions younger than the open TTL without a round trip each. A walker
-    /// in listing order (`cp -r`, tar) gets them as one page of the listing from `name`'s
-    /// cookie, asked again when it is half way through the last; one in name order (rsync)
-    /// as a Stat per file, many at once.
+    /// in listing order (`cp -r`, tar) gets them as pages of [`PAGE_AHEAD`] entries of the
+    /// listing from a cookie, the next asked once it is into the last, and the one it is in
+    /// asked again once half the open TTL old; one in name order (rsync) as a Stat per file
+    /// for the [`STATS_AHEAD`] after it, many at once.
     pub(super) fn stat_ahead(&self, parent: u64, parent_path: &Bytes, name: &[u8]) {
         let items = {
             let ls = lock(&self.dirs.listings);
@@ -1076,22 +1094,50 @@ impl Fs {
             let mut st = lock(&self.dirs.stats);
             if st.last_open.len() > KEPT_LISTINGS {
                 st.last_open.clear();
-                st.paged_until.clear();
+                st.paged.clear();
             }
             let before = st.last_open.insert(parent, (at, r));
             let follows = |b: usize, now: usize| b < now && now - b <= 8;
             match before {
                 Some((b, _)) if follows(b, at) => {
                     let kept = Arc::as_ptr(&l.items) as usize;
-                    let until = match st.paged_until.get(&parent) {
-                        Some(&(k, u)) if k == kept => u,
-                        _ => 0,
-                    };
+                    let paged = st.paged.entry(parent).or_insert_with(|| Paged {
+                        kept,
+                        pages: VecDeque::new(),
+                    });
+                    if paged.kept != kept {
+                        *paged = Paged {
+                            kept,
+                            pages: VecDeque::new(),
+                        };
+                    }
+                    // Pages the walker has passed are done with. The one it is in was
+                    // asked within half the open TTL, or its versions will be too old for
+                    // the opens before the walker is through it: a walker slowed down (a
+                    // large file, a busy machine) would then wait a round trip per file,
+                    // which slows it further, until the next page is due. Asked again
+                    // from here instead.
+                    while paged
+                        .pages
+                        .front()
+                        .is_some_and(|&(p, _)| p + PAGE_AHEAD <= at + 1)
+                    {
+                        paged.pages.pop_front();
+                    }
+                    let stale = open_max_age(&self.cfg) / 2;
+                    if paged
+                        .pages
+                        .front()
+                        .is_some_and(|&(_, t)| t.elapsed() >= stale)
+                    {
+                        paged.pages.clear();
+                    }
+                    let until = paged.pages.back().map_or(0, |&(p, _)| p + PAGE_AHEAD);
                     let from = until.max(at + 1);
-                    if until > at + STATS_AHEAD / 2 || from >= l.items.len() {
+                    if until > at + PAGE_AHEAD || from >= l.items.len() {
                         return;
                     }
-                    st.paged_until.insert(parent, (kept, from + STATS_AHEAD));
+                    paged.pages.push_back((from, Instant::now()));
                     let cookie = l.items[from - 1].cookie;
                     let (client, stats, dir) = (
                         self.client.clone(),
@@ -1099,15 +1145,25 @@ impl Fs {
                         parent_path.clone(),
                     );
                     tokio::spawn(async move {
-                        let sent = Instant::now();
-                        let max = STATS_AHEAD as u32;
-                        let Ok((entries, _)) = client.read_dir_page(dir.clone(), cookie, max).await
-                        else {
-                            return; // the opens ask for their own
-                        };
-                        let mut st = lock(&stats);
-                        for e in entries.iter().filter(|e| e.attr.kind == FileKind::File) {
-                            st.keep(Bytes::from(join(&dir, &e.name)), e.attr, sent);
+                        // A server may send fewer entries a page (its frames are smaller):
+                        // the rest follow, so the page covers what was counted above.
+                        let (mut cookie, mut left) = (cookie, PAGE_AHEAD);
+                        while left > 0 {
+                            let sent = Instant::now();
+                            let Ok((entries, eof)) =
+                                client.read_dir_page(dir.clone(), cookie, left as u32).await
+                            else {
+                                return; // the opens ask for their own
+                            };
+                            let Some(last) = entries.last() else { return };
+                            (cookie, left) = (last.cookie, left.saturating_sub(entries.len()));
+                            let mut st = lock(&stats);
+                            for e in entries.iter().filter(|e| e.attr.kind == FileKind::File) {
+                                st.keep(Bytes::from(join(&dir, &e.name)), e.attr, sent);
+                            }
+                            if eof {
+                                return;
+                            }
                         }
                     });
                     return;
