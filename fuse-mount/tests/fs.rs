@@ -458,6 +458,74 @@ async fn a_walker_in_a_large_directory_that_pauses_gets_its_page_again_not_a_sta
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walker_in_name_order_in_a_large_directory_finds_the_next_files_held() {
+    // rsync opens a directory's files in name order, which in a large directory has
+    // nothing to do with the listing's: files fetched ahead in listing order are not the
+    // ones it opens next, and with a chunk memory smaller than the directory most of its
+    // opens then wait for their file (a round trip each over a WAN). The files after it in
+    // name order are fetched instead: held whole by their open (handed to the page cache
+    // with it). A chunk memory of 1 MiB for 6 MB of files.
+    let src = tempfile::tempdir().unwrap();
+    let big = src.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    let name = |i: usize| format!("{i:05}-{}", "n".repeat(120));
+    const FILES: usize = 3000;
+    for i in 0..FILES {
+        std::fs::write(big.join(name(i)), data(2000, i as u64)).unwrap();
+    }
+    assert!(std::fs::metadata(&big).unwrap().len() > 256 << 10);
+    let cfg = FsConfig {
+        chunk_memory: 1 << 20,
+        ..FsConfig::default()
+    };
+    let fs = fs_over(src.path(), cfg, 64 << 10).await;
+    let (dir, _) = fs.lookup(ROOT_INO, b"big").await.unwrap();
+    let fh = fs.opendir(dir).await.unwrap();
+    let listed = read_all(&fs, dir, fh, 512, true);
+    let mut names: Vec<_> = listed
+        .iter()
+        .filter(|e| e.kind == FileKind::File)
+        .map(|e| e.name.clone())
+        .collect();
+    assert_ne!(
+        names.iter().take(100).collect::<Vec<_>>(),
+        {
+            let mut n = names.clone();
+            n.sort();
+            n
+        }
+        .iter()
+        .take(100)
+        .collect::<Vec<_>>(),
+        "the listing's order is not the names' (ext4 hashes them)"
+    );
+    names.sort();
+    let mut held = 0;
+    for (i, n) in names.iter().enumerate() {
+        if i % 32 == 0 {
+            // The walker's pace leaves the fetches ahead time to arrive.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (ino, _) = fs.lookup(dir, n.as_bytes()).await.unwrap();
+        let o = fs.open(ino, false).await.unwrap();
+        held += usize::from(o.pages.is_some());
+        let k: usize = n[..5].parse().unwrap();
+        assert_eq!(
+            read_at(&fs, o.fh, 0, 4096).await,
+            data(2000, k as u64),
+            "{n}"
+        );
+        fs.release(o.fh);
+    }
+    // 2,972 when this was written; 871 with files fetched ahead in listing order only.
+    assert!(
+        held > FILES / 2,
+        "{held} of {FILES} files held whole when opened in name order"
+    );
+    fs.releasedir(fh);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_and_random_reads_match_the_source_byte_for_byte() {
     let src = tempfile::tempdir().unwrap();
     // Chunks of 64 KiB: a file of many chunks with a ragged end.

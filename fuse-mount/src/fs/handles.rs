@@ -135,9 +135,7 @@ impl Fs {
                 a.filter(|a| a.size > super::listing::DIR_AHEAD_MAX_SIZE)
                     .map(|_| p)
             });
-        if let Some(p) = large_dir {
-            self.stat_ahead(p, &parent_path, &name);
-        }
+        let by_name = large_dir.is_some_and(|p| self.stat_ahead(p, &parent_path, &name));
         let ahead = large_dir
             .and_then(|_| self.stat_fresh(&path, ttl))
             .filter(|(a, _)| a.same_object(&known));
@@ -245,7 +243,7 @@ impl Fs {
             if looks_sparse(&attr, self.store.chunk_size()) && self.client.live_streams() > 0 {
                 self.map_holes(&key).await;
             }
-            self.pipeline_next_files(ino, &key).await;
+            self.pipeline_next_files(ino, &key, by_name).await;
         }
         Ok(Opened {
             fh,

@@ -22,7 +22,9 @@
 //!   within the last minute are not fetched again. Opening a file also fetches the files
 //!   after it in its directory's kept listing, and those before it not fetched yet
 //!   ([`PIPELINE_FILES`]); a directory whose listing is no longer kept is listed
-//!   again for that (rsync opens every file long after its file list). A file that fits
+//!   again for that (rsync opens every file long after its file list). In a directory too
+//!   large to list ahead, a walker in name order (rsync) has the files after it in name
+//!   order fetched instead, a Read each ([`Fs::stat_ahead`]). A file that fits
 //!   one chunk, held whole by its first open, goes into the kernel's page cache with that
 //!   open ([`super::handles::Opened::pages`]): its reads never come to the mount.
 //! - Lookups and reopens are answered from a listing kept within the TTL, or fetched ahead;
@@ -397,6 +399,9 @@ struct StatsAhead {
     /// By directory, for a walker in listing order: the pages of it asked for again ahead
     /// of the walker ([`Fs::stat_ahead`]).
     paged: HashMap<u64, Paged>,
+    /// By directory, for a walker in name order: the kept listing (its address) and the
+    /// rank up to which its files were fetched ahead ([`Fs::stat_ahead`]).
+    fetched_by_name: HashMap<u64, (usize, usize)>,
 }
 
 /// The pages of a large directory's kept listing asked ahead of a walker in listing order.
@@ -469,7 +474,7 @@ async fn fetch_listing(
     // Not reading yet (a walk that only lists, or a copy before its first open): the
     // files wait in the pending queue, taken up once files are opened.
     let stopped = if reading {
-        fetch_files_ahead(client, store, &path, &entries, 0..entries.len())
+        fetch_files_ahead(client, store, &path, &entries, 0..entries.len(), true)
     } else {
         0
     };
@@ -503,17 +508,19 @@ type PendingData = VecDeque<(Bytes, Instant, Arc<Vec<DirEntry>>, usize)>;
 /// then finds them here or on their way: one round trip per run instead of one per file.
 /// Files held already, or read lately ([`ChunkStore::read_lately`]: a listing taken again
 /// while the copy goes on lists them afresh), are skipped; a file whose contents do not
-/// come (changed, or left out by the server) is fetched as usual. Without the server's DIR_DATA feature, every
-/// file's first chunk is fetched. Returns where it stopped for want of room (`range.end`
-/// when it did not).
+/// come (changed, or left out by the server) is fetched as usual. Without the server's
+/// DIR_DATA feature, or when `entries` are not `consecutive` in the listing (a walker's
+/// order by name), every file's first chunk is fetched, one Read each. Returns where it
+/// stopped for want of room (`range.end` when it did not).
 fn fetch_files_ahead<E: ListedEntry + Named>(
     client: &Client,
     store: &Arc<ChunkStore>,
     dir: &Bytes,
     entries: &[E],
     range: std::ops::Range<usize>,
+    consecutive: bool,
 ) -> usize {
-    let runs = client.session().features & features::DIR_DATA != 0;
+    let runs = consecutive && client.session().features & features::DIR_DATA != 0;
     let mut stopped = range.end;
     let mut places: HashMap<usize, (FileKey, oneshot::Sender<Bytes>)> = HashMap::new();
     for (i, e) in entries.iter().enumerate().take(range.end).skip(range.start) {
@@ -653,7 +660,8 @@ impl Lister {
                 continue;
             }
             let n = entries.len();
-            let stopped = fetch_files_ahead(&self.client, &self.store, &dir, &entries, from..n);
+            let stopped =
+                fetch_files_ahead(&self.client, &self.store, &dir, &entries, from..n, true);
             if stopped < n {
                 p.push_front((dir, listed, entries, stopped));
                 break;
@@ -1099,15 +1107,17 @@ impl Fs {
     /// in listing order (`cp -r`, tar) gets them as pages of [`PAGE_AHEAD`] entries of the
     /// listing from a cookie, the next asked once it is into the last, and the one it is in
     /// asked again once half the open TTL old; one in name order (rsync) as a Stat per file
-    /// for the [`STATS_AHEAD`] after it, many at once.
-    pub(super) fn stat_ahead(&self, parent: u64, parent_path: &Bytes, name: &[u8]) {
+    /// for the [`STATS_AHEAD`] after it, many at once, with the contents of the files
+    /// ahead of it in name order. Returns whether the walker goes in name order.
+    pub(super) fn stat_ahead(&self, parent: u64, parent_path: &Bytes, name: &[u8]) -> bool {
+        let mut data = None;
         let items = {
             let ls = lock(&self.dirs.listings);
             let Some(l) = ls.by_dir.get(&parent) else {
-                return;
+                return false;
             };
             let Some(&at) = l.index.get(name) else {
-                return;
+                return false;
             };
             let (rank, by_rank) = l.by_name();
             let r = rank[at] as usize;
@@ -1115,6 +1125,7 @@ impl Fs {
             if st.last_open.len() > KEPT_LISTINGS {
                 st.last_open.clear();
                 st.paged.clear();
+                st.fetched_by_name.clear();
             }
             let before = st.last_open.insert(parent, (at, r));
             let follows = |b: usize, now: usize| b < now && now - b <= 8;
@@ -1155,7 +1166,7 @@ impl Fs {
                     let until = paged.pages.back().map_or(0, |&(p, _)| p + PAGE_AHEAD);
                     let from = until.max(at + 1);
                     if until > at + PAGE_AHEAD || from >= l.items.len() {
-                        return;
+                        return false;
                     }
                     paged.pages.push_back((from, Instant::now()));
                     let cookie = l.items[from - 1].cookie;
@@ -1186,19 +1197,49 @@ impl Fs {
                             }
                         }
                     });
-                    return;
+                    return false;
                 }
-                Some((_, br)) if follows(br, r) => by_rank
-                    .iter()
-                    .skip(r + 1)
-                    .map(|&i| &l.items[i as usize])
-                    .filter(|it| it.attr.kind == FileKind::File)
-                    .take(STATS_AHEAD)
-                    .map(|it| Bytes::from(join(parent_path, &it.name)))
-                    .collect::<Vec<_>>(),
-                _ => return,
+                Some((_, br)) if follows(br, r) => {
+                    // The files' contents too: fetching ahead in listing order (on each
+                    // open) does not serve a walker in name order in a directory larger
+                    // than the chunk memory. A Read each (ReadDirData takes consecutive
+                    // entries), the next batch once the walker is half way through the last.
+                    let kept = Arc::as_ptr(&l.items) as usize;
+                    let until = match st.fetched_by_name.get(&parent) {
+                        Some(&(k, u)) if k == kept => u,
+                        _ => 0,
+                    };
+                    let from = until.max(r + 1);
+                    if until <= r + PIPELINE_FILES / 2 && from < by_rank.len() {
+                        let next: Vec<DirItem> = by_rank
+                            .iter()
+                            .skip(from)
+                            .take(PIPELINE_FILES)
+                            .map(|&i| l.items[i as usize].clone())
+                            .collect();
+                        data = Some((kept, from, next));
+                    }
+                    by_rank
+                        .iter()
+                        .skip(r + 1)
+                        .map(|&i| &l.items[i as usize])
+                        .filter(|it| it.attr.kind == FileKind::File)
+                        .take(STATS_AHEAD)
+                        .map(|it| Bytes::from(join(parent_path, &it.name)))
+                        .collect::<Vec<_>>()
+                }
+                _ => return false,
             }
         };
+        if let Some((kept, from, next)) = data {
+            // Up to where the chunk memory ran out: the rest once the walker freed some.
+            let n = next.len();
+            let stopped =
+                fetch_files_ahead(&self.client, &self.store, parent_path, &next, 0..n, false);
+            lock(&self.dirs.stats)
+                .fetched_by_name
+                .insert(parent, (kept, from + stopped));
+        }
         let mut st = lock(&self.dirs.stats);
         for path in items {
             let fresh = st
@@ -1219,6 +1260,7 @@ impl Fs {
                 }
             });
         }
+        true
     }
 
     /// The listing held by directory handle `fh`.
@@ -1291,9 +1333,12 @@ impl Fs {
 
     /// Small-file pipelining (see the module docs) for the opening of file `ino`: chunk 0 of
     /// the files after it in its directory's kept listing, if there is one.
-    pub(super) async fn pipeline_next_files(&self, ino: u64, key: &FileKey) {
+    pub(super) async fn pipeline_next_files(&self, ino: u64, key: &FileKey, by_name: bool) {
         *lock(&self.dirs.last_open) = Some(Instant::now());
         self.lister().top_up();
+        if by_name {
+            return; // a walker in name order in a large directory: see Fs::stat_ahead
+        }
         let Ok(path) = self.inodes.path_of(ino) else {
             return;
         };
@@ -1358,7 +1403,14 @@ impl Fs {
             (start, end, l.items.clone())
         };
         // Those already on their way are skipped.
-        let done = fetch_files_ahead(&self.client, &self.store, parent_path, &all, start..end);
+        let done = fetch_files_ahead(
+            &self.client,
+            &self.store,
+            parent_path,
+            &all,
+            start..end,
+            true,
+        );
         if let Some(l) = lock(&self.dirs.listings).by_dir.get_mut(&parent) {
             l.pipelined_until = l.pipelined_until.max(done);
         }
