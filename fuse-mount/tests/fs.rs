@@ -352,23 +352,42 @@ async fn requests_served(metrics: std::net::SocketAddr) -> u64 {
         .unwrap_or_else(|| panic!("no request count in {text}"))
 }
 
+/// A directory `big` of `files` files, file `i` holding `content(i)`, too large to list
+/// ahead (over 256 KiB on the server: names of 126 bytes, `00042-nnn…`).
+fn large_dir(files: usize, content: impl Fn(usize) -> Vec<u8>) -> tempfile::TempDir {
+    let src = tempfile::tempdir().unwrap();
+    let big = src.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    for i in 0..files {
+        std::fs::write(big.join(format!("{i:05}-{}", "n".repeat(120))), content(i)).unwrap();
+    }
+    assert!(std::fs::metadata(&big).unwrap().len() > 256 << 10);
+    src
+}
+
+/// `big` of a [`large_dir`] through `fs`: its inode, a directory handle and its entries.
+async fn open_big(fs: &Fs) -> (u64, u64, Vec<Entry>) {
+    let (dir, _) = fs.lookup(ROOT_INO, b"big").await.unwrap();
+    let fh = fs.opendir(dir).await.unwrap();
+    let listed = read_all(fs, dir, fh, 512, true);
+    (dir, fh, listed)
+}
+
+/// A local address nothing listens on (for a server's metrics).
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opens_in_listing_order_in_a_large_directory_ask_for_pages_not_a_stat_each() {
     // A directory too large to list again within the open TTL (over 256 KiB), its files
     // empty so that opening them costs no reads: what the opens and lookups of a walker in
     // listing order (cp -r, tar) ask the server is only their files' versions.
-    let src = tempfile::tempdir().unwrap();
-    let big = src.path().join("big");
-    std::fs::create_dir(&big).unwrap();
-    let name = |i: usize| format!("{i:05}-{}", "n".repeat(120));
     const FILES: usize = 4000;
-    for i in 0..FILES {
-        std::fs::write(big.join(name(i)), b"").unwrap();
-    }
-    assert!(std::fs::metadata(&big).unwrap().len() > 256 << 10);
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap();
+    let src = large_dir(FILES, |_| Vec::new());
+    let metrics = free_addr();
     let ttl = Duration::from_millis(500);
     let cfg = FsConfig {
         attr_ttl: ttl,
@@ -376,15 +395,13 @@ async fn opens_in_listing_order_in_a_large_directory_ask_for_pages_not_a_stat_ea
         ..FsConfig::default()
     };
     let fs = fs_over_with_metrics(src.path(), cfg, 64 << 10, Some(metrics)).await;
-    let (dir, _) = fs.lookup(ROOT_INO, b"big").await.unwrap();
-    let fh = fs.opendir(dir).await.unwrap();
-    let listed = read_all(&fs, dir, fh, 512, true);
+    let (dir, fh, listed) = open_big(&fs).await;
     assert_eq!(listed.len(), FILES + 2, "with . and ..");
     // Past the open TTL: each open needs a version younger than the listing's.
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     // Changed on the server after the listing: its open sees the new version.
     let changed = listed[FILES / 2].name.clone();
-    std::fs::write(big.join(&changed), b"changed\n").unwrap();
+    std::fs::write(src.path().join("big").join(&changed), b"changed\n").unwrap();
     let before = requests_served(metrics).await;
     for e in listed.iter().filter(|e| e.kind == FileKind::File) {
         let (ino, attr) = fs.lookup(dir, e.name.as_bytes()).await.unwrap();
@@ -413,17 +430,9 @@ async fn a_walker_in_a_large_directory_that_pauses_gets_its_page_again_not_a_sta
     // of a page (a large file to copy, a busy machine): the versions of the rest of that
     // page are then too old for its opens. The page is asked for again; before, each open
     // up to the next page asked the server for its own version (hundreds per pause).
-    let src = tempfile::tempdir().unwrap();
-    let big = src.path().join("big");
-    std::fs::create_dir(&big).unwrap();
-    let name = |i: usize| format!("{i:05}-{}", "n".repeat(120));
     const FILES: usize = 4000;
-    for i in 0..FILES {
-        std::fs::write(big.join(name(i)), b"").unwrap();
-    }
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap();
+    let src = large_dir(FILES, |_| Vec::new());
+    let metrics = free_addr();
     // Names stay valid for the whole walk (no listing of it again): only the opens need
     // versions younger than their TTL.
     let ttl = Duration::from_millis(500);
@@ -433,9 +442,7 @@ async fn a_walker_in_a_large_directory_that_pauses_gets_its_page_again_not_a_sta
         ..FsConfig::default()
     };
     let fs = fs_over_with_metrics(src.path(), cfg, 64 << 10, Some(metrics)).await;
-    let (dir, _) = fs.lookup(ROOT_INO, b"big").await.unwrap();
-    let fh = fs.opendir(dir).await.unwrap();
-    let listed = read_all(&fs, dir, fh, 512, true);
+    let (dir, fh, listed) = open_big(&fs).await;
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     let before = requests_served(metrics).await;
     let files: Vec<_> = listed.iter().filter(|e| e.kind == FileKind::File).collect();
@@ -465,23 +472,14 @@ async fn a_walker_in_name_order_in_a_large_directory_finds_the_next_files_held()
     // opens then wait for their file (a round trip each over a WAN). The files after it in
     // name order are fetched instead: held whole by their open (handed to the page cache
     // with it). A chunk memory of 1 MiB for 6 MB of files.
-    let src = tempfile::tempdir().unwrap();
-    let big = src.path().join("big");
-    std::fs::create_dir(&big).unwrap();
-    let name = |i: usize| format!("{i:05}-{}", "n".repeat(120));
     const FILES: usize = 3000;
-    for i in 0..FILES {
-        std::fs::write(big.join(name(i)), data(2000, i as u64)).unwrap();
-    }
-    assert!(std::fs::metadata(&big).unwrap().len() > 256 << 10);
+    let src = large_dir(FILES, |i| data(2000, i as u64));
     let cfg = FsConfig {
         chunk_memory: 1 << 20,
         ..FsConfig::default()
     };
     let fs = fs_over(src.path(), cfg, 64 << 10).await;
-    let (dir, _) = fs.lookup(ROOT_INO, b"big").await.unwrap();
-    let fh = fs.opendir(dir).await.unwrap();
-    let listed = read_all(&fs, dir, fh, 512, true);
+    let (dir, fh, listed) = open_big(&fs).await;
     let mut names: Vec<_> = listed
         .iter()
         .filter(|e| e.kind == FileKind::File)
