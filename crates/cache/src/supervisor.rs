@@ -162,6 +162,9 @@ impl MirrorSupervisor {
         loop {
             let engine = MirrorConfig {
                 bwlimit,
+                // Beside readers: the listings a standalone mirror keeps in flight to fill
+                // a WAN (256) are not needed by a mirror that yields to them.
+                listings_in_flight: 64,
                 ..MirrorConfig::default()
             };
             let m = Mirror::new(

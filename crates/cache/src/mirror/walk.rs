@@ -38,9 +38,6 @@ const RUNS_IN_FLIGHT: usize = 32;
 /// Lists the tree, creates directories and symlinks, runs file jobs. Returns every
 /// directory (relative path, attributes), root included, for their metadata.
 pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> {
-    ctx.owners
-        .learn(&ctx.client, std::iter::once(&root_attr))
-        .await;
     let mut dirs = vec![(Bytes::new(), root_attr)];
     let mut links = Links::default();
     let mut pending: Vec<Bytes> = vec![Bytes::new()];
@@ -79,6 +76,13 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
             // directory in turn adds up.
             super::xattrs::XattrMap::prefetch(ctx, &rel);
             listings.spawn(async move {
+                if rel.is_empty() {
+                    // The root's owner is learned beside its listing, not a round trip
+                    // before it (its metadata is set last).
+                    let learn = c.owners.learn(&c.client, std::iter::once(&root_attr));
+                    let (r, ()) = tokio::join!(list(&c, &rel, with_data), learn);
+                    return (rel, r);
+                }
                 let r = list(&c, &rel, with_data).await;
                 (rel, r)
             });
