@@ -301,3 +301,38 @@ fn a_renamed_destination_is_taken_as_it_is_and_a_file_edited_in_it_is_fetched_ag
         "fetched {fetched}: big-b (3 MiB) and the small files, not big-a: {s}"
     );
 }
+
+#[test]
+fn a_remote_root_that_is_a_file_or_missing_gets_a_one_line_error_and_the_server_serves_on() {
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("a"), 1000, 1);
+    std::fs::create_dir(src.path().join("d")).unwrap();
+    write_random(&src.path().join("d/b"), 300_000, 2);
+    let server = TestServer::start(src.path());
+    // The root's listing is asked for beside its Stat: for a file or a missing path it is
+    // dropped, and the Stat's answer is what the user reads.
+    for (path, want) in [("/a", "is not a directory"), ("/missing", "/missing")] {
+        let dst = tempfile::tempdir().unwrap();
+        let out = ferry_tests::ferry()
+            .arg("mirror")
+            .arg(format!("{}:{path}", server.addr))
+            .arg(dst.path())
+            .arg("--quiet")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{path}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{path}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(!dst.path().join("a").exists() && !dst.path().join("b").exists());
+    }
+    let dst = tempfile::tempdir().unwrap();
+    run(ferry_tests::ferry()
+        .arg("mirror")
+        .arg(format!("{}:/d", server.addr))
+        .arg(dst.path())
+        .arg("--quiet"));
+    run(Command::new("cmp")
+        .arg(src.path().join("d/b"))
+        .arg(dst.path().join("b")));
+}

@@ -264,6 +264,9 @@ impl Mirror {
             ":/"
         };
         let root_name = format!("{}{sep}{}", self.label, String::from_utf8_lossy(&self.root));
+        let known = walk::known_dirs(&self.cache);
+        // The root's listing is asked for beside its Stat, not a round trip after it.
+        let root_listing = walk::RootListing::start(&self.client, self.root.clone(), &known);
         let root_attr =
             self.client
                 .stat(self.root.clone())
@@ -331,7 +334,7 @@ impl Mirror {
             self.label.clone(),
         );
 
-        let dirs = walk(&ctx, root_attr).await;
+        let dirs = walk(&ctx, root_attr, known, root_listing).await;
 
         // Directory metadata last, deepest first: creating entries changes a directory's
         // mtime.

@@ -7,8 +7,10 @@
 //! resume fetches only what is missing).
 //!
 //! Invariants: a directory exists locally before anything is created in it (its listing is
-//! asked for only once it is made); the state folder's name at the top level is never
-//! mirrored.
+//! asked for only once it is made; the root's is asked for beside the Stat of the root, and
+//! handled once the root is made); the state folder's name at the top level is never
+//! mirrored. Owners' names are learned while a listing's subdirectories are made and their
+//! listings asked for; only the files' jobs, which set owners, wait for them.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -18,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use ferry_client::{
-    is_small_file, small_file_runs, ClientError, Listed, Run, SmallFile, SMALL_FILE_MAX,
+    is_small_file, small_file_runs, Client, ClientError, Listed, Run, SmallFile, SMALL_FILE_MAX,
 };
 use ferry_proto::name::join;
 use ferry_proto::{features, Attr, DirEntry, FileKind};
@@ -29,6 +31,7 @@ use super::file::copy_file;
 use super::metadata::{local_stamp, set_metadata};
 use super::{remote_path, Ctx};
 use crate::background;
+use crate::state::CacheDir;
 
 /// Runs of small files fetched at once ([`ferry_client::small_file_runs`]): with
 /// [`ferry_client::RUN_BYTES`] each, the most their contents hold in memory before they are
@@ -37,23 +40,26 @@ const RUNS_IN_FLIGHT: usize = 32;
 
 /// Lists the tree, creates directories and symlinks, runs file jobs. Returns every
 /// directory (relative path, attributes), root included, for their metadata.
-pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> {
+///
+/// `first`: the root's listing, asked for beside the Stat of the root ([`RootListing`]);
+/// `known`: [`known_dirs`].
+pub(super) async fn walk(
+    ctx: &Arc<Ctx>,
+    root_attr: Attr,
+    known: Arc<HashSet<Bytes>>,
+    first: RootListing,
+) -> Vec<(Bytes, Attr)> {
     let mut dirs = vec![(Bytes::new(), root_attr)];
     let mut links = Links::default();
-    let mut pending: Vec<Bytes> = vec![Bytes::new()];
-    let mut listings = tokio::task::JoinSet::new();
+    let mut asker = Asker {
+        pending: vec![Bytes::new()],
+        listings: tokio::task::JoinSet::new(),
+        first: Some(first),
+        known: known.clone(),
+    };
     let mut jobs = tokio::task::JoinSet::new();
     let files = Arc::new(Semaphore::new(ctx.cfg.files_in_flight.max(1)));
     let runs = Arc::new(Semaphore::new(RUNS_IN_FLIGHT));
-    // Directories where an earlier run left files: listed without contents, as most of
-    // those files are likely complete here already (resume fetches only what is missing).
-    let known: Arc<HashSet<Bytes>> = Arc::new(
-        ctx.cache
-            .all()
-            .into_iter()
-            .map(|(rel, _)| ferry_proto::name::split(&rel).0)
-            .collect(),
-    );
     let root = ctx.cache.local_path(b"");
     let made = background::run(move || make_dir(&root))
         .await
@@ -64,30 +70,12 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
         return dirs;
     }
     let dir_data = ctx.client.session().features & features::DIR_DATA != 0;
+    // The root's owner is learned beside its first listing's processing, not a round
+    // trip before it (its metadata is set last).
+    let mut first_owner = Some(root_attr);
     loop {
-        while listings.len() < ctx.cfg.listings_in_flight.max(1) {
-            let Some(rel) = pending.pop() else { break };
-            let c = ctx.clone();
-            // Where an earlier run left files, listed without contents: most of those
-            // files are likely complete here already (resume fetches only what is missing).
-            let with_data = dir_data && !known.contains(&rel);
-            // The entries' extended attributes are asked for beside the listing, not after
-            // it: their files' metadata waits for them, and on a WAN a round trip per
-            // directory in turn adds up.
-            super::xattrs::XattrMap::prefetch(ctx, &rel);
-            listings.spawn(async move {
-                if rel.is_empty() {
-                    // The root's owner is learned beside its listing, not a round trip
-                    // before it (its metadata is set last).
-                    let learn = c.owners.learn(&c.client, std::iter::once(&root_attr));
-                    let (r, ()) = tokio::join!(list(&c, &rel, with_data), learn);
-                    return (rel, r);
-                }
-                let r = list(&c, &rel, with_data).await;
-                (rel, r)
-            });
-        }
-        let Some(done) = listings.join_next().await else {
+        asker.ask(ctx);
+        let Some(done) = asker.listings.join_next().await else {
             break;
         };
         let Ok((rel, listing)) = done else { continue };
@@ -99,33 +87,46 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
                 continue;
             }
         };
-        ctx.owners
-            .learn(&ctx.client, entries.iter().map(|e| &e.attr))
-            .await;
-        if ctx.cfg.delete {
-            delete_extras(ctx, &rel, &entries).await;
-        }
-        let made = make_dirs(ctx, &rel, &entries).await;
+        // The owners' names (a round trip when new ones appear, as at the root) are
+        // learned while the subdirectories are made and their listings asked for: only
+        // the files' metadata waits for them.
+        let root_owner = first_owner.take();
+        let learn = ctx.owners.learn(
+            &ctx.client,
+            root_owner.iter().chain(entries.iter().map(|e| &e.attr)),
+        );
+        let subdirs = async {
+            if ctx.cfg.delete {
+                delete_extras(ctx, &rel, &entries).await;
+            }
+            let made = make_dirs(ctx, &rel, &entries).await;
+            for (e, made) in entries.iter().zip(made) {
+                let Some(made) = made else { continue };
+                let child = Bytes::from(join(&rel, &e.name));
+                match made {
+                    Ok(()) => {
+                        asker.pending.push(child.clone());
+                        dirs.push((child, e.attr));
+                        ctx.progress.others_done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(err) => ctx
+                        .progress
+                        .error(format!("{}: {err}", ctx.cache.local_path(&child).display())),
+                }
+            }
+            asker.ask(ctx);
+        };
+        tokio::join!(learn, subdirs);
         // Small files came with the listing's first page, or come in runs of ReadDirData
         // (a few round trips per directory, not one per file), except where an earlier run
         // left files (most are complete here already: a resume fetches only what is
         // missing).
         let with_runs = dir_data && !known.contains(&rel);
         let mut in_runs = vec![false; entries.len()];
-        for (i, (e, made)) in entries.iter().zip(made).enumerate() {
+        for (i, e) in entries.iter().enumerate() {
             let child = Bytes::from(join(&rel, &e.name));
             match e.attr.kind {
-                FileKind::Directory => {
-                    let local = ctx.cache.local_path(&child);
-                    match made.unwrap_or_else(|| Err(std::io::Error::other("not created"))) {
-                        Ok(()) => {
-                            pending.push(child.clone());
-                            dirs.push((child, e.attr));
-                            ctx.progress.others_done.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(err) => ctx.progress.error(format!("{}: {err}", local.display())),
-                    }
-                }
+                FileKind::Directory => {} // made above
                 FileKind::File if e.attr.nlink > 1 && !links.first(&child, &e.attr) => {
                     // Another name of a file met already: linked to it at the end.
                     ctx.progress.files_total.fetch_add(1, Ordering::Relaxed);
@@ -185,6 +186,48 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
     dirs
 }
 
+/// Asks for the listings of the directories found (at most `listings_in_flight` at once).
+struct Asker {
+    /// Directories made and not listed yet.
+    pending: Vec<Bytes>,
+    listings: tokio::task::JoinSet<(Bytes, Result<Listing, ClientError>)>,
+    /// The root's listing, asked for before the walk started.
+    first: Option<RootListing>,
+    /// [`known_dirs`].
+    known: Arc<HashSet<Bytes>>,
+}
+
+impl Asker {
+    fn ask(&mut self, ctx: &Arc<Ctx>) {
+        let dir_data = ctx.client.session().features & features::DIR_DATA != 0;
+        while self.listings.len() < ctx.cfg.listings_in_flight.max(1) {
+            let Some(rel) = self.pending.pop() else { break };
+            let c = ctx.clone();
+            // Where an earlier run left files, listed without contents: most of those
+            // files are likely complete here already (resume fetches only what is missing).
+            let with_data = dir_data && !self.known.contains(&rel);
+            // The entries' extended attributes are asked for beside the listing, not after
+            // it: their files' metadata waits for them, and on a WAN a round trip per
+            // directory in turn adds up.
+            super::xattrs::XattrMap::prefetch(ctx, &rel);
+            let asked = if rel.is_empty() {
+                self.first.take()
+            } else {
+                None
+            };
+            self.listings.spawn(async move {
+                let r = match asked {
+                    Some(mut root) => (&mut root.0).await.unwrap_or_else(|e| {
+                        Err(ClientError::Protocol(format!("the root's listing: {e}")))
+                    }),
+                    None => list(&c.client, remote_path(&c.root, &rel), with_data).await,
+                };
+                (rel, r)
+            });
+        }
+    }
+}
+
 /// The listing of directory `rel`. With `with_data` its first page is a ReadDirData: a
 /// directory of a few hundred KiB of small files comes whole, contents and all, in one round
 /// trip, instead of a listing and then runs (two round trips at least: on a WAN the walk
@@ -192,17 +235,11 @@ pub(super) async fn walk(ctx: &Arc<Ctx>, root_attr: Attr) -> Vec<(Bytes, Attr)> 
 /// The rest of a longer listing comes in plain pages; its small files then come in runs.
 /// Returns the entries and the contents that came, by name (each of the version its entry
 /// says).
-async fn list(
-    ctx: &Ctx,
-    rel: &Bytes,
-    with_data: bool,
-) -> Result<(Vec<DirEntry>, HashMap<Bytes, SmallFile>), ClientError> {
-    let remote = remote_path(&ctx.root, rel);
+async fn list(client: &Client, remote: Bytes, with_data: bool) -> Result<Listing, ClientError> {
     if !with_data {
-        return Ok((ctx.client.read_dir(remote).await?, HashMap::new()));
+        return Ok((client.read_dir(remote).await?, HashMap::new()));
     }
-    let (page, eof) = ctx
-        .client
+    let (page, eof) = client
         .read_dir_data(remote.clone(), 0, FIRST_PAGE_ENTRIES, SMALL_FILE_MAX)
         .await?;
     let mut came = HashMap::new();
@@ -216,9 +253,50 @@ async fn list(
     if !eof {
         // A page without entries is no progress: the plain listing from the start.
         let after = entries.last().map_or(0, |e| e.cookie);
-        entries.extend(ctx.client.read_dir_from(remote, after).await?);
+        entries.extend(client.read_dir_from(remote, after).await?);
     }
     Ok((entries, came))
+}
+
+/// A directory's entries and the contents of small files that came with them, by name.
+type Listing = (Vec<DirEntry>, HashMap<Bytes, SmallFile>);
+
+/// The root's listing, asked for before the walk starts: beside the Stat of the root that
+/// tells whether it is a directory at all (a round trip less at the start; dropped,
+/// unanswered, when the root is no directory).
+pub(super) struct RootListing(tokio::task::JoinHandle<Result<Listing, ClientError>>);
+
+impl Drop for RootListing {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl RootListing {
+    /// Asks for the listing of `root` (remote path) as the walk would: with the contents
+    /// of its small files when the server sends them and no earlier run left files in it
+    /// (`known`, [`known_dirs`]).
+    pub(super) fn start(client: &Client, root: Bytes, known: &HashSet<Bytes>) -> RootListing {
+        let with_data =
+            client.session().features & features::DIR_DATA != 0 && !known.contains(b"".as_ref());
+        let client = client.clone();
+        RootListing(tokio::spawn(
+            async move { list(&client, root, with_data).await },
+        ))
+    }
+}
+
+/// Directories where an earlier run left files (relative paths): listed without contents,
+/// as most of those files are likely complete here already (resume fetches only what is
+/// missing).
+pub(super) fn known_dirs(cache: &CacheDir) -> Arc<HashSet<Bytes>> {
+    Arc::new(
+        cache
+            .all()
+            .into_iter()
+            .map(|(rel, _)| ferry_proto::name::split(&rel).0)
+            .collect(),
+    )
 }
 
 /// Entries asked for in a listing's first page (ReadDirData): the server ends the page
