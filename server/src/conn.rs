@@ -201,9 +201,26 @@ pub(crate) async fn refuse_busy(mut tcp: tokio::net::TcpStream) {
         tcp.read_exact(&mut pre).await?;
         tcp.write_all(&preamble::server_preamble(Err(Refusal::Busy)))
             .await?;
-        tcp.shutdown().await
+        tcp.shutdown().await?;
+        drain(&mut tcp).await;
+        Ok::<(), std::io::Error>(())
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
+}
+
+/// After a refusal, sent and shut down: reads what the client sent behind its preamble (a
+/// plain client's Hello comes in the same segment, PROTOCOL.md §3) until it closes, at
+/// most 64 KiB. A socket closed with unread bytes is reset, and a reset can reach the
+/// client before it read the refusal, which then reads as a connection lost.
+async fn drain(tcp: &mut tokio::net::TcpStream) {
+    let mut sink = [0u8; 4096];
+    let mut left = 64usize << 10;
+    while left > 0 {
+        match tcp.read(&mut sink).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
 }
 
 /// Reads the client's preamble and answers it: the transport to go on with, or `None`
@@ -225,6 +242,9 @@ async fn answer_preamble(
         Ok(t) => Ok(Some(t)),
         Err(refusal) => {
             info!("refused a client: {refusal}");
+            tcp.shutdown().await?;
+            // Within a second, and within the handshake's deadline around this.
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain(tcp)).await;
             Ok(None)
         }
     }

@@ -84,10 +84,42 @@ async fn open_stream_once(cfg: &ClientConfig) -> Result<Opened, ClientError> {
     } else {
         Transport::Plain
     };
-    stream
-        .write_all(&preamble::client_preamble(asked))
-        .await
-        .map_err(io_err)?;
+    let auth = match &cfg.token {
+        Some(token) => {
+            let mut client_nonce = [0u8; 32];
+            rustls::crypto::ring::default_provider()
+                .secure_random
+                .fill(&mut client_nonce)
+                .map_err(|_| ClientError::NoRandom { addr: addr.clone() })?;
+            Some(ClientAuth {
+                token: token.clone(),
+                client_nonce,
+            })
+        }
+        None => None,
+    };
+    let mut machine = ClientHandshake::new(ClientParams {
+        chunk_size: cfg.chunk_size,
+        // Asked for no compression: the server is not offered any (an older one then
+        // never compresses either).
+        features: if cfg.compression == CompressionChoice::Fixed(Compression::None) {
+            features::ALL & !features::LZ4 & !features::ZSTD
+        } else {
+            features::ALL
+        },
+        client_name: cfg.client_name.clone(),
+        auth,
+    });
+    // On plain TCP the Hello goes right behind the preamble, in the same segment: the
+    // server reads exactly its 8 bytes first (PROTOCOL.md §3), and a round trip is saved
+    // on every connection. With TLS the handshake has to wait for the server's preamble.
+    let mut first = preamble::client_preamble(asked).to_vec();
+    if asked == Transport::Plain {
+        if let Some(hello) = machine.take_output() {
+            first.extend_from_slice(&hello);
+        }
+    }
+    stream.write_all(&first).await.map_err(io_err)?;
     let mut pre = [0u8; PREAMBLE_LEN];
     stream
         .read_exact(&mut pre)
@@ -120,32 +152,6 @@ async fn open_stream_once(cfg: &ClientConfig) -> Result<Opened, ClientError> {
         }
     };
 
-    let auth = match &cfg.token {
-        Some(token) => {
-            let mut client_nonce = [0u8; 32];
-            rustls::crypto::ring::default_provider()
-                .secure_random
-                .fill(&mut client_nonce)
-                .map_err(|_| ClientError::NoRandom { addr: addr.clone() })?;
-            Some(ClientAuth {
-                token: token.clone(),
-                client_nonce,
-            })
-        }
-        None => None,
-    };
-    let mut machine = ClientHandshake::new(ClientParams {
-        chunk_size: cfg.chunk_size,
-        // Asked for no compression: the server is not offered any (an older one then
-        // never compresses either).
-        features: if cfg.compression == CompressionChoice::Fixed(Compression::None) {
-            features::ALL & !features::LZ4 & !features::ZSTD
-        } else {
-            features::ALL
-        },
-        client_name: cfg.client_name.clone(),
-        auth,
-    });
     let mut buf = BytesMut::with_capacity(4096);
     loop {
         if let Some(out) = machine.take_output() {
@@ -182,5 +188,60 @@ async fn open_stream_once(cfg: &ClientConfig) -> Result<Opened, ClientError> {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests may panic on setup failures
+
+    use super::*;
+
+    /// On plain TCP the Hello comes behind the preamble before the server said anything (a
+    /// round trip saved per connection), and a refusal sent after it is still read as such.
+    #[tokio::test]
+    async fn a_plain_client_sends_its_hello_behind_its_preamble_and_reads_a_refusal() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            // The preamble (8 bytes) and a whole Hello frame (a 4-byte length, then the
+            // frame), all before this side sends a byte.
+            let hello = async {
+                let mut got = vec![0u8; PREAMBLE_LEN + 4];
+                tcp.read_exact(&mut got).await.unwrap();
+                let len = u32::from_be_bytes(got[PREAMBLE_LEN..].try_into().unwrap()) as usize;
+                let mut frame = vec![0u8; len];
+                tcp.read_exact(&mut frame).await.unwrap();
+                (got, frame)
+            };
+            let (got, frame) = tokio::time::timeout(std::time::Duration::from_secs(10), hello)
+                .await
+                .expect("the Hello came behind the preamble, unasked");
+            tcp.write_all(&preamble::server_preamble(Err(Refusal::TlsRequired)))
+                .await
+                .unwrap();
+            tcp.shutdown().await.unwrap();
+            (got, frame)
+        });
+        let cfg = ClientConfig {
+            addr,
+            ..Default::default()
+        };
+        let e = open_stream_once(&cfg).await.err().unwrap();
+        let (got, frame) = server.await.unwrap();
+        assert_eq!(&got[..5], b"FERRY");
+        assert_eq!(got[6], 0, "plain transport");
+        assert_eq!(frame[0], 0x01, "a Hello frame: {frame:?}");
+        assert!(
+            matches!(
+                e,
+                ClientError::Preamble {
+                    source: preamble::PreambleError::Refused(Refusal::TlsRequired),
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }
