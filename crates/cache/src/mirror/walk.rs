@@ -24,6 +24,7 @@ use ferry_client::{
 };
 use ferry_proto::name::join;
 use ferry_proto::{features, Attr, DirEntry, FileKind};
+use ferry_util::AbortOnDrop;
 use tokio::sync::Semaphore;
 use tracing::debug;
 
@@ -217,7 +218,7 @@ impl Asker {
             };
             self.listings.spawn(async move {
                 let r = match asked {
-                    Some(mut root) => (&mut root.0).await.unwrap_or_else(|e| {
+                    Some(mut root) => (&mut root.0 .0).await.unwrap_or_else(|e| {
                         Err(ClientError::Protocol(format!("the root's listing: {e}")))
                     }),
                     None => list(&c.client, remote_path(&c.root, &rel), with_data).await,
@@ -264,13 +265,7 @@ type Listing = (Vec<DirEntry>, HashMap<Bytes, SmallFile>);
 /// The root's listing, asked for before the walk starts: beside the Stat of the root that
 /// tells whether it is a directory at all (a round trip less at the start; dropped,
 /// unanswered, when the root is no directory).
-pub(super) struct RootListing(tokio::task::JoinHandle<Result<Listing, ClientError>>);
-
-impl Drop for RootListing {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
+pub(super) struct RootListing(AbortOnDrop<Result<Listing, ClientError>>);
 
 impl RootListing {
     /// Asks for the listing of `root` (remote path) as the walk would: with the contents
@@ -280,9 +275,9 @@ impl RootListing {
         let with_data =
             client.session().features & features::DIR_DATA != 0 && !known.contains(b"".as_ref());
         let client = client.clone();
-        RootListing(tokio::spawn(
-            async move { list(&client, root, with_data).await },
-        ))
+        RootListing(AbortOnDrop(tokio::spawn(async move {
+            list(&client, root, with_data).await
+        })))
     }
 }
 
