@@ -110,9 +110,10 @@ async fn open_stream_once(cfg: &ClientConfig) -> Result<Opened, ClientError> {
         client_name: cfg.client_name.clone(),
         auth,
     });
-    // On plain TCP the Hello goes right behind the preamble, in the same segment: the
-    // server reads exactly its 8 bytes first (PROTOCOL.md §3), and a round trip is saved
-    // on every connection. With TLS the handshake has to wait for the server's preamble.
+    // What follows the preamble goes in the same segment, without waiting for the
+    // server's (PROTOCOL.md §3): on plain TCP the Hello, with TLS its ClientHello. The
+    // server reads exactly the 8 bytes of the preamble first, and a round trip is saved on
+    // every connection.
     let mut first = preamble::client_preamble(asked).to_vec();
     if asked == Transport::Plain {
         if let Some(hello) = machine.take_output() {
@@ -120,33 +121,47 @@ async fn open_stream_once(cfg: &ClientConfig) -> Result<Opened, ClientError> {
         }
     }
     stream.write_all(&first).await.map_err(io_err)?;
-    let mut pre = [0u8; PREAMBLE_LEN];
-    stream
-        .read_exact(&mut pre)
-        .await
-        .map_err(|e| ClientError::PreambleClosed {
+    let preamble_err = |e: io::Error| match preamble_failure(&e) {
+        Some(source) => ClientError::Preamble {
+            addr: addr.clone(),
+            source,
+        },
+        None => ClientError::PreambleClosed {
             addr: addr.clone(),
             source: Arc::new(e),
-        })?;
-    preamble::parse_server_preamble(&pre, asked).map_err(|source| ClientError::Preamble {
-        addr: addr.clone(),
-        source,
-    })?;
+        },
+    };
     let tls_err = |source: TlsError| ClientError::Tls {
         addr: addr.clone(),
         source,
     };
     let (mut rd, mut wr): Halves = match &cfg.tls {
         None => {
+            let mut pre = [0u8; PREAMBLE_LEN];
+            stream.read_exact(&mut pre).await.map_err(preamble_err)?;
+            preamble::parse_server_preamble(&pre, asked).map_err(|source| {
+                ClientError::Preamble {
+                    addr: addr.clone(),
+                    source,
+                }
+            })?;
             let (r, w) = stream.into_split();
             (Box::new(r), Box::new(w))
         }
         Some(tls) => {
             let name = tls::server_name(addr).map_err(tls_err)?;
+            // The TLS handshake starts at once; the server's preamble is read (and checked)
+            // in front of its first TLS bytes.
             let s = tokio_rustls::TlsConnector::from(tls.config.clone())
-                .connect(name, stream)
+                .connect(name, PreambleFirst::new(stream, asked))
                 .await
-                .map_err(|e| tls_err(TlsError::Handshake(Arc::new(e))))?;
+                .map_err(|e| {
+                    if e.get_ref().is_some_and(|x| x.is::<PreambleFailed>()) {
+                        preamble_err(e)
+                    } else {
+                        tls_err(TlsError::Handshake(Arc::new(e)))
+                    }
+                })?;
             let (r, w) = tokio::io::split(s);
             (Box::new(r), Box::new(w))
         }
@@ -188,6 +203,103 @@ async fn open_stream_once(cfg: &ClientConfig) -> Result<Opened, ClientError> {
                 })
             }
         }
+    }
+}
+
+/// The server's preamble was no acceptance (a refusal or malformed), or (`None`) the
+/// server closed before its 8 bytes ([`PreambleFirst`]).
+#[derive(Debug, thiserror::Error)]
+struct PreambleFailed(Option<preamble::PreambleError>);
+
+impl std::fmt::Display for PreambleFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(e) => e.fmt(f),
+            None => f.write_str("closed before its preamble"),
+        }
+    }
+}
+
+/// The refusal or malformed preamble an I/O error carries, if it is one.
+fn preamble_failure(e: &io::Error) -> Option<preamble::PreambleError> {
+    e.get_ref()
+        .and_then(|x| x.downcast_ref::<PreambleFailed>())
+        .and_then(|p| p.0.clone())
+}
+
+/// A connection whose first 8 bytes read are the server's preamble, taken and checked
+/// before anything is handed on: the TLS handshake starts without waiting for it. A refusal
+/// or a malformed preamble, or the server closing before its 8 bytes, is an error carrying
+/// [`PreambleFailed`].
+struct PreambleFirst<S> {
+    inner: S,
+    asked: Transport,
+    pre: [u8; PREAMBLE_LEN],
+    got: usize,
+}
+
+impl<S> PreambleFirst<S> {
+    fn new(inner: S, asked: Transport) -> Self {
+        PreambleFirst {
+            inner,
+            asked,
+            pre: [0; PREAMBLE_LEN],
+            got: 0,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for PreambleFirst<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        use std::task::Poll;
+        let me = self.get_mut();
+        while me.got < PREAMBLE_LEN {
+            let mut rest = tokio::io::ReadBuf::new(&mut me.pre[me.got..]);
+            match std::pin::Pin::new(&mut me.inner).poll_read(cx, &mut rest) {
+                Poll::Ready(Ok(())) if rest.filled().is_empty() => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        PreambleFailed(None),
+                    )));
+                }
+                Poll::Ready(Ok(())) => me.got += rest.filled().len(),
+                other => return other,
+            }
+            if me.got == PREAMBLE_LEN {
+                if let Err(e) = preamble::parse_server_preamble(&me.pre, me.asked) {
+                    return Poll::Ready(Err(io::Error::other(PreambleFailed(Some(e)))));
+                }
+            }
+        }
+        std::pin::Pin::new(&mut me.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for PreambleFirst<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
@@ -238,6 +350,63 @@ mod tests {
                 e,
                 ClientError::Preamble {
                     source: preamble::PreambleError::Refused(Refusal::TlsRequired),
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    /// With TLS the ClientHello comes behind the preamble before the server said anything,
+    /// and the server's preamble, read in front of its TLS bytes, still decides: a refusal
+    /// is reported as one, not as a TLS failure.
+    #[tokio::test]
+    async fn a_tls_client_starts_its_handshake_behind_its_preamble_and_reads_a_refusal() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let hello = async {
+                let mut got = vec![0u8; PREAMBLE_LEN + 3];
+                tcp.read_exact(&mut got).await.unwrap();
+                got
+            };
+            let got = tokio::time::timeout(std::time::Duration::from_secs(10), hello)
+                .await
+                .expect("the ClientHello came behind the preamble, unasked");
+            tcp.write_all(&preamble::server_preamble(Err(Refusal::TlsUnavailable)))
+                .await
+                .unwrap();
+            tcp.shutdown().await.unwrap();
+            // Read what else the client sends until it closes (as ferryd does after a
+            // refusal), so the close is not a reset.
+            let mut rest = Vec::new();
+            let _ = tcp.read_to_end(&mut rest).await;
+            got
+        });
+        let tls = crate::tls::TlsClient::new(&crate::tls::TlsOptions {
+            ca: None,
+            fingerprint: Some([7; 32]),
+            cert: None,
+            key: None,
+        })
+        .unwrap();
+        let cfg = ClientConfig {
+            addr,
+            tls: Some(tls),
+            ..Default::default()
+        };
+        let e = open_stream_once(&cfg).await.err().unwrap();
+        let got = server.await.unwrap();
+        assert_eq!(&got[..5], b"FERRY");
+        assert_eq!(got[6], 1, "TLS transport");
+        // A TLS record of the handshake type (the ClientHello), version 3.x.
+        assert_eq!(&got[PREAMBLE_LEN..], &[0x16, 0x03, got[PREAMBLE_LEN + 2]]);
+        assert!(
+            matches!(
+                e,
+                ClientError::Preamble {
+                    source: preamble::PreambleError::Refused(Refusal::TlsUnavailable),
                     ..
                 }
             ),
