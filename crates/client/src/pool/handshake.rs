@@ -309,42 +309,49 @@ mod tests {
 
     use super::*;
 
-    /// On plain TCP the Hello comes behind the preamble before the server said anything (a
-    /// round trip saved per connection), and a refusal sent after it is still read as such.
-    #[tokio::test]
-    async fn a_plain_client_sends_its_hello_behind_its_preamble_and_reads_a_refusal() {
+    /// Bytes the fake server waits for before it answers: the preamble and the first 5
+    /// bytes behind it (a frame's length and type, or a TLS record's header).
+    const FIRST: usize = PREAMBLE_LEN + 5;
+
+    /// A server that says nothing until it has read [`FIRST`] bytes (within 10 s: what
+    /// follows the preamble must come unasked), then refuses with `refusal`, shuts down and
+    /// reads on until the client closes (as ferryd does, so the close is not a reset). Its
+    /// address, and the bytes it waited for.
+    async fn refusing_after_first(refusal: Refusal) -> (String, tokio::task::JoinHandle<Vec<u8>>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let server = tokio::spawn(async move {
             let (mut tcp, _) = listener.accept().await.unwrap();
-            // The preamble (8 bytes) and a whole Hello frame (a 4-byte length, then the
-            // frame), all before this side sends a byte.
-            let hello = async {
-                let mut got = vec![0u8; PREAMBLE_LEN + 4];
-                tcp.read_exact(&mut got).await.unwrap();
-                let len = u32::from_be_bytes(got[PREAMBLE_LEN..].try_into().unwrap()) as usize;
-                let mut frame = vec![0u8; len];
-                tcp.read_exact(&mut frame).await.unwrap();
-                (got, frame)
-            };
-            let (got, frame) = tokio::time::timeout(std::time::Duration::from_secs(10), hello)
+            let mut got = vec![0u8; FIRST];
+            tokio::time::timeout(std::time::Duration::from_secs(10), tcp.read_exact(&mut got))
                 .await
-                .expect("the Hello came behind the preamble, unasked");
-            tcp.write_all(&preamble::server_preamble(Err(Refusal::TlsRequired)))
+                .expect("what follows the preamble came unasked")
+                .unwrap();
+            tcp.write_all(&preamble::server_preamble(Err(refusal)))
                 .await
                 .unwrap();
             tcp.shutdown().await.unwrap();
-            (got, frame)
+            let _ = tcp.read_to_end(&mut Vec::new()).await;
+            got
         });
+        (addr, server)
+    }
+
+    /// On plain TCP the Hello comes behind the preamble before the server said anything (a
+    /// round trip saved per connection), and a refusal sent after it is still read as such.
+    #[tokio::test]
+    async fn a_plain_client_sends_its_hello_behind_its_preamble_and_reads_a_refusal() {
+        let (addr, server) = refusing_after_first(Refusal::TlsRequired).await;
         let cfg = ClientConfig {
             addr,
             ..Default::default()
         };
         let e = open_stream_once(&cfg).await.err().unwrap();
-        let (got, frame) = server.await.unwrap();
+        let got = server.await.unwrap();
         assert_eq!(&got[..5], b"FERRY");
         assert_eq!(got[6], 0, "plain transport");
-        assert_eq!(frame[0], 0x01, "a Hello frame: {frame:?}");
+        // A frame's 4-byte length, then its type: Hello.
+        assert_eq!(got[PREAMBLE_LEN + 4], 0x01, "a Hello frame: {got:?}");
         assert!(
             matches!(
                 e,
@@ -362,28 +369,7 @@ mod tests {
     /// is reported as one, not as a TLS failure.
     #[tokio::test]
     async fn a_tls_client_starts_its_handshake_behind_its_preamble_and_reads_a_refusal() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let server = tokio::spawn(async move {
-            let (mut tcp, _) = listener.accept().await.unwrap();
-            let hello = async {
-                let mut got = vec![0u8; PREAMBLE_LEN + 3];
-                tcp.read_exact(&mut got).await.unwrap();
-                got
-            };
-            let got = tokio::time::timeout(std::time::Duration::from_secs(10), hello)
-                .await
-                .expect("the ClientHello came behind the preamble, unasked");
-            tcp.write_all(&preamble::server_preamble(Err(Refusal::TlsUnavailable)))
-                .await
-                .unwrap();
-            tcp.shutdown().await.unwrap();
-            // Read what else the client sends until it closes (as ferryd does after a
-            // refusal), so the close is not a reset.
-            let mut rest = Vec::new();
-            let _ = tcp.read_to_end(&mut rest).await;
-            got
-        });
+        let (addr, server) = refusing_after_first(Refusal::TlsUnavailable).await;
         let tls = crate::tls::TlsClient::new(&crate::tls::TlsOptions {
             ca: None,
             fingerprint: Some([7; 32]),
@@ -401,7 +387,7 @@ mod tests {
         assert_eq!(&got[..5], b"FERRY");
         assert_eq!(got[6], 1, "TLS transport");
         // A TLS record of the handshake type (the ClientHello), version 3.x.
-        assert_eq!(&got[PREAMBLE_LEN..], &[0x16, 0x03, got[PREAMBLE_LEN + 2]]);
+        assert_eq!(&got[PREAMBLE_LEN..PREAMBLE_LEN + 2], &[0x16, 0x03]);
         assert!(
             matches!(
                 e,
