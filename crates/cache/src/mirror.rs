@@ -264,7 +264,7 @@ impl Mirror {
             ":/"
         };
         let root_name = format!("{}{sep}{}", self.label, String::from_utf8_lossy(&self.root));
-        let known = walk::known_dirs(&self.cache);
+        let known = walk::Known::of(&self.cache);
         // The root's listing is asked for beside its Stat, not a round trip after it.
         let root_listing = walk::RootListing::start(&self.client, self.root.clone(), &known);
         let root_attr =

@@ -43,11 +43,11 @@ const RUNS_IN_FLIGHT: usize = 32;
 /// directory (relative path, attributes), root included, for their metadata.
 ///
 /// `first`: the root's listing, asked for beside the Stat of the root ([`RootListing`]);
-/// `known`: [`known_dirs`].
+/// `known`: [`Known`].
 pub(super) async fn walk(
     ctx: &Arc<Ctx>,
     root_attr: Attr,
-    known: Arc<HashSet<Bytes>>,
+    known: Known,
     first: RootListing,
 ) -> Vec<(Bytes, Attr)> {
     let mut dirs = vec![(Bytes::new(), root_attr)];
@@ -56,7 +56,7 @@ pub(super) async fn walk(
         pending: vec![Bytes::new()],
         listings: tokio::task::JoinSet::new(),
         first: Some(first),
-        known: known.clone(),
+        known,
     };
     let mut jobs = tokio::task::JoinSet::new();
     let files = Arc::new(Semaphore::new(ctx.cfg.files_in_flight.max(1)));
@@ -70,7 +70,6 @@ pub(super) async fn walk(
             .error(format!("{}: {e}", ctx.cache.root().display()));
         return dirs;
     }
-    let dir_data = ctx.client.session().features & features::DIR_DATA != 0;
     // The root's owner is learned beside its first listing's processing, not a round
     // trip before it (its metadata is set last).
     let mut first_owner = Some(root_attr);
@@ -122,7 +121,7 @@ pub(super) async fn walk(
         // (a few round trips per directory, not one per file), except where an earlier run
         // left files (most are complete here already: a resume fetches only what is
         // missing).
-        let with_runs = dir_data && !known.contains(&rel);
+        let with_runs = asker.known.with_contents(&ctx.client, &rel);
         let mut in_runs = vec![false; entries.len()];
         for (i, e) in entries.iter().enumerate() {
             let child = Bytes::from(join(&rel, &e.name));
@@ -194,19 +193,15 @@ struct Asker {
     listings: tokio::task::JoinSet<(Bytes, Result<Listing, ClientError>)>,
     /// The root's listing, asked for before the walk started.
     first: Option<RootListing>,
-    /// [`known_dirs`].
-    known: Arc<HashSet<Bytes>>,
+    known: Known,
 }
 
 impl Asker {
     fn ask(&mut self, ctx: &Arc<Ctx>) {
-        let dir_data = ctx.client.session().features & features::DIR_DATA != 0;
         while self.listings.len() < ctx.cfg.listings_in_flight.max(1) {
             let Some(rel) = self.pending.pop() else { break };
             let c = ctx.clone();
-            // Where an earlier run left files, listed without contents: most of those
-            // files are likely complete here already (resume fetches only what is missing).
-            let with_data = dir_data && !self.known.contains(&rel);
+            let with_data = self.known.with_contents(&ctx.client, &rel);
             // The entries' extended attributes are asked for beside the listing, not after
             // it: their files' metadata waits for them, and on a WAN a round trip per
             // directory in turn adds up.
@@ -268,12 +263,10 @@ type Listing = (Vec<DirEntry>, HashMap<Bytes, SmallFile>);
 pub(super) struct RootListing(AbortOnDrop<Result<Listing, ClientError>>);
 
 impl RootListing {
-    /// Asks for the listing of `root` (remote path) as the walk would: with the contents
-    /// of its small files when the server sends them and no earlier run left files in it
-    /// (`known`, [`known_dirs`]).
-    pub(super) fn start(client: &Client, root: Bytes, known: &HashSet<Bytes>) -> RootListing {
-        let with_data =
-            client.session().features & features::DIR_DATA != 0 && !known.contains(b"".as_ref());
+    /// Asks for the listing of `root` (remote path) as the walk would
+    /// ([`Known::with_contents`]).
+    pub(super) fn start(client: &Client, root: Bytes, known: &Known) -> RootListing {
+        let with_data = known.with_contents(client, b"");
         let client = client.clone();
         RootListing(AbortOnDrop(tokio::spawn(async move {
             list(&client, root, with_data).await
@@ -281,17 +274,28 @@ impl RootListing {
     }
 }
 
-/// Directories where an earlier run left files (relative paths): listed without contents,
-/// as most of those files are likely complete here already (resume fetches only what is
-/// missing).
-pub(super) fn known_dirs(cache: &CacheDir) -> Arc<HashSet<Bytes>> {
-    Arc::new(
-        cache
-            .all()
-            .into_iter()
-            .map(|(rel, _)| ferry_proto::name::split(&rel).0)
-            .collect(),
-    )
+/// Directories where an earlier run left files (relative paths).
+pub(super) struct Known(HashSet<Bytes>);
+
+impl Known {
+    /// The directories of the files `cache` records.
+    pub(super) fn of(cache: &CacheDir) -> Known {
+        Known(
+            cache
+                .all()
+                .into_iter()
+                .map(|(rel, _)| ferry_proto::name::split(&rel).0)
+                .collect(),
+        )
+    }
+
+    /// Whether directory `rel` is listed with the contents of its small files (and the
+    /// rest fetched in runs): when the server sends them, and no earlier run left files in
+    /// it (most of those are likely complete here already: a resume fetches only what is
+    /// missing).
+    fn with_contents(&self, client: &Client, rel: &[u8]) -> bool {
+        client.session().features & features::DIR_DATA != 0 && !self.0.contains(rel)
+    }
 }
 
 /// Entries asked for in a listing's first page (ReadDirData): the server ends the page
