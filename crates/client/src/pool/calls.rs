@@ -344,7 +344,7 @@ impl Client {
         let bound = features & features::BOUND != 0;
         let mut failures = 0;
         'page: loop {
-            let asked = self.inner.codec.current();
+            let asked = self.inner.codec.small_files();
             let page = match self
                 .call(Request::ReadDirData {
                     path: path.clone(),

@@ -76,6 +76,9 @@ pub(super) struct Codec {
     choice: CompressionChoice,
     /// The compression asked for now ([`to_bits`]).
     current: AtomicU32,
+    /// The compression a listing's small files are asked for with now ([`to_bits`];
+    /// [`Chooser::small_files`]).
+    small_files: AtomicU32,
     /// Decoded over wire bytes in the last window (a quarter second) with traffic (f64 bits).
     ratio: AtomicU64,
     /// Decoded bytes of responses to requests that asked for the compression in use when
@@ -139,6 +142,7 @@ impl Codec {
         let mut codec = Codec {
             choice,
             current: AtomicU32::new(0),
+            small_files: AtomicU32::new(0),
             ratio: AtomicU64::new(1f64.to_bits()),
             fresh: AtomicU64::new(0),
             chooser: None,
@@ -146,6 +150,7 @@ impl Codec {
             batch: Mutex::new((Vec::new(), 0)),
             to_sampler: None,
         };
+        let mut small_files = None;
         let start = match choice {
             CompressionChoice::Fixed(Compression::Zstd(l)) => match zstd {
                 Some(max) => Compression::Zstd(l.min(max)),
@@ -173,18 +178,29 @@ impl Codec {
                     codec.to_sampler = Some(Mutex::new(tx));
                     codec.wants_sample.store(true, Relaxed);
                 }
-                let start = lock(&chooser).current();
+                let c = lock(&chooser);
+                let start = c.current();
+                small_files = Some(c.small_files());
+                drop(c);
                 codec.chooser = Some(chooser);
                 start
             }
         };
         codec.current.store(to_bits(start), Relaxed);
         codec
+            .small_files
+            .store(to_bits(small_files.unwrap_or(start)), Relaxed);
+        codec
     }
 
     /// The compression a request asks for now.
     pub(super) fn current(&self) -> Compression {
         from_bits(self.current.load(Relaxed))
+    }
+
+    /// The compression a listing with its small files asks for now.
+    pub(super) fn small_files(&self) -> Compression {
+        from_bits(self.small_files.load(Relaxed))
     }
 
     /// Counts `decoded` bytes of a response to a request that asked for `asked`: with
@@ -412,6 +428,7 @@ pub(super) async fn run(inner: Weak<Inner>) {
                 );
                 codec.current.store(to_bits(next), Relaxed);
             }
+            codec.small_files.store(to_bits(c.small_files()), Relaxed);
         }
     }
 }
