@@ -407,6 +407,9 @@ where
                 "ReadDirData needs the DIR_DATA feature",
             ));
         }
+        if matches!(request, Request::ReadTree { .. }) && welcome.features & features::TREE == 0 {
+            break Err(ConnError::Protocol("ReadTree needs the TREE feature"));
+        }
         if matches!(request, Request::IdNames { .. }) && welcome.features & features::ID_NAMES == 0
         {
             break Err(ConnError::Protocol("IdNames needs the ID_NAMES feature"));

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use ferry_proto::name::{validate_path, NameError};
 use ferry_proto::{
     Attr, Compression, DataEntry, DataMap, DataPage, DirEntry, DirPage, EntryXattrs, FileData,
-    FileKind, StatFs, Status, Timestamp, Version,
+    FileKind, StatFs, Status, Timestamp, TreeDir, TreePage, Version,
 };
 use rustix::fs::{
     AtFlags, FileType, Mode, OFlags, ResolveFlags, Statx, StatxFlags, StatxTimestamp,
@@ -308,6 +308,76 @@ impl Export {
             Ok(true)
         })?;
         Ok(DataPage { entries, eof })
+    }
+
+    /// The listings of directory `path` and of the directories under it, breadth first
+    /// (each in listing order), at most `max_entries` entries and about `max_bytes` encoded
+    /// in all. The page ends with the first listing that does not fit whole (its `eof`
+    /// false, at least one entry of it in the page). A subdirectory that cannot be listed
+    /// (gone, no permission, its path too long) is left out: the client asks for it itself
+    /// and hears why.
+    ///
+    /// # Errors
+    /// As [`Export::read_dir`], for `path` itself.
+    pub fn read_tree(
+        &self,
+        path: &[u8],
+        max_entries: usize,
+        max_bytes: usize,
+    ) -> Result<TreePage, OpError> {
+        let mut dirs: Vec<TreeDir> = Vec::new();
+        let mut queue = std::collections::VecDeque::from([Bytes::new()]);
+        // The page's directory count, then per directory its path, eof and entry count.
+        let mut used = 4;
+        let mut count = 0;
+        while let Some(rel) = queue.pop_front() {
+            let full = if rel.is_empty() {
+                Bytes::copy_from_slice(path)
+            } else {
+                Bytes::from(ferry_proto::name::join(path, &rel))
+            };
+            if full.len() >= ferry_proto::name::MAX_PATH_LEN {
+                continue;
+            }
+            let head = 2 + rel.len() + 1 + 4;
+            if count >= max_entries || (!dirs.is_empty() && used + head > max_bytes) {
+                break;
+            }
+            let first = dirs.is_empty();
+            let mut entries = Vec::new();
+            let mut taken = head;
+            let listed = self.list(&full, 0, max_entries - count, |_, entry| {
+                let need = 2 + entry.name.len() + 8 + Attr::LEN;
+                // The first entry of the page goes in whatever its size: a page makes
+                // progress.
+                if used + taken + need > max_bytes && !(first && entries.is_empty()) {
+                    return Ok(false);
+                }
+                taken += need;
+                entries.push(entry);
+                Ok(true)
+            });
+            let eof = match listed {
+                Ok(eof) => eof,
+                Err(e) if first => return Err(e),
+                Err(_) => continue,
+            };
+            if !eof && entries.is_empty() {
+                break;
+            }
+            used += taken;
+            count += entries.len();
+            for e in &entries {
+                if e.attr.kind == FileKind::Directory {
+                    queue.push_back(Bytes::from(ferry_proto::name::join(&rel, &e.name)));
+                }
+            }
+            dirs.push(TreeDir { rel, entries, eof });
+            if !eof {
+                break;
+            }
+        }
+        Ok(TreePage { dirs })
     }
 
     /// Lists directory `path` from `cookie`, at most `max_entries` entries, each with its
@@ -812,6 +882,58 @@ mod tests {
             assert_eq!(err.status, Status::Io);
             assert!(err.message.contains("restart ferryd"), "{}", err.message);
         }
+    }
+
+    #[test]
+    fn a_tree_comes_breadth_first_within_its_bounds_and_never_through_a_symlink() {
+        let (t, e) = setup();
+        let root = t.path().join("export");
+        std::fs::create_dir_all(root.join("d/e/g")).unwrap();
+        std::fs::write(root.join("d/e/g/h"), b"h").unwrap();
+        std::fs::create_dir(root.join("a")).unwrap();
+        let page = e.read_tree(b"", 1000, 1 << 20).unwrap();
+        let rels: Vec<&[u8]> = page.dirs.iter().map(|d| &d.rel[..]).collect();
+        assert_eq!(rels[0], b"");
+        let mut sorted = rels.clone();
+        sorted.sort();
+        assert_eq!(sorted, [&b""[..], b"a", b"d", b"d/e", b"d/e/g"]);
+        // Breadth first: each directory after its parent, every level before the next.
+        let depth =
+            |r: &[u8]| r.iter().filter(|&&b| b == b'/').count() + usize::from(!r.is_empty());
+        assert!(
+            rels.windows(2).all(|w| depth(w[0]) <= depth(w[1])),
+            "{rels:?}"
+        );
+        assert!(page.dirs.iter().all(|d| d.eof));
+        // The symlinks to / and out of the export are entries, not listings.
+        let top = &page.dirs[0].entries;
+        let kind = |n: &[u8]| top.iter().find(|e| &e.name[..] == n).unwrap().attr.kind;
+        assert_eq!(kind(b"to_root"), FileKind::Symlink);
+        assert_eq!(kind(b"up"), FileKind::Symlink);
+        // At most max_entries in all: the page ends with the listing cut short.
+        let page = e.read_tree(b"", 2, 1 << 20).unwrap();
+        assert_eq!(page.dirs.len(), 1);
+        assert_eq!((page.dirs[0].entries.len(), page.dirs[0].eof), (2, false));
+        // A byte bound below one entry still gives one: a page makes progress.
+        let page = e.read_tree(b"d", 1000, 1).unwrap();
+        assert_eq!((page.dirs.len(), page.dirs[0].entries.len()), (1, 1));
+        assert!(!page.dirs[0].eof);
+        // A subtree; not a directory; out of the export.
+        let page = e.read_tree(b"d/e", 1000, 1 << 20).unwrap();
+        let rels: Vec<&[u8]> = page.dirs.iter().map(|d| &d.rel[..]).collect();
+        assert_eq!(rels, [&b""[..], b"g"]);
+        assert_eq!(
+            e.read_tree(b"f", 1000, 1 << 20).unwrap_err().status,
+            Status::NotDirectory
+        );
+        assert_ne!(
+            e.read_tree(b"to_root", 1000, 1 << 20).unwrap_err().status,
+            Status::Ok
+        );
+        assert_ne!(
+            e.read_tree(b"../", 1000, 1 << 20).unwrap_err().status,
+            Status::Ok
+        );
     }
 
     #[test]

@@ -46,8 +46,8 @@ pub use handshake::{ClientHandshake, HandshakeError, ServerHandshake};
 pub use message::{
     AuthMethod, AuthOk, AuthProof, DataEntry, DataMap, DataPage, DirEntry, DirPage, EntryXattrs,
     FileData, FileHash, Handshake, Hello, Id, IdName, LinkTime, ReadData, Request, Response,
-    ServerLoad, StatFs, Welcome, MAX_DATA_EXTENTS, MAX_DIR_XATTR_BYTES, MAX_ID_NAMES,
-    MAX_REQUEST_FRAME,
+    ServerLoad, StatFs, TreeDir, TreePage, Welcome, MAX_DATA_EXTENTS, MAX_DIR_XATTR_BYTES,
+    MAX_ID_NAMES, MAX_REQUEST_FRAME,
 };
 pub use payload::{Compression, Encoding, PayloadError, ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL};
 pub use status::Status;
@@ -101,6 +101,9 @@ pub mod features {
     /// to send and for how much of it the network, not the server, set their pace
     /// ([`crate::ServerLoad::link`]).
     pub const LINK_LIMITS: u64 = 1 << 12;
+    /// The server answers [`crate::Request::ReadTree`]: the listings of a directory and
+    /// the directories under it in one page.
+    pub const TREE: u64 = 1 << 13;
     /// Every feature this crate knows.
     pub const ALL: u64 = LZ4
         | HASH
@@ -114,7 +117,8 @@ pub mod features {
         | ZSTD
         | XATTRS_PAGED
         | BOUND
-        | LINK_LIMITS;
+        | LINK_LIMITS
+        | TREE;
 }
 
 /// Default chunk size: the unit of reads, caching and checksums (1 MiB).

@@ -47,6 +47,7 @@ const K_DIR_XATTRS: u8 = 0x1a;
 const K_HASH_SPARSE: u8 = 0x1b;
 const K_LOAD: u8 = 0x1c;
 const K_DIR_XATTRS_PAGE: u8 = 0x1d;
+const K_READ_TREE: u8 = 0x1e;
 /// A success response's kind is its request's kind with this bit set.
 const RESPONSE_BIT: u8 = 0x80;
 // Success response kinds, named so that `match` sees them as constants: a duplicate arm is
@@ -66,6 +67,7 @@ const K_DIR_XATTRS_DATA: u8 = K_DIR_XATTRS | RESPONSE_BIT;
 const K_HASH_SPARSE_DATA: u8 = K_HASH_SPARSE | RESPONSE_BIT;
 const K_LOAD_DATA: u8 = K_LOAD | RESPONSE_BIT;
 const K_DIR_XATTRS_PAGE_DATA: u8 = K_DIR_XATTRS_PAGE | RESPONSE_BIT;
+const K_TREE_PAGE: u8 = K_READ_TREE | RESPONSE_BIT;
 /// In a Read response's encoding byte: the whole file's BLAKE3 follows the checksum.
 const FILE_HASH_FLAG: u8 = 0x80;
 const K_ERROR: u8 = 0xff;
@@ -229,6 +231,17 @@ pub enum Request {
         compression: Compression,
         /// How urgent the listing is (anything but demand requires PRIORITY).
         class: Class,
+    },
+    /// The listings of a directory and of the directories under it, breadth first, in one
+    /// page of at most `max_entries` entries in all (requires the TREE feature): a walk
+    /// learns a tree's shape in a few round trips instead of one per level. Answer:
+    /// [`Response::Tree`].
+    ReadTree {
+        /// The directory.
+        path: Bytes,
+        /// Most entries wanted in the page, over all its directories (the server may send
+        /// fewer).
+        max_entries: u32,
     },
     /// The names of user and group ids on the server (requires the ID_NAMES feature), so
     /// a copy can map owners by name as tar and rsync do. At most [`MAX_ID_NAMES`] ids.
@@ -418,6 +431,28 @@ pub struct DirPage {
     pub eof: bool,
 }
 
+/// One directory's listing in a [`TreePage`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeDir {
+    /// Its path under the directory asked for: empty for that directory, else names
+    /// joined by `/`, each a subdirectory listed earlier in the page.
+    pub rel: Bytes,
+    /// Its entries, in listing order.
+    pub entries: Vec<DirEntry>,
+    /// True when the listing has no entries after these (else it goes on from the last
+    /// entry's cookie, as a [`Request::ReadDir`] would).
+    pub eof: bool,
+}
+
+/// The answer to a [`Request::ReadTree`]: the directory asked for first, then
+/// subdirectories of those in the page, breadth first. A subdirectory not in the page is
+/// the client's to ask for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TreePage {
+    /// The listings.
+    pub dirs: Vec<TreeDir>,
+}
+
 /// The whole contents of a small file, as they travel in a [`DataPage`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileData {
@@ -603,6 +638,8 @@ pub enum Response {
     },
     /// Answer to [`Request::ReadDirData`].
     DirData(DataPage),
+    /// Answer to [`Request::ReadTree`].
+    Tree(TreePage),
     /// Answer to [`Request::Load`].
     Load(ServerLoad),
     /// Any request failed.
@@ -808,6 +845,7 @@ impl Request {
             Request::DataMap { .. } => K_DATA_MAP,
             Request::DirXattrs { .. } => K_DIR_XATTRS,
             Request::DirXattrsPage { .. } => K_DIR_XATTRS_PAGE,
+            Request::ReadTree { .. } => K_READ_TREE,
             Request::Load => K_LOAD,
         }
     }
@@ -834,6 +872,10 @@ impl Request {
             Request::DirXattrsPage { path, cookie } => {
                 put_bytes16(&mut b, path);
                 b.put_u64(*cookie);
+            }
+            Request::ReadTree { path, max_entries } => {
+                put_bytes16(&mut b, path);
+                b.put_u32(*max_entries);
             }
             Request::Read {
                 path,
@@ -950,6 +992,10 @@ impl Request {
                 path: get_bytes16(&mut b, "path")?,
                 cookie: get_u64(&mut b, "xattrs page")?,
             },
+            K_READ_TREE => Request::ReadTree {
+                path: get_bytes16(&mut b, "path")?,
+                max_entries: get_u32(&mut b, "read tree")?,
+            },
             K_DATA_MAP => Request::DataMap {
                 path: get_bytes16(&mut b, "path")?,
                 offset: get_u64(&mut b, "data map")?,
@@ -1064,6 +1110,7 @@ impl Response {
             Response::DirXattrsPage { .. } => K_DIR_XATTRS_PAGE_DATA,
             Response::Load(_) => K_LOAD_DATA,
             Response::DirData(_) => K_DIR_DATA,
+            Response::Tree(_) => K_TREE_PAGE,
             Response::Error { .. } => K_ERROR,
         }
     }
@@ -1096,6 +1143,17 @@ impl Response {
                 b.put_u32(p.entries.len() as u32);
                 for e in &p.entries {
                     put_dir_entry(&mut b, e);
+                }
+            }
+            Response::Tree(t) => {
+                b.put_u32(t.dirs.len() as u32);
+                for d in &t.dirs {
+                    put_bytes16(&mut b, &d.rel);
+                    b.put_u8(u8::from(d.eof));
+                    b.put_u32(d.entries.len() as u32);
+                    for e in &d.entries {
+                        put_dir_entry(&mut b, e);
+                    }
                 }
             }
             Response::DirData(p) => {
@@ -1206,6 +1264,22 @@ impl Response {
                     entries.push(get_dir_entry(&mut b)?);
                 }
                 Response::DirPage(DirPage { entries, eof })
+            }
+            K_TREE_PAGE => {
+                let n = get_u32(&mut b, "tree dirs")? as usize;
+                // A directory takes at least its path length, eof and entry count.
+                let mut dirs = Vec::with_capacity(n.min(b.len() / 7));
+                for _ in 0..n {
+                    let rel = get_bytes16(&mut b, "tree dir path")?;
+                    let eof = get_eof(&mut b, "tree dir eof")?;
+                    let m = get_u32(&mut b, "tree dir")? as usize;
+                    let mut entries = Vec::with_capacity(m.min(b.len() / MIN_DIRENT_LEN));
+                    for _ in 0..m {
+                        entries.push(get_dir_entry(&mut b)?);
+                    }
+                    dirs.push(TreeDir { rel, entries, eof });
+                }
+                Response::Tree(TreePage { dirs })
             }
             K_DIR_DATA => {
                 let eof = get_eof(&mut b, "dir data eof")?;

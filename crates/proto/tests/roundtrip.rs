@@ -133,6 +133,8 @@ fn request() -> impl Strategy<Value = Request> {
         bytes16().prop_map(|path| Request::DirXattrs { path }),
         (bytes16(), any::<u64>())
             .prop_map(|(path, cookie)| Request::DirXattrsPage { path, cookie }),
+        (bytes16(), any::<u32>())
+            .prop_map(|(path, max_entries)| Request::ReadTree { path, max_entries }),
         (bytes16(), any::<u64>(), any::<u32>()).prop_map(|(path, offset, max_extents)| {
             Request::DataMap {
                 path,
@@ -287,6 +289,27 @@ fn response() -> impl Strategy<Value = Response> {
                     .collect(),
                 eof
             })),
+        proptest::collection::vec(
+            (
+                bytes16(),
+                proptest::collection::vec((bytes16(), any::<u64>(), attr()), 0..6),
+                any::<bool>()
+            ),
+            0..6
+        )
+        .prop_map(|dirs| Response::Tree(TreePage {
+            dirs: dirs
+                .into_iter()
+                .map(|(rel, es, eof)| TreeDir {
+                    rel,
+                    entries: es
+                        .into_iter()
+                        .map(|(name, cookie, attr)| DirEntry { name, cookie, attr })
+                        .collect(),
+                    eof,
+                })
+                .collect(),
+        })),
         bytes16().prop_map(Response::Link),
         (attr(), any::<[u8; 32]>()).prop_map(|(a, blake3)| Response::Hash(FileHash {
             version: a.version(),

@@ -44,6 +44,13 @@ pub(crate) static BACKGROUND_POOL: ferry_util::background::Pool =
 /// frame limit: small pages keep the budget one holds small, and many travel at once.
 const DIR_DATA_PAGE: u32 = 256 << 10;
 
+/// Largest page of a tree's listings (ReadTree), in encoded bytes, whatever the frame
+/// limit: a few thousand entries, a few round trips for a tree like /usr/include.
+const TREE_PAGE: usize = 512 << 10;
+
+/// Most entries in a page of a tree's listings, whatever the client asks.
+const MAX_TREE_ENTRIES: usize = 16384;
+
 /// Largest directory page served, whatever the client asks.
 const MAX_DIR_PAGE: usize = 4096;
 
@@ -209,6 +216,8 @@ fn response_bound(request: &Request, session: &Session) -> u64 {
         Request::ReadDir { max_entries, .. } => {
             (64 + dir_page_entries(session, *max_entries) * export::MAX_DIRENT_WIRE_LEN) as u64
         }
+        // The page, and the first entry that goes in whatever its size.
+        Request::ReadTree { .. } => (64 + tree_page(session) + export::MAX_DIRENT_WIRE_LEN) as u64,
         // Names and values up to the limit, and their framing (6 bytes an attribute at
         // most as many as a byte each).
         Request::DirXattrs { .. } | Request::DirXattrsPage { .. } => {
@@ -237,6 +246,12 @@ fn frame_room(session: &Session) -> usize {
 /// Bytes of contents a ReadDirData page holds at most.
 fn dir_data_page(session: &Session) -> usize {
     frame_room(session).min(DIR_DATA_PAGE as usize)
+}
+
+/// Encoded bytes of a tree's listings a page holds at most (about: the first entry goes in
+/// whatever its size).
+fn tree_page(session: &Session) -> usize {
+    (frame_room(session) - export::MAX_DIRENT_WIRE_LEN).min(TREE_PAGE)
 }
 
 /// Entries a directory page holds at most, for a request of `max_entries`.
@@ -346,6 +361,14 @@ pub(crate) async fn handle(
             blocking(move || sh.export.read_dir(&path, cookie, n))
                 .await
                 .map(Response::DirPage)
+        }
+        Request::ReadTree { path, max_entries } => {
+            let n = (max_entries as usize).clamp(1, MAX_TREE_ENTRIES);
+            let max_bytes = tree_page(session);
+            let work = session.work.clone();
+            blocking(move || work.counted(|| sh.export.read_tree(&path, n, max_bytes)))
+                .await
+                .map(Response::Tree)
         }
         Request::ReadDirData {
             path,
