@@ -10,6 +10,7 @@
 //! request; `file_hash` is only ever the server's, from one read that returned the whole
 //! file.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -313,6 +314,51 @@ impl Client {
         Ok((page.entries, page.eof))
     }
 
+    /// The listings of the directory at `path` and of directories under it, as one page of
+    /// the server's gives them (ReadTree): the directory itself first, then subdirectories
+    /// of those before, breadth first, each listing whole (a page's last listing, cut short,
+    /// is completed with ReadDir). Each with its path under `path` (empty for `path`
+    /// itself). A subdirectory whose listing is not here is the caller's to ask for.
+    ///
+    /// # Errors
+    /// As [`Client::read_dir`]; `Unsupported` without the TREE feature; `Protocol` when a
+    /// listing in the page is not of a subdirectory listed before it.
+    pub async fn read_tree(
+        &self,
+        path: Bytes,
+        max_entries: u32,
+    ) -> Result<Vec<(Bytes, Vec<DirEntry>)>, ClientError> {
+        if self.session().features & features::TREE == 0 {
+            return Err(ClientError::Remote {
+                status: Status::Unsupported,
+                message: "the server does not send a tree's listings".into(),
+            });
+        }
+        let request = Request::ReadTree {
+            path: path.clone(),
+            max_entries,
+        };
+        let page = match self.call(request).await? {
+            Response::Tree(p) => p,
+            r => return Err(unexpected(&r)),
+        };
+        let mut all = Vec::with_capacity(page.dirs.len());
+        for dir in checked_tree(page)? {
+            let mut entries = dir.entries;
+            if !dir.eof {
+                let full = if dir.rel.is_empty() {
+                    path.clone()
+                } else {
+                    Bytes::from(ferry_proto::name::join(&path, &dir.rel))
+                };
+                let after = entries.last().map_or(0, |e| e.cookie);
+                entries.extend(self.read_dir_from(full, after).await?);
+            }
+            all.push((dir.rel, entries));
+        }
+        Ok(all)
+    }
+
     /// One page of directory `path` from `cookie` (at most `max_entries` entries) with the
     /// whole contents of its regular files of 1 to `max_file` bytes, where the server sent
     /// them (ReadDirData; see [`crate::small_file_runs`] for pages that fetch the contents
@@ -613,12 +659,49 @@ fn unexpected(r: &Response) -> ClientError {
     ClientError::Protocol(format!("unexpected response kind 0x{:02x}", r.kind()))
 }
 
+/// The listings of a tree page, checked: the first is of the directory asked for, each
+/// later one of a subdirectory listed before it (once), every name a valid name, and only
+/// the last cut short (with at least one entry). A server that breaks this could make a
+/// walk create a directory it never listed, or loop.
+fn checked_tree(page: ferry_proto::TreePage) -> Result<Vec<ferry_proto::TreeDir>, ClientError> {
+    let last = page.dirs.len().checked_sub(1).ok_or_else(|| {
+        ClientError::Protocol("a tree page without the directory asked for".into())
+    })?;
+    let mut expected: HashSet<Bytes> = HashSet::new();
+    for (i, dir) in page.dirs.iter().enumerate() {
+        let fits = if i == 0 {
+            dir.rel.is_empty()
+        } else {
+            expected.remove(&dir.rel)
+        };
+        if !fits {
+            return Err(ClientError::Protocol(format!(
+                "a tree page listed {:?}, which is not a subdirectory listed before it",
+                String::from_utf8_lossy(&dir.rel)
+            )));
+        }
+        if !dir.eof && (i != last || dir.entries.is_empty()) {
+            return Err(ClientError::Protocol(
+                "a tree page cut short a listing before its last, or one with no entries".into(),
+            ));
+        }
+        for e in &dir.entries {
+            ferry_proto::name::validate_name(&e.name).map_err(ClientError::BadEntryName)?;
+            if e.attr.kind == FileKind::Directory {
+                expected.insert(Bytes::from(ferry_proto::name::join(&dir.rel, &e.name)));
+            }
+        }
+    }
+    Ok(page.dirs)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // tests may panic on setup failures
 
     use super::*;
     use crate::ClientConfig;
+    use ferry_proto::Timestamp;
 
     /// An in-process ferryd serving `dir` until the returned sender is dropped; its address.
     async fn serve(dir: &std::path::Path) -> (String, tokio::sync::oneshot::Sender<()>) {
@@ -633,6 +716,134 @@ mod tests {
             let _ = rx.await;
         }));
         (addr, stop)
+    }
+
+    fn dir_entry(name: &str, kind: FileKind) -> DirEntry {
+        DirEntry {
+            name: Bytes::copy_from_slice(name.as_bytes()),
+            cookie: 1,
+            attr: Attr {
+                ino: 1,
+                kind,
+                perm: 0o755,
+                nlink: 1,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                size: 0,
+                blocks: 0,
+                atime: Timestamp::default(),
+                mtime: Timestamp::default(),
+                ctime: Timestamp::default(),
+                btime: Timestamp::default(),
+            },
+        }
+    }
+
+    fn tree_dir(rel: &str, entries: Vec<DirEntry>, eof: bool) -> ferry_proto::TreeDir {
+        ferry_proto::TreeDir {
+            rel: Bytes::copy_from_slice(rel.as_bytes()),
+            entries,
+            eof,
+        }
+    }
+
+    #[test]
+    fn a_tree_page_is_taken_only_as_listings_of_directories_it_announced() {
+        let page = |dirs| ferry_proto::TreePage { dirs };
+        let top = || {
+            vec![
+                dir_entry("a", FileKind::Directory),
+                dir_entry("f", FileKind::File),
+                dir_entry("l", FileKind::Symlink),
+            ]
+        };
+        let good = page(vec![
+            tree_dir("", top(), true),
+            tree_dir("a", vec![dir_entry("b", FileKind::Directory)], true),
+            tree_dir("a/b", vec![dir_entry("x", FileKind::File)], false),
+        ]);
+        assert_eq!(checked_tree(good).unwrap().len(), 3);
+        for (bad, why) in [
+            (page(vec![]), "empty"),
+            (
+                page(vec![tree_dir("a", top(), true)]),
+                "first is not the one asked",
+            ),
+            (
+                page(vec![
+                    tree_dir("", top(), true),
+                    tree_dir("../etc", vec![], true),
+                ]),
+                "out of the tree",
+            ),
+            (
+                page(vec![tree_dir("", top(), true), tree_dir("f", vec![], true)]),
+                "a file listed as a directory",
+            ),
+            (
+                page(vec![tree_dir("", top(), true), tree_dir("l", vec![], true)]),
+                "a symlink listed through",
+            ),
+            (
+                page(vec![
+                    tree_dir("", top(), true),
+                    tree_dir("a", vec![], true),
+                    tree_dir("a", vec![], true),
+                ]),
+                "listed twice",
+            ),
+            (
+                page(vec![
+                    tree_dir("", top(), false),
+                    tree_dir("a", vec![], true),
+                ]),
+                "cut short before the last",
+            ),
+            (
+                page(vec![tree_dir("", vec![], false)]),
+                "cut short with nothing",
+            ),
+            (
+                page(vec![tree_dir(
+                    "",
+                    vec![dir_entry("x/y", FileKind::File)],
+                    true,
+                )]),
+                "a name with a slash",
+            ),
+        ] {
+            assert!(checked_tree(bad).is_err(), "{why}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tree_larger_than_a_page_comes_as_whole_listings() {
+        let dir = tempfile::tempdir().unwrap();
+        // More entries than a page holds, then directories under them.
+        for i in 0..6000 {
+            std::fs::write(dir.path().join(format!("f{i:05}")), b"x").unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("d/e")).unwrap();
+        let (addr, _stop) = serve(dir.path()).await;
+        let client = Client::connect(ClientConfig {
+            addr,
+            streams: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let tree = client.read_tree(Bytes::new(), 16384).await.unwrap();
+        // The root, cut short and completed; its subdirectories are the caller's to ask.
+        assert_eq!(tree.len(), 1);
+        assert_eq!(tree[0].1.len(), 6001);
+        let tree = client
+            .read_tree(Bytes::from_static(b"d"), 16384)
+            .await
+            .unwrap();
+        let rels: Vec<&[u8]> = tree.iter().map(|(r, _)| &r[..]).collect();
+        assert_eq!(rels, [&b""[..], b"e"]);
+        assert_eq!(tree[0].1.len(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
