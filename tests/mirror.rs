@@ -336,3 +336,39 @@ fn a_remote_root_that_is_a_file_or_missing_gets_a_one_line_error_and_the_server_
         .arg(src.path().join("d/b"))
         .arg(dst.path().join("b")));
 }
+
+#[test]
+fn a_deep_narrow_tree_and_a_directory_larger_than_a_tree_page_are_mirrored_whole() {
+    // The listings come in pages of a tree (ReadTree): a chain of 40 directories is more
+    // levels than a page reaches past a directory of 6,000 entries (more than a page holds:
+    // it ends cut short and is completed with ReadDir), and a symlink to a directory is
+    // copied as a link, never listed through.
+    let src = tempfile::tempdir().unwrap();
+    let big = src.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    for i in 0..6000 {
+        std::fs::write(big.join(format!("entry-{i:05}")), format!("{i}\n")).unwrap();
+    }
+    let mut deep = src.path().join("deep");
+    for level in 0..40 {
+        std::fs::create_dir(&deep).unwrap();
+        write_random(&deep.join("f"), 100 + level * 997, level as u64);
+        deep = deep.join(format!("level{level}"));
+    }
+    for w in 0..30 {
+        let d = src.path().join(format!("wide/w{w}/x/y"));
+        std::fs::create_dir_all(&d).unwrap();
+        write_random(&d.join("z"), 5000, 100 + w);
+    }
+    std::os::unix::fs::symlink("deep", src.path().join("link-to-deep")).unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("copy");
+    let server = TestServer::start(src.path());
+    run(&mut mirror_cmd(&server, &copy, &[]));
+    assert_same_tree(src.path(), &copy);
+    assert!(copy.join("link-to-deep").is_symlink());
+    let s = status_json(&copy);
+    assert_eq!(s["state"], "complete");
+    assert_eq!(s["files_total"].as_u64().unwrap(), 6000 + 40 + 30);
+    assert_eq!(s["files_total"], s["files_verified"]);
+}
