@@ -701,7 +701,6 @@ mod tests {
 
     use super::*;
     use crate::ClientConfig;
-    use ferry_proto::Timestamp;
 
     /// An in-process ferryd serving `dir` until the returned sender is dropped; its address.
     async fn serve(dir: &std::path::Path) -> (String, tokio::sync::oneshot::Sender<()>) {
@@ -723,19 +722,8 @@ mod tests {
             name: Bytes::copy_from_slice(name.as_bytes()),
             cookie: 1,
             attr: Attr {
-                ino: 1,
                 kind,
-                perm: 0o755,
-                nlink: 1,
-                uid: 0,
-                gid: 0,
-                rdev: 0,
-                size: 0,
-                blocks: 0,
-                atime: Timestamp::default(),
-                mtime: Timestamp::default(),
-                ctime: Timestamp::default(),
-                btime: Timestamp::default(),
+                ..Attr::bare_directory(1, 0, 0)
             },
         }
     }
