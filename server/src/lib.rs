@@ -92,8 +92,9 @@ impl Default for ServerConfig {
     }
 }
 
-/// Demand and prediction reads (Read, ReadDirData) computed at once; more wait for a fair
-/// turn. Half the blocking pool's threads, so stats and listings always find one.
+/// Demand and prediction reads (Read, ReadDirData; ReadTree too) computed at once; more
+/// wait for a fair turn. Half the blocking pool's threads, so stats and listings always find
+/// one.
 const READS_AT_ONCE: usize = 16;
 
 /// The default highest zstd level ferryd compresses at: level 6 costs about four times the

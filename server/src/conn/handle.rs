@@ -365,6 +365,10 @@ pub(crate) async fn handle(
         Request::ReadTree { path, max_entries } => {
             let n = (max_entries as usize).clamp(1, MAX_TREE_ENTRIES);
             let max_bytes = tree_page(session);
+            // Up to 16,384 entries' stats and as many directories opened: a turn at reading
+            // like a read of the page's size, so a client asking for many cannot keep
+            // another's reads and listings waiting for threads.
+            let _turn = fair_turn(&sh, session, Class::Demand, max_bytes as u64).await;
             let work = session.work.clone();
             blocking(move || work.counted(|| sh.export.read_tree(&path, n, max_bytes)))
                 .await
