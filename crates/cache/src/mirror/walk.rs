@@ -11,8 +11,9 @@
 //! Invariants: a directory exists locally before anything is created in it (its listing is
 //! asked for, or one that came in a tree page taken, only once it is made; the root's is
 //! asked for beside the Stat of the root, and handled once the root is made); the state
-//! folder's name at the top level is never mirrored. Owners' names are learned while a listing's subdirectories are made and their
-//! listings asked for; only the files' jobs, which set owners, wait for them.
+//! folder's name at the top level is never mirrored. Owners' names are learned while a
+//! listing's subdirectories are made and their listings asked for; only the files' jobs,
+//! which set owners, wait for them.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
