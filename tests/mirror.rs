@@ -372,3 +372,25 @@ fn a_deep_narrow_tree_and_a_directory_larger_than_a_tree_page_are_mirrored_whole
     assert_eq!(s["files_total"].as_u64().unwrap(), 6000 + 40 + 30);
     assert_eq!(s["files_total"], s["files_verified"]);
 }
+
+#[test]
+fn a_large_file_is_verified_with_hashes_worked_out_while_it_travels() {
+    // Over 64 MiB: ferryd's hash is asked for when the copy starts and the local copy is
+    // read back as its prefix grows; a rerun finds it verified and moves nothing.
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("datafile"), (80 << 20) + 4321, 9);
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("copy");
+    let server = TestServer::start(src.path());
+    run(&mut mirror_cmd(&server, &copy, &[]));
+    assert_same_tree(src.path(), &copy);
+    let s = status_json(&copy);
+    assert_eq!(s["state"], "complete");
+    assert_eq!(s["files_verified"], 1);
+    run(&mut mirror_cmd(&server, &copy, &["--checksum"]));
+    let s = status_json(&copy);
+    assert_eq!(
+        (s["state"].as_str(), s["bytes_fetched"].as_u64()),
+        (Some("complete"), Some(0))
+    );
+}

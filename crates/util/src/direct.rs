@@ -180,7 +180,22 @@ pub fn pread_uncached(file: &File, buf: &mut Vec<u8>, offset: u64) -> std::io::R
 ///
 /// # Errors
 /// The file cannot be opened or read.
-pub fn read_all(path: &std::path::Path, mut sink: impl FnMut(&[u8])) -> std::io::Result<()> {
+pub fn read_all(path: &std::path::Path, sink: impl FnMut(&[u8])) -> std::io::Result<()> {
+    read_range(path, 0, u64::MAX, sink)
+}
+
+/// Feeds bytes `from..to` of the file at `path` (fewer at its end) to `sink`, in order, read
+/// as [`read_all`] reads. `from` is a multiple of 4 KiB (a direct read starts at an aligned
+/// offset).
+///
+/// # Errors
+/// The file cannot be opened or read.
+pub fn read_range(
+    path: &std::path::Path,
+    from: u64,
+    to: u64,
+    mut sink: impl FnMut(&[u8]),
+) -> std::io::Result<()> {
     let opened = if NO_DIRECT.load(Ordering::Relaxed) {
         None
     } else {
@@ -203,8 +218,14 @@ pub fn read_all(path: &std::path::Path, mut sink: impl FnMut(&[u8])) -> std::io:
         Some(f) => f,
         None => std::fs::File::open(path)?,
     };
-    let mut at = 0u64;
+    let mut at = from;
+    if from > 0 {
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(from))?;
+    }
     loop {
+        if at >= to {
+            return Ok(());
+        }
         let n = with_aligned(BLOCK, |buf| -> std::io::Result<usize> {
             let n = loop {
                 match file.read(buf) {
@@ -221,7 +242,7 @@ pub fn read_all(path: &std::path::Path, mut sink: impl FnMut(&[u8])) -> std::io:
                     Err(e) => return Err(e),
                 }
             };
-            sink(&buf[..n]);
+            sink(&buf[..n.min(usize::try_from(to - at).unwrap_or(usize::MAX))]);
             Ok(n)
         })?;
         if n == 0 {

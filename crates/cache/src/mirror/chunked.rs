@@ -92,6 +92,27 @@ pub(super) async fn copy_file_once(
     } else {
         None
     };
+    // A large file's hashes are worked out while its chunks arrive (ferryd's asked for now,
+    // the local copy's read back as its prefix grows), not both after the last: a fresh copy
+    // of a file that is not sparse, from ferryd, by `ferry mirror` (a mount's background
+    // mirror hashes only when readers let it).
+    let alongside = (ctx.cfg.verify
+        && already == 0
+        && data_map.is_none()
+        && attr.size >= verify::ALONGSIDE_MIN
+        && !ferry_proto::extents::looks_sparse(attr.blocks.saturating_mul(512), attr.size)
+        && ctx.client.s3().is_none()
+        && !ctx.client.is_background())
+    .then(|| {
+        verify::Alongside::start(
+            ctx,
+            remote.clone(),
+            ctx.cache.local_path(rel),
+            attr.size,
+            u64::from(cs),
+        )
+    });
+    let tracker = alongside.as_ref().map(verify::Alongside::tracker);
     let mut tasks = tokio::task::JoinSet::new();
     let mut early = Vec::new();
     // From a source that prefers long reads (S3), the missing chunks of one aligned group
@@ -153,6 +174,7 @@ pub(super) async fn copy_file_once(
         let c = ctx.clone();
         let (remote, rel, file) = (remote.clone(), rel.clone(), file.clone());
         let sparse = data_map.is_some();
+        let tracker = tracker.clone();
         tasks.spawn(async move {
             let r = fetch_chunk(&c, &remote, offset, len as u32, version).await;
             let r = match r {
@@ -179,6 +201,9 @@ pub(super) async fn copy_file_once(
                                 );
                             }
                             c.progress.bytes_done.fetch_add(n, Ordering::Relaxed);
+                            if let Some(t) = &tracker {
+                                t.chunks(first, count);
+                            }
                             Ok((n, file_hash))
                         }
                         Err(e) => Err(ChunkError::Io(e)),
@@ -245,7 +270,15 @@ pub(super) async fn copy_file_once(
     }
     // Every chunk is written (and on its way to being recorded).
     if ctx.cfg.verify {
-        let verdict = verify::written(ctx, rel, &remote, attr, generation, whole_file_hash);
+        let verdict = verify::written(
+            ctx,
+            rel,
+            &remote,
+            attr,
+            generation,
+            whole_file_hash,
+            alongside,
+        );
         if let Some(o) = verdict.await.with_taken_back(ctx, done_here) {
             return o;
         }
