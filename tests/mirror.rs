@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // tests may panic on setup failures
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -53,17 +53,25 @@ fn assert_same_tree(src: &Path, copy: &Path) {
     );
 }
 
+/// `ferry mirror` of `src` from a ferryd exporting it, into a fresh directory: the copy
+/// equals the source ([`assert_same_tree`]) and its status says complete. Returns the
+/// destination's holder, the copy, the server and the status.
+fn mirror_anew(src: &Path) -> (tempfile::TempDir, PathBuf, TestServer, serde_json::Value) {
+    let dst = tempfile::tempdir().unwrap();
+    let copy = dst.path().join("copy");
+    let server = TestServer::start(src);
+    run(&mut mirror_cmd(&server, &copy, &[]));
+    assert_same_tree(src, &copy);
+    let s = status_json(&copy);
+    assert_eq!(s["state"], "complete");
+    (dst, copy, server, s)
+}
+
 #[test]
 fn mirror_of_a_tree_equals_the_source_and_a_rerun_moves_nothing() {
     let src = tempfile::tempdir().unwrap();
     build_tree(src.path());
-    let dst = tempfile::tempdir().unwrap();
-    let copy = dst.path().join("copy");
-    let server = TestServer::start(src.path());
-    run(&mut mirror_cmd(&server, &copy, &[]));
-    assert_same_tree(src.path(), &copy);
-    let s = status_json(&copy);
-    assert_eq!(s["state"], "complete");
+    let (_dst, copy, server, s) = mirror_anew(src.path());
     assert_eq!(s["files_total"], s["files_done"]);
     assert_eq!(s["files_total"], s["files_verified"]);
     assert_eq!(s["error_count"], 0);
@@ -361,14 +369,8 @@ fn a_deep_narrow_tree_and_a_directory_larger_than_a_tree_page_are_mirrored_whole
         write_random(&d.join("z"), 5000, 100 + w);
     }
     std::os::unix::fs::symlink("deep", src.path().join("link-to-deep")).unwrap();
-    let dst = tempfile::tempdir().unwrap();
-    let copy = dst.path().join("copy");
-    let server = TestServer::start(src.path());
-    run(&mut mirror_cmd(&server, &copy, &[]));
-    assert_same_tree(src.path(), &copy);
+    let (_dst, copy, _server, s) = mirror_anew(src.path());
     assert!(copy.join("link-to-deep").is_symlink());
-    let s = status_json(&copy);
-    assert_eq!(s["state"], "complete");
     assert_eq!(s["files_total"].as_u64().unwrap(), 6000 + 40 + 30);
     assert_eq!(s["files_total"], s["files_verified"]);
 }
@@ -379,13 +381,7 @@ fn a_large_file_is_verified_with_hashes_worked_out_while_it_travels() {
     // read back as its prefix grows; a rerun finds it verified and moves nothing.
     let src = tempfile::tempdir().unwrap();
     write_random(&src.path().join("datafile"), (80 << 20) + 4321, 9);
-    let dst = tempfile::tempdir().unwrap();
-    let copy = dst.path().join("copy");
-    let server = TestServer::start(src.path());
-    run(&mut mirror_cmd(&server, &copy, &[]));
-    assert_same_tree(src.path(), &copy);
-    let s = status_json(&copy);
-    assert_eq!(s["state"], "complete");
+    let (_dst, copy, server, s) = mirror_anew(src.path());
     assert_eq!(s["files_verified"], 1);
     run(&mut mirror_cmd(&server, &copy, &["--checksum"]));
     let s = status_json(&copy);
