@@ -330,7 +330,14 @@ impl Export {
         // The page's directory count, then per directory its path, eof and entry count.
         let mut used = 4;
         let mut count = 0;
+        // What the queued directories' headers alone will take: none is queued that the
+        // page could not hold, so the queue's paths stay within the page's bytes too
+        // (thousands of deep paths would otherwise be held unbudgeted while it is built).
+        let mut queued = 0;
+        let mut queue_closed = false;
+        let head_of = |rel: &[u8]| 2 + rel.len() + 1 + 4;
         while let Some(rel) = queue.pop_front() {
+            queued -= head_of(&rel).min(queued);
             let full = if rel.is_empty() {
                 Bytes::copy_from_slice(path)
             } else {
@@ -339,7 +346,7 @@ impl Export {
             if full.len() >= ferry_proto::name::MAX_PATH_LEN {
                 continue;
             }
-            let head = 2 + rel.len() + 1 + 4;
+            let head = head_of(&rel);
             if count >= max_entries || (!dirs.is_empty() && used + head > max_bytes) {
                 break;
             }
@@ -367,10 +374,17 @@ impl Export {
             }
             used += taken;
             count += entries.len();
-            for e in &entries {
-                if e.attr.kind == FileKind::Directory {
-                    queue.push_back(Bytes::from(ferry_proto::name::join(&rel, &e.name)));
+            for e in entries
+                .iter()
+                .filter(|e| e.attr.kind == FileKind::Directory)
+            {
+                let child = Bytes::from(ferry_proto::name::join(&rel, &e.name));
+                queue_closed = queue_closed || used + queued + head_of(&child) > max_bytes;
+                if queue_closed {
+                    break;
                 }
+                queued += head_of(&child);
+                queue.push_back(child);
             }
             dirs.push(TreeDir { rel, entries, eof });
             if !eof {
@@ -914,6 +928,32 @@ mod tests {
         let page = e.read_tree(b"", 2, 1 << 20).unwrap();
         assert_eq!(page.dirs.len(), 1);
         assert_eq!((page.dirs[0].entries.len(), page.dirs[0].eof), (2, false));
+        // Directories the page cannot hold are not queued: a bound that fits the root's
+        // listing and the first header under it ends the page there.
+        let root_bytes: usize = 4
+            + 7
+            + e.read_dir(b"", 0, 100)
+                .unwrap()
+                .entries
+                .iter()
+                .map(|x| 2 + x.name.len() + 8 + Attr::LEN)
+                .sum::<usize>();
+        let bound = root_bytes + 7 + 1;
+        let page = e.read_tree(b"", 1000, bound).unwrap();
+        let size: usize = 4 + page
+            .dirs
+            .iter()
+            .map(|d| {
+                7 + d.rel.len()
+                    + d.entries
+                        .iter()
+                        .map(|x| 2 + x.name.len() + 8 + Attr::LEN)
+                        .sum::<usize>()
+            })
+            .sum::<usize>();
+        assert!(size <= bound, "{size} > {bound}");
+        assert!(page.dirs[0].eof && page.dirs[0].rel.is_empty());
+        assert!(page.dirs.len() <= 2);
         // A byte bound below one entry still gives one: a page makes progress.
         let page = e.read_tree(b"d", 1000, 1).unwrap();
         assert_eq!((page.dirs.len(), page.dirs[0].entries.len()), (1, 1));
