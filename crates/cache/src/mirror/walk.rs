@@ -352,14 +352,6 @@ async fn copy_run(
     files: &Arc<Semaphore>,
     runs: &Semaphore,
 ) {
-    tracing::trace!(target: "tl", "rstart /{} {}", String::from_utf8_lossy(rel), run.count);
-    struct D(Bytes);
-    impl Drop for D {
-        fn drop(&mut self) {
-            tracing::trace!(target: "tl", "rend /{}", String::from_utf8_lossy(&self.0));
-        }
-    }
-    let _d = D(rel.clone());
     let mut got: HashMap<Bytes, Listed> = HashMap::new();
     {
         let Ok(_slot) = runs.acquire().await else {
