@@ -30,13 +30,14 @@ mod readdir;
 mod xattrs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ferry_client::{ChunkBacking, ChunkStore, Client, FileKey, PrefetchConfig};
 use ferry_proto::name::{join, validate_name};
 use ferry_proto::{Attr, StatFs};
+use ferry_util::lock;
 
 use crate::error::Error;
 
@@ -108,11 +109,6 @@ impl std::fmt::Debug for Fs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fs").field("root", &self.cfg.root).finish()
     }
-}
-
-/// Locks `m`, ignoring poisoning: every critical section leaves its table consistent.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The chunk store's id for the file at `path` (relative to the export): a hash of the

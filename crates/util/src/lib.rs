@@ -3,7 +3,8 @@
 //!
 //! - [`metrics`]: the `/metrics` HTTP serving loop (the page and the response bytes are
 //!   built by the pure `ferry_proto::metrics`; this crate only does the socket part).
-//! - [`task`]: [`AbortOnDrop`], a task that ends with its owner.
+//! - [`task`]: [`AbortOnDrop`], a task that ends with its owner; [`lock`], a mutex locked
+//!   whatever a panicking holder left.
 //! - [`process`]: process set-up of the binaries ([`limit_malloc_arenas`]) and, with the
 //!   `cli` feature, [`one_line_usage_error`].
 //! - [`priority`]: [`lower_current_thread`], lower CPU and I/O priority for background
@@ -32,4 +33,4 @@ pub use priority::lower_current_thread;
 #[cfg(feature = "cli")]
 pub use process::one_line_usage_error;
 pub use process::{limit_malloc_arenas, usage_error_line};
-pub use task::AbortOnDrop;
+pub use task::{lock, AbortOnDrop};

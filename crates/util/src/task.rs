@@ -13,6 +13,12 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
+/// Locks `m`, ignoring poisoning: for state every critical section leaves consistent, so a
+/// thread that panicked while holding it does not take the rest of the process with it.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::AbortOnDrop;

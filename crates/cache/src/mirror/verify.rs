@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use ferry_client::ClientError;
 use ferry_proto::{Attr, Status, Version};
+use ferry_util::lock;
 use tracing::debug;
 
 use super::file::FileOutcome;
@@ -225,10 +226,6 @@ impl Prefix {
         .await
         .map_err(std::io::Error::other)?
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Verifies the local file of `rel` (of `generation`), every chunk of `attr`'s version

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ferry_proto::{features, payload, Compression, LinkTime, Request, Response};
+use ferry_util::lock;
 
 use super::Inner;
 use crate::codec::{Chooser, CompressionChoice, CpuShare, LinkSignal, Sample, Window, CANDIDATES};
@@ -254,10 +255,6 @@ fn cpu_now() -> Duration {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     ferry_util::priority::thread_cpu_time()
         .unwrap_or_else(|| EPOCH.get_or_init(Instant::now).elapsed())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Measures every candidate codec on chunks of what arrives, on its own thread at low
