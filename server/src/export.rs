@@ -122,7 +122,13 @@ pub(crate) fn attr_of(st: &Statx) -> Attr {
 }
 
 /// Largest encoded size of one directory entry in a page.
-pub(crate) const MAX_DIRENT_WIRE_LEN: usize = 2 + ferry_proto::name::MAX_NAME_LEN + 8 + Attr::LEN;
+pub(crate) const MAX_DIRENT_WIRE_LEN: usize = dirent_wire_len(ferry_proto::name::MAX_NAME_LEN);
+
+/// Encoded bytes of a directory entry whose name is `name_len` bytes long (name, cookie,
+/// attributes), as in every listing page.
+const fn dirent_wire_len(name_len: usize) -> usize {
+    2 + name_len + 8 + Attr::LEN
+}
 
 impl Export {
     /// Opens `dir` as the export root.
@@ -275,7 +281,7 @@ impl Export {
         let mut used = 5;
         let mut entries = Vec::new();
         let eof = self.list(path, cookie, max_entries, |dirfd, entry| {
-            let mut need = 2 + entry.name.len() + 8 + Attr::LEN + 1;
+            let mut need = dirent_wire_len(entry.name.len()) + 1;
             let wanted = entry.attr.kind == FileKind::File
                 && entry.attr.size > 0
                 && entry.attr.size <= max_file;
@@ -297,7 +303,7 @@ impl Export {
                 },
                 None => entry,
             };
-            used += 2 + entry.name.len() + 8 + Attr::LEN + 1;
+            used += dirent_wire_len(entry.name.len()) + 1;
             if let Some((_, d)) = &data {
                 used += 49 + d.data.len();
             }
@@ -354,7 +360,7 @@ impl Export {
             let mut entries = Vec::new();
             let mut taken = head;
             let listed = self.list(&full, 0, max_entries - count, |_, entry| {
-                let need = 2 + entry.name.len() + 8 + Attr::LEN;
+                let need = dirent_wire_len(entry.name.len());
                 // The first entry of the page goes in whatever its size: a page makes
                 // progress.
                 if used + taken + need > max_bytes && !(first && entries.is_empty()) {
@@ -936,7 +942,7 @@ mod tests {
                 .unwrap()
                 .entries
                 .iter()
-                .map(|x| 2 + x.name.len() + 8 + Attr::LEN)
+                .map(|x| dirent_wire_len(x.name.len()))
                 .sum::<usize>();
         let bound = root_bytes + 7 + 1;
         let page = e.read_tree(b"", 1000, bound).unwrap();
@@ -947,7 +953,7 @@ mod tests {
                 7 + d.rel.len()
                     + d.entries
                         .iter()
-                        .map(|x| 2 + x.name.len() + 8 + Attr::LEN)
+                        .map(|x| dirent_wire_len(x.name.len()))
                         .sum::<usize>()
             })
             .sum::<usize>();
