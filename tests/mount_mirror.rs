@@ -36,7 +36,7 @@ fn reads_during_a_running_mirror_are_correct_and_the_mirror_completes() {
     let cache_arg = cache.path().to_str().unwrap().to_string();
     let server = TestServer::start(src.path());
     // Capped so that the mirror is still running while the reads below happen.
-    let mount = TestMount::mount(
+    let mut mount = TestMount::mount(
         &server.addr,
         &["--cache-dir", &cache_arg, "--mirror", "--bwlimit", "6M"],
     );
@@ -200,10 +200,21 @@ fn reads_during_a_running_mirror_are_correct_and_the_mirror_completes() {
             "{s}"
         );
     }
-    drop(mount);
+    // Unmounted cleanly: every file's record is in the journal.
+    mount.signal_and_wait(libc::SIGTERM);
     let c = ferry_tests::open_cache(cache.path());
     let all = c.all();
-    assert_eq!(all.len(), 43);
+    let mut names: Vec<String> = all
+        .iter()
+        .map(|(rel, _)| String::from_utf8_lossy(rel).into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        all.len(),
+        43,
+        "the journal lists {names:?}\n{}",
+        mount.log_text()
+    );
     for (rel, st) in all {
         assert!(
             st.complete() && st.verified.is_some(),

@@ -502,6 +502,27 @@ impl CacheDir {
         true
     }
 
+    /// `rel` of `generation` is no longer tracked; a file that started over since (another
+    /// generation) is left as it is. Whether it was forgotten.
+    pub fn forget_generation(&self, rel: &Bytes, generation: u64) -> bool {
+        let mut g = self.lock();
+        if g.files
+            .get(rel)
+            .is_none_or(|st| st.generation != generation)
+        {
+            return false;
+        }
+        g.files.remove(rel);
+        g.pending.push(Record::Forget { path: rel.clone() });
+        g.since_compaction += 1;
+        true
+    }
+
+    /// The generation of `rel`'s local file, if it is tracked.
+    pub fn generation(&self, rel: &Bytes) -> Option<u64> {
+        self.lock().files.get(rel).map(|st| st.generation)
+    }
+
     /// `rel` is no longer tracked.
     pub fn forget(&self, rel: &Bytes) {
         let mut g = self.lock();
