@@ -8,8 +8,8 @@
 //!   listing order (`cp -r`, `tar`, `find`, `du`) or in name order (`rsync`, `ls -R`) as the
 //!   walker's moves vote ([`DirsAhead::walked_to`]). At most [`DIRS_AHEAD`] are held
 //!   ([`LISTINGS_AHEAD_IN_FLIGHT`] in flight); while the walk reads files, at most twice as
-//!   many as it opened within the open TTL (older listings are listed again for its opens:
-//!   [`DirsAhead::held_while_reading`]). While the walk only lists, the furthest makes
+//!   many as it opened within the open TTL, but at least 128 from ferryd, 16 from S3 (older
+//!   listings are listed again for its opens: [`DirsAhead::held_while_reading`]). While the walk only lists, the furthest makes
 //!   way for a nearer one (while it reads files, none does: it would be listed again). One is
 //!   used by its `opendir` if younger than the TTL, and listed again while a walk goes on if
 //!   it grew older. Directories larger than [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Off
@@ -75,8 +75,19 @@ const RELIST_AFTER: Duration = Duration::from_secs(1);
 const DIRS_AHEAD: usize = 256;
 /// Listings ahead in flight at most.
 const LISTINGS_AHEAD_IN_FLIGHT: usize = 64;
-/// Listings ahead held while files are read, at least (see `DirsAhead::held_while_reading`).
-const HELD_WHILE_READING_MIN: usize = 16;
+/// Listings ahead held while files are read, at least (see `DirsAhead::held_while_reading`),
+/// from ferryd. The walker's pace over the open TTL sets how many are held, but a walk's
+/// first second has not shown its pace yet: with 16 held then, a copy in narrow places
+/// (`python/json`, then `python/json/__pycache__`) caught up with the listings and waited a
+/// round trip per level, and went no faster than it waited. `cp -r` and `tar` of a source
+/// tree over the WAN took 4.0-4.4 s with 16, 2.8-3.3 s with 128 (as with 256); a minimum
+/// grown from the pace seen so far stayed near 16. What it costs: a walker slower than the
+/// open TTL lets the held listings expire and has them listed again, one directory read
+/// each on ferryd.
+const HELD_WHILE_READING_MIN: usize = 128;
+/// The same from an S3 source, where a listing listed again is a LIST that scans everything
+/// under its prefix.
+const HELD_WHILE_READING_MIN_S3: usize = 16;
 /// Directories found and waiting to be listed ahead, at most.
 const TODO_MAX: usize = 1 << 16;
 /// A file opened this recently means the walk reads files (a copy, not `find` or `ls -lR`).
@@ -287,15 +298,16 @@ impl DirsAhead {
     }
 
     /// How many listings ahead may be held while files are read: twice as many as the
-    /// walker opened within the last open TTL (what `walked` holds then), at least
-    /// [`HELD_WHILE_READING_MIN`], at most [`DIRS_AHEAD`]. Listings older than the open
-    /// TTL are listed again before the walker gets there (its opens take versions from
-    /// them), so more than the walker reaches within that time would each be listed again
-    /// and again: a `cp -r` of a 919-directory tree out of a mount of an S3 bucket, whose
-    /// walker opens a few dozen directories a second, listed the 256 held every second (an
-    /// S3 LIST scans everything under its prefix): over five minutes, 66 s with this cap.
-    fn held_while_reading(&self) -> usize {
-        (2 * self.walked.len()).clamp(HELD_WHILE_READING_MIN, DIRS_AHEAD)
+    /// walker opened within the last open TTL (what `walked` holds then), at least `min`
+    /// ([`HELD_WHILE_READING_MIN`] or [`HELD_WHILE_READING_MIN_S3`]), at most [`DIRS_AHEAD`].
+    /// Listings older than the open TTL are listed again before the walker gets there (its
+    /// opens take versions from them), so more than the walker reaches within that time
+    /// would each be listed again and again: a `cp -r` of a 919-directory tree out of a
+    /// mount of an S3 bucket, whose walker opens a few dozen directories a second, listed
+    /// the 256 held every second (an S3 LIST scans everything under its prefix): over five
+    /// minutes, 66 s with this cap.
+    fn held_while_reading(&self, min: usize) -> usize {
+        (2 * self.walked.len()).clamp(min, DIRS_AHEAD)
     }
 
     /// How far `pos` is from the walker, for ordering: ahead of it, nearest first, then
@@ -754,7 +766,12 @@ impl Lister {
                 .or_else(|| a.todo.iter().next())
                 .map(|(k, _)| k.clone());
             let Some(next) = next else { break };
-            if self.reading() && a.by_path.len() >= a.held_while_reading() {
+            let min = if self.client.s3().is_some() {
+                HELD_WHILE_READING_MIN_S3
+            } else {
+                HELD_WHILE_READING_MIN
+            };
+            if self.reading() && a.by_path.len() >= a.held_while_reading(min) {
                 // Full while files are read: the walker moves at the pace of its copies and
                 // reaches the listings held before they expire; one that made way would be
                 // listed again soon (a `cp -r` of a 919-directory source tree listed them
