@@ -782,3 +782,40 @@ async fn a_copy_that_enters_a_subdirectory_keeps_the_listings_above_it_fresh() {
     fs.releasedir(s);
     fs.releasedir(root);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listings_above_a_walk_are_kept_while_it_goes_through_a_large_subtree() {
+    // A copy goes down through more directories than the mount keeps listings of
+    // (`node/openssl/archs` in a source tree): the listings of the directories above it are
+    // not the ones let go, so when it comes back up, their files' opens find them.
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(src.path().join("top")).unwrap();
+    std::fs::write(src.path().join("top/z"), data(3_000, 5)).unwrap();
+    let wide = 300; // more than the listings kept
+    for i in 0..wide {
+        std::fs::create_dir_all(src.path().join(format!("top/archs/a{i:03}"))).unwrap();
+    }
+    let fs = fs_over(src.path(), FsConfig::default(), 64 << 10).await;
+    let root = fs.opendir(ROOT_INO).await.unwrap();
+    let (top, _) = fs.lookup(ROOT_INO, b"top").await.unwrap();
+    let t = fs.opendir(top).await.unwrap();
+    let (archs, _) = fs.lookup(top, b"archs").await.unwrap();
+    let a = fs.opendir(archs).await.unwrap();
+    for i in 0..wide {
+        let (d, _) = fs
+            .lookup(archs, format!("a{i:03}").as_bytes())
+            .await
+            .unwrap();
+        let h = fs.opendir(d).await.unwrap();
+        fs.releasedir(h);
+    }
+    assert!(
+        fs.listing_age(ROOT_INO).is_some(),
+        "the root's listing was let go"
+    );
+    assert!(fs.listing_age(top).is_some(), "top's listing was let go");
+    assert!(fs.listing_age(archs).is_some(), "archs' listing was let go");
+    fs.releasedir(a);
+    fs.releasedir(t);
+    fs.releasedir(root);
+}

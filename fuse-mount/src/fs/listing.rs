@@ -1000,8 +1000,24 @@ impl Fs {
             Some(old) => dropped.push(old),
             None => {
                 ls.order.push_back(ino);
-                while ls.order.len() > KEPT_LISTINGS {
-                    if let Some(old) = ls.order.pop_front() {
+                // The oldest go, but not those of the directories above this one: a copy
+                // comes back up to open their files after this subtree, and a subtree of
+                // more than KEPT_LISTINGS directories (`node/openssl/archs`) let them go, so
+                // each return waited a round trip to list them again.
+                let mut passed = 0;
+                while ls.order.len() > KEPT_LISTINGS && passed < ls.order.len() {
+                    let Some(old) = ls.order.pop_front() else {
+                        break;
+                    };
+                    let above = ls.by_dir.get(&old).is_some_and(|l| {
+                        path.len() > l.path.len()
+                            && path.starts_with(&l.path)
+                            && (l.path.is_empty() || path[l.path.len()] == b'/')
+                    });
+                    if above {
+                        ls.order.push_back(old);
+                        passed += 1;
+                    } else {
                         dropped.extend(ls.by_dir.remove(&old));
                     }
                 }
