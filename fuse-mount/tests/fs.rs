@@ -819,3 +819,40 @@ async fn the_listings_above_a_walk_are_kept_while_it_goes_through_a_large_subtre
     fs.releasedir(t);
     fs.releasedir(root);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_read_in_pieces_out_of_order_is_fetched_once() {
+    // A reader in 10 KiB records (`tar`) has the kernel's readahead ask for pieces that cut
+    // across chunks, several at once and out of order: a chunk whose tail is read before
+    // its head must stay until its head is read too, not leave the store at its tail and be
+    // fetched again for the head.
+    let src = tempfile::tempdir().unwrap();
+    let cs: u64 = 64 << 10;
+    let content = data(4 * cs as usize, 11);
+    std::fs::write(src.path().join("f"), &content).unwrap();
+    let fs = fs_over(src.path(), FsConfig::default(), cs as u32).await;
+    let (ino, _) = fs.lookup(ROOT_INO, b"f").await.unwrap();
+    let o = fs.open(ino, false).await.unwrap();
+    let mut got = vec![0u8; content.len()];
+    // [0, 24K), then [88K, 152K) (chunk 1's tail, chunk 2's head), then [24K, 88K) (chunk
+    // 0's tail, chunk 1's head), then the rest in order.
+    let pieces = [
+        (0, 24 << 10),
+        (88 << 10, 64 << 10),
+        (24 << 10, 64 << 10),
+        (152 << 10, 104 << 10),
+    ];
+    for (off, len) in pieces {
+        let part = read_at(&fs, o.fh, off, len).await;
+        assert_eq!(part.len(), len as usize, "at {off}");
+        got[off as usize..off as usize + part.len()].copy_from_slice(&part);
+    }
+    assert!(got == content, "the pieces differ from the file");
+    assert_eq!(
+        fs.store().stats().fetched,
+        4,
+        "a chunk was fetched twice: {:?}",
+        fs.store().stats()
+    );
+    fs.release(o.fh);
+}

@@ -47,6 +47,34 @@ pub(super) struct Handle {
     passthrough: AtomicBool,
     /// A read found the file changed on the server (logged once per handle).
     pub(super) changed: AtomicBool,
+    /// Bytes a sequential reader has read of chunks it read in parts, by chunk index
+    /// (see [`Fs::read`]).
+    pub(super) parts_read: Mutex<HashMap<u64, u64>>,
+}
+
+/// Chunks read in parts held in [`Handle::parts_read`] at most (a reader that seeks away
+/// leaves some unfinished).
+const PARTS_TRACKED: usize = 256;
+
+impl Handle {
+    /// A sequential reader read `len` bytes of chunk `index` (of `chunk_len` bytes) in a read
+    /// that did not take it whole: whether it has now read every byte of it. The kernel
+    /// sends a file's readahead in pieces that need not start at a chunk's start, several
+    /// at once and out of order, so reaching a chunk's end does not mean its start was read.
+    pub(super) fn read_part(&self, index: u64, len: usize, chunk_len: usize) -> bool {
+        let mut parts = lock(&self.parts_read);
+        if parts.len() >= PARTS_TRACKED && !parts.contains_key(&index) {
+            parts.clear();
+        }
+        let read = parts.entry(index).or_insert(0);
+        *read += len as u64;
+        if *read >= chunk_len as u64 {
+            parts.remove(&index);
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// What one open file handle did, logged (debug) when it is released: enough to tell a
@@ -189,6 +217,7 @@ impl Fs {
             opened: Instant::now(),
             passthrough: AtomicBool::new(false),
             changed: AtomicBool::new(false),
+            parts_read: Mutex::new(HashMap::new()),
         };
         // Passthrough when the local copy holds this version complete and verified.
         let mut local = match self.store.backing() {

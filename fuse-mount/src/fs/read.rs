@@ -17,8 +17,11 @@
 //!   random reads stay exact (a chunk would cost the link 64 times a 16 KiB read).
 //!
 //! Invariants: a read is short only at the end of the file as of the version seen at open;
-//! a chunk is marked consumed (its memory may go first) only once the page cache holds all
-//! its bytes: read to its end by a sequential reader, or read whole by anyone.
+//! a chunk is marked consumed (it leaves the chunk store) only once the page cache holds all
+//! its bytes: read whole by anyone, or every byte of it by a sequential reader whose reads
+//! cut across chunks (a reader in 10 KiB records, as `tar` reads, has the kernel's readahead
+//! ask for pieces that straddle chunks, and out of order: a chunk's tail may come before its
+//! head).
 //!
 //! A file that changed on the server since the handle opened it
 //! ([`ClientError::Changed`]): bytes of another inode (replaced by a rename) fail the read
@@ -109,10 +112,10 @@ impl Fs {
                 break;
             }
             parts.push(chunk.slice(lo..hi));
-            // Read to its end by a sequential reader, or whole by anyone: the page cache
-            // has those bytes now.
-            let to_end = end >= start + chunk.len() as u64;
-            if to_end && (plan.sequential || lo == 0) {
+            // Read whole, by anyone, or all its parts by a sequential reader: the page
+            // cache has its bytes now.
+            let whole = lo == 0 && hi == chunk.len();
+            if whole || (plan.sequential && h.read_part(i, hi - lo, chunk.len())) {
                 self.store.consumed(&h.key, i);
             }
         }
