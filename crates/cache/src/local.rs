@@ -456,6 +456,7 @@ mod tests {
         drop((copy, syncer));
         task.await.unwrap().unwrap();
     }
+
     /// The race CI once lost (tests/mount_mirror.rs, a file missing from the journal after
     /// the mirror completed): readers completed a small file; before its check ran, the
     /// mirror found it unverified and wrote it anew; the check hashed the new, half-written

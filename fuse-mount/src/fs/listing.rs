@@ -9,11 +9,11 @@
 //!   walker's moves vote ([`DirsAhead::walked_to`]). At most [`DIRS_AHEAD`] are held
 //!   ([`LISTINGS_AHEAD_IN_FLIGHT`] in flight); while the walk reads files, at most twice as
 //!   many as it opened within the open TTL, but at least 128 from ferryd, 16 from S3 (older
-//!   listings are listed again for its opens: [`DirsAhead::held_while_reading`]). While the walk only lists, the furthest makes
-//!   way for a nearer one (while it reads files, none does: it would be listed again). One is
-//!   used by its `opendir` if younger than the TTL, and listed again while a walk goes on if
-//!   it grew older. Directories larger than [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Off
-//!   when the attribute TTL is zero.
+//!   listings are listed again for its opens: [`DirsAhead::held_while_reading`]). While the
+//!   walk only lists, the furthest makes way for a nearer one (while it reads files, none
+//!   does: it would be listed again). One is used by its `opendir` if younger than the TTL,
+//!   and listed again while a walk goes on if it grew older. Directories larger than
+//!   [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Off when the attribute TTL is zero.
 //! - Symlink targets: read ahead with every listing (small, and `ls -l` asks for each).
 //! - Files ahead, only while files are being read (one opened within [`READING`]): with each
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
