@@ -370,6 +370,25 @@ mod tests {
     use crate::state::StateBase;
     use std::os::unix::fs::{FileExt, MetadataExt};
 
+    /// A cache directory in `dir` and its syncer (which syncs only when flushed).
+    fn cache_in(
+        dir: &std::path::Path,
+    ) -> (
+        Arc<CacheDir>,
+        Syncer,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
+        let cache = Arc::new(
+            CacheDir::open(&dir.join("copy"), &StateBase::new(dir.join("state"))).unwrap(),
+        );
+        let (syncer, task) = Syncer::start(
+            cache.clone(),
+            Duration::from_secs(3600),
+            Arc::new(|e| panic!("{e}")),
+        );
+        (cache, syncer, task)
+    }
+
     /// The race CI once lost (tests/s3.rs, no passthrough open after the mirror completed):
     /// the mirror wrote every chunk (recorded by the syncer only later), then set the file's
     /// times; a reader's store of a chunk it had fetched meanwhile landed after that and
@@ -377,18 +396,7 @@ mod tests {
     #[tokio::test]
     async fn a_readers_store_after_the_mirror_set_the_times_does_not_change_them() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = Arc::new(
-            CacheDir::open(
-                &dir.path().join("copy"),
-                &StateBase::new(dir.path().join("state")),
-            )
-            .unwrap(),
-        );
-        let (syncer, task) = Syncer::start(
-            cache.clone(),
-            Duration::from_secs(3600),
-            Arc::new(|e| panic!("{e}")),
-        );
+        let (cache, syncer, task) = cache_in(dir.path());
         let cs = 4096u32;
         let version = ferry_proto::Version {
             ino: 1,
@@ -485,18 +493,7 @@ mod tests {
         .unwrap();
 
         let dir = tempfile::tempdir().unwrap();
-        let cache = Arc::new(
-            CacheDir::open(
-                &dir.path().join("copy"),
-                &StateBase::new(dir.path().join("state")),
-            )
-            .unwrap(),
-        );
-        let (syncer, task) = Syncer::start(
-            cache.clone(),
-            Duration::from_secs(3600),
-            Arc::new(|e| panic!("{e}")),
-        );
+        let (cache, syncer, task) = cache_in(dir.path());
         let rel = Bytes::from_static(b"f");
         let version = client
             .stat(crate::mirror::remote_path(&Bytes::new(), &rel))
