@@ -465,6 +465,22 @@ mod tests {
         task.await.unwrap().unwrap();
     }
 
+    /// Runs the check of `rel` of `generation` that a completion through the mount asks for.
+    async fn check(
+        copy: &Arc<LocalCopy>,
+        client: &ferry_client::Client,
+        rel: &Bytes,
+        version: ferry_proto::Version,
+        generation: u64,
+    ) {
+        let (done, completed) = tokio::sync::mpsc::unbounded_channel();
+        done.send((rel.clone(), version, generation)).unwrap();
+        drop(done);
+        copy.clone()
+            .verify_completed(client.clone(), completed)
+            .await;
+    }
+
     /// The race CI once lost (tests/mount_mirror.rs, a file missing from the journal after
     /// the mirror completed): readers completed a small file; before its check ran, the
     /// mirror found it unverified and wrote it anew; the check hashed the new, half-written
@@ -522,12 +538,7 @@ mod tests {
         assert_ne!(first, second);
 
         // The readers' completion is checked now.
-        let (done, completed) = tokio::sync::mpsc::unbounded_channel();
-        done.send((rel.clone(), version, first)).unwrap();
-        drop(done);
-        copy.clone()
-            .verify_completed(client.clone(), completed)
-            .await;
+        check(&copy, &client, &rel, version, first).await;
         syncer.flush().await;
 
         let st = cache
@@ -537,12 +548,7 @@ mod tests {
         assert_eq!(copy.mismatches.load(Ordering::Relaxed), 0);
         assert_eq!(copy.verified.load(Ordering::Relaxed), 0);
         // A check of the current generation still finds a bad copy bad.
-        let (done, completed) = tokio::sync::mpsc::unbounded_channel();
-        done.send((rel.clone(), version, second)).unwrap();
-        drop(done);
-        copy.clone()
-            .verify_completed(client.clone(), completed)
-            .await;
+        check(&copy, &client, &rel, version, second).await;
         assert!(
             cache.state(&rel).is_none(),
             "the half-written copy is dropped"

@@ -702,6 +702,17 @@ mod tests {
     use super::*;
     use crate::ClientConfig;
 
+    /// A client of the ferryd at `addr` with `streams` streams.
+    async fn connect(addr: String, streams: usize) -> Client {
+        Client::connect(ClientConfig {
+            addr,
+            streams,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+    }
+
     /// An in-process ferryd serving `dir` until the returned sender is dropped; its address.
     async fn serve(dir: &std::path::Path) -> (String, tokio::sync::oneshot::Sender<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -814,13 +825,7 @@ mod tests {
         }
         std::fs::create_dir_all(dir.path().join("d/e")).unwrap();
         let (addr, _stop) = serve(dir.path()).await;
-        let client = Client::connect(ClientConfig {
-            addr,
-            streams: 1,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let client = connect(addr, 1).await;
         let tree = client.read_tree(Bytes::new(), 16384).await.unwrap();
         // The root, cut short and completed; its subdirectories are the caller's to ask.
         assert_eq!(tree.len(), 1);
@@ -842,14 +847,7 @@ mod tests {
             .collect();
         std::fs::write(dir.path().join("f"), &data).unwrap();
         let (addr, _stop) = serve(dir.path()).await;
-        let client = Client::connect(ClientConfig {
-            addr,
-            streams: 2,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .background();
+        let client = connect(addr, 2).await.background();
         let path = Bytes::from_static(b"f");
         let whole = client
             .read_verified(path.clone(), 0, 1 << 20)
@@ -881,13 +879,7 @@ mod tests {
         let data: Vec<u8> = row.iter().copied().cycle().take(16 << 20).collect();
         std::fs::write(dir.path().join("f"), &data).unwrap();
         let (addr, _stop) = serve(dir.path()).await;
-        let client = Client::connect(ClientConfig {
-            addr,
-            streams: 2,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let client = connect(addr, 2).await;
         match client.call(Request::Load).await.unwrap() {
             Response::Load(l) => {
                 assert!(l.cores >= 1, "{l:?}");
