@@ -6,7 +6,7 @@
 #   bench/readers.sh [--smoke] [--links 1gbit,wan,loopback] [--only LIST] [--repeat N]
 #                    [--seconds S] [--fio-seconds S] [--warmup S] [--read-mib N] [--cp-mib N]
 #                    [--bulk-files N] [--bulk-mib N] [--pg-scale N] [--timeout SECS]
-#                    [--data DIR] [--out FILE] [--baseline FILE]
+#                    [--data DIR] [--out FILE] [--baseline FILE] [--fresh-ferryd]
 #   FERRY_ARGS=...               extra options for every ferry mount
 #   FERRY_MIRROR_MOUNT_ARGS=...  extra options for the mount with --mirror only
 #   FERRYD_ARGS=...              extra options for ferryd
@@ -38,6 +38,9 @@
 # It must be big enough that the mirror does not finish during a measurement: the report
 # flags runs where it was not running throughout.
 # --smoke: a check that every step works (small files, --repeat 1, short windows).
+# --fresh-ferryd: ferryd is started afresh before every run (alone and during alike), so its
+# cache of whole-file hashes is cold, as at a first mirror of the data: otherwise from the
+# second run on ferryd answers the mirror's hashes without reading the files again.
 #
 # Output: a markdown report (default bench/out/readers.md; --smoke: bench/out/readers-smoke.md)
 # with the date and commit, a table per link, every run, and the issue's targets checked; the
@@ -50,10 +53,11 @@ ROOT=$PWD
 args_given="$*"
 
 smoke=0 links="" only="" only_given=0 repeat="" seconds="" fio_secs="" warmup="" read_mib="" cp_mib=""
-bulk_files="" bulk_mib="" pg_scale="" timeout_secs=1800 data="" out="" baseline=""
+bulk_files="" bulk_mib="" pg_scale="" timeout_secs=1800 data="" out="" baseline="" fresh_ferryd=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --smoke) smoke=1; shift ;;
+        --fresh-ferryd) fresh_ferryd=1; shift ;;
         --links) links=$2; shift 2 ;;
         --only) only=$2; only_given=1; shift 2 ;;
         --repeat) repeat=$2; shift 2 ;;
@@ -259,6 +263,11 @@ printf 'link\tmeasure\tmode\trun\tv1\tv2\tv3\tv4\tmirror_MBps\tstate_before\tsta
 run_one() {
     local link=$1 m=$2 mode=$3 run=$4 mnt s0="{}" s1="{}" t0=0 t1=0 r
     prepare "$m"
+    if [ "$fresh_ferryd" = 1 ]; then
+        kill "$ferryd_pid" 2>/dev/null || true
+        for _ in $(seq 100); do kill -0 "$ferryd_pid" 2>/dev/null || break; sleep 0.1; done
+        ns_ferryd "$DATA"
+    fi
     drop_caches
     if [ "$mode" = alone ]; then
         mnt=$WORK/mnt/plain
