@@ -380,6 +380,13 @@ base_mirror() {  # the mirror-alone median of LINK in the --baseline TSV
     echo "Produced by \`bench/readers.sh${args_given:+ $args_given}\` from $started to $(date -u '+%H:%M UTC'), binaries built at"
     echo "commit $commit; $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r)."
     echo "FERRY_ARGS='${FERRY_ARGS:-}' FERRY_MIRROR_MOUNT_ARGS='${FERRY_MIRROR_MOUNT_ARGS:-}' FERRYD_ARGS='${FERRYD_ARGS:-}'."
+    # A VM that reports free memory to its host makes memory freed during a run slow to use
+    # again, and the loopback copies beside the mirror with it (docs/MIRROR.md).
+    if [ -r /sys/module/page_reporting/parameters/page_reporting_order ]; then
+        echo "Free page reporting to the host: possible, order $(cat /sys/module/page_reporting/parameters/page_reporting_order) (above 10: off)."
+    else
+        echo "Free page reporting to the host: not built in."
+    fi
     echo
     gib=$(awk -v b="$total_bytes" 'BEGIN { printf "%.1f", b / 1073741824 }')
     dump=""
