@@ -111,6 +111,10 @@ const LINK_DECAY: f64 = 0.03;
 /// as the limit (measured: 0.85–1 while a 100 Mbit/s link carried database pages, about
 /// 0.1 during a walk of small files on loopback).
 pub const LINK_LIMITED: f64 = 0.5;
+/// A reading of the server's under which the network did not set the pace at all, give or
+/// take: measured 0.00 in every reading while database pages crossed 1 Gbit/s on zstd 1
+/// (21 MB/s of wire on a link of 117), 0.25-1.0 while they crossed 100 Mbit/s.
+pub const LINK_IDLE: f64 = 0.05;
 /// Windows in a row the link must not have set the pace, and never have, before `auto`
 /// holds to lz4 at most. One: a walk of small files over a fast link ends in a second or
 /// two, and four windows (a second) kept it on zstd 1 for most of it (a loopback `ferry
@@ -310,6 +314,9 @@ pub struct Chooser {
     /// Whether a window with traffic has brought the server's first word on the link (or
     /// came from a server that gives none).
     heard: bool,
+    /// Whether the server's latest reading said the network set the pace for hardly any of
+    /// the time ([`LINK_IDLE`]).
+    link_idle: bool,
 }
 
 impl Chooser {
@@ -360,6 +367,7 @@ impl Chooser {
             lag: None,
             stepped_down_from: None,
             heard: false,
+            link_idle: false,
         }
     }
 
@@ -428,6 +436,12 @@ impl Chooser {
             self.client_idle = Some(avg(self.client_idle, c.idle));
             self.client_process = Some(avg(self.client_process, c.process));
         }
+    }
+
+    /// The share of the sending time the network set the pace in the server's latest
+    /// reading, while it is fresh (`None`: no fresh reading, or a server that gives none).
+    pub fn set_link_share(&mut self, share: Option<f64>) {
+        self.link_idle = share.is_some_and(|s| s < LINK_IDLE);
     }
 
     /// Whether both ends run on one machine (the server's boot id is this machine's): their
@@ -800,13 +814,17 @@ impl Chooser {
         // 100 Mbit/s: zstd 1 packs them 43:1, lz4 15:1, and zstd 1 already fills the link
         // while the server reads its last windows as not limited). Judged on the highest decoded
         // rate of the last two seconds: a window the reader left idle, or one of a stall,
-        // understates what lz4 would have to carry.
+        // understates what lz4 would have to carry. Unless the network set the pace for
+        // hardly any of the time ([`LINK_IDLE`]): the link is then far from full, not near
+        // it (database pages over 1 Gbit/s on zstd 1 send a sixth of what it carries, and
+        // lz4, which the CPUs feed faster, was refused for needing three times that); a step
+        // that makes the link the limit goes back at once (above).
         let lz4 = CANDIDATES.iter().position(|&c| c == Compression::Lz4);
         if let Some(l) = lz4.filter(|&l| self.allowed[l]) {
             if self.not_limited >= NOT_LIMITED_WINDOWS
                 && self.link.is_none()
                 && self.current > l
-                && self.wire_seen_for_half(l, decoded_lately)
+                && (self.link_idle || self.wire_seen_for_half(l, decoded_lately))
             {
                 self.stepped_down_from = Some((self.current, 0));
                 return self.change_to(l, None);
@@ -940,6 +958,10 @@ mod tests {
         /// Windows (from the start of a run) the reader pauses in: they carry 0.6 of the
         /// bytes, and requests are not outstanding all along.
         idle: &'static [usize],
+        /// Whether the server's readings come with their share ([`Chooser::set_link_share`]):
+        /// all of the time when the link limits, none when the wire carries under half the
+        /// link, some otherwise.
+        shares: bool,
     }
 
     impl Default for Sim {
@@ -956,6 +978,7 @@ mod tests {
                 signal_lag: 0,
                 spurious_limited: None,
                 idle: &[],
+                shares: false,
             }
         }
     }
@@ -1043,6 +1066,16 @@ mod tests {
                 // One machine's CPUs (the simulation's are one pool).
                 c.set_same_machine(true);
                 c.set_cpus(Some(server), Some(client));
+                if self.shares && self.reports {
+                    let wire = self.delivered(said) / self.table[said].0;
+                    c.set_link_share(Some(if self.link_limits(said) {
+                        1.0
+                    } else if wire < self.link / 2.0 {
+                        0.0
+                    } else {
+                        0.4
+                    }));
+                }
                 let paused = self.idle.contains(&(used.len() - 1));
                 let decoded = self.delivered(i) * if paused { 0.3 } else { 0.5 };
                 let ratio = self.table[i].0;
@@ -1112,12 +1145,14 @@ mod tests {
 
     #[test]
     fn a_slow_link_with_compressible_pages_gets_zstd() {
-        // With a server that says when the link sets the pace, and with one that does not.
-        for reports in [true, false] {
+        // With a server that says when the link sets the pace (and how much of the time),
+        // and with one that does not.
+        for (reports, shares) in [(true, false), (true, true), (false, false)] {
             let sim = Sim {
                 link: 12.5e6,
                 table: PAGES,
                 reports,
+                shares,
                 ..Sim::default()
             };
             let mut c = Chooser::new(true, Some(6), 2);
@@ -1509,6 +1544,44 @@ mod tests {
         // Without lz4 there is nothing cheaper that still packs.
         let c = Chooser::new(false, Some(6), 2);
         assert_eq!(c.small_files(), Compression::Zstd(1));
+    }
+
+    #[test]
+    fn pages_over_a_link_far_from_full_step_down_to_lz4_at_once() {
+        // Database pages over 1 Gbit/s, the CPUs the limit: zstd 1 sends a tenth of what the
+        // link carries and the server says the network set the pace for none of the time.
+        // lz4, which the CPUs feed faster, needs three times that wire rate: taken from the
+        // first window the server speaks, not after seconds (a 1 GiB copy lasts five
+        // windows of a quarter second).
+        let sim = Sim {
+            link: 117e6,
+            table: PAGES,
+            other: 900e6,
+            shares: true,
+            ..Sim::default()
+        };
+        let lz4 = CANDIDATES
+            .iter()
+            .position(|&x| x == Compression::Lz4)
+            .unwrap();
+        let zstd1 = CANDIDATES
+            .iter()
+            .position(|&x| x == Compression::Zstd(1))
+            .unwrap();
+        assert!(sim.delivered(lz4) > sim.delivered(zstd1));
+        assert!(sim.delivered(lz4) / 15.0 > 2.0 * sim.delivered(zstd1) / 42.0);
+        let mut c = Chooser::new(true, Some(6), 2);
+        let asked = sim.run_logged(&mut c, 6);
+        assert_eq!(asked[1], Compression::Lz4, "{asked:?}; {}", c.explain());
+        assert_eq!(c.current(), Compression::Lz4, "{asked:?}; {}", c.explain());
+        // Without the share (a server that only says "not limited"), as before: not yet.
+        let mut c = Chooser::new(true, Some(6), 2);
+        let asked = Sim {
+            shares: false,
+            ..sim
+        }
+        .run_logged(&mut c, 3);
+        assert!(!asked.contains(&Compression::Lz4), "{asked:?}");
     }
 
     #[test]

@@ -63,6 +63,14 @@ impl LinkReadings {
         self.last = now;
     }
 
+    /// The share of the latest reading, while it stands for the window ending `now`.
+    fn share(&self, now: Instant) -> Option<f64> {
+        match self.signal {
+            Some((_, at)) if now.saturating_duration_since(at) < SIGNAL_FRESH => self.share,
+            _ => None,
+        }
+    }
+
     /// The signal for a window ending `now`.
     fn signal(&self, now: Instant) -> LinkSignal {
         match self.signal {
@@ -415,6 +423,7 @@ pub(super) async fn run(inner: Weak<Inner>) {
                 window.link,
                 lock(&link_readings).share.unwrap_or(f64::NAN)
             );
+            c.set_link_share(lock(&link_readings).share(Instant::now()));
             let next = c.window(window);
             if next != codec.current() {
                 tracing::debug!(
