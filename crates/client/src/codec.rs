@@ -28,7 +28,8 @@
 //! the codec was in use (the lower of its nearest used neighbours' before), from windows
 //! whose bytes nearly all answered requests that asked for it ([`Window::fresh`]). The highest
 //! wins, a dearer codec must gain 8 %, a tie (3 %) goes to the cheaper one, and a change must
-//! win two windows running. While a machine at either end has no idle CPU, the next cheaper
+//! win two windows running — except to raw when every codec's samples pack the data 1.02:1
+//! or worse (random or already compressed bytes), which is taken at once. While a machine at either end has no idle CPU, the next cheaper
 //! codec is tried for half a second soon after the start and then every ten seconds (a step
 //! down that holds is followed by the next soon): when the CPU, not the link, limits a codec,
 //! the link looks as slow as that codec sends, and only a cheaper codec shows what it really
@@ -115,6 +116,9 @@ pub const LINK_LIMITED: f64 = 0.5;
 /// take: measured 0.00 in every reading while database pages crossed 1 Gbit/s on zstd 1
 /// (21 MB/s of wire on a link of 117), 0.25-1.0 while they crossed 100 Mbit/s.
 pub const LINK_IDLE: f64 = 0.05;
+/// Sampled ratios at or under this for every candidate: nothing packs the data (random,
+/// encrypted or already compressed bytes), and any codec only costs the server its attempt.
+const NOTHING_PACKS: f64 = 1.02;
 /// Windows in a row the link must not have set the pace, and never have, before `auto`
 /// holds to lz4 at most. One: a walk of small files over a fast link ends in a second or
 /// two, and four windows (a second) kept it on zstd 1 for most of it (a loopback `ferry
@@ -819,6 +823,13 @@ impl Chooser {
         // it (database pages over 1 Gbit/s on zstd 1 send a sixth of what it carries, and
         // lz4, which the CPUs feed faster, was refused for needing three times that); a step
         // that makes the link the limit goes back at once (above).
+        // Nothing packs the data: raw at once, not after the two windows a change must win
+        // (random bytes on loopback spent most of a 1 GiB copy's four windows on the
+        // starting zstd 1, each chunk tried and sent raw). The samples go on; when the data
+        // packs again, the model below chooses as ever.
+        if self.current != 0 && self.nothing_packs() {
+            return self.change_to(0, None);
+        }
         let lz4 = CANDIDATES.iter().position(|&c| c == Compression::Lz4);
         if let Some(l) = lz4.filter(|&l| self.allowed[l]) {
             if self.not_limited >= NOT_LIMITED_WINDOWS
@@ -912,6 +923,22 @@ impl Chooser {
 
     /// Asks for candidate `i` from now on (`probe_from`: the codec a probe steps down from)
     /// and starts judging it afresh; returns it.
+    /// Whether every allowed codec's samples say it does not pack the data
+    /// ([`NOTHING_PACKS`]); false until each has a sample.
+    fn nothing_packs(&self) -> bool {
+        let mut any = false;
+        for (i, c) in self.costs.iter().enumerate().skip(1) {
+            if !self.allowed[i] {
+                continue;
+            }
+            match c.ratio.0 {
+                Some(r) if r <= NOTHING_PACKS => any = true,
+                _ => return false,
+            }
+        }
+        any
+    }
+
     fn change_to(&mut self, i: usize, probe_from: Option<usize>) -> Compression {
         self.current = i;
         self.probe_from = probe_from;
@@ -1544,6 +1571,33 @@ mod tests {
         // Without lz4 there is nothing cheaper that still packs.
         let c = Chooser::new(false, Some(6), 2);
         assert_eq!(c.small_files(), Compression::Zstd(1));
+    }
+
+    #[test]
+    fn data_that_nothing_packs_goes_raw_from_the_first_window_and_back_when_it_packs() {
+        // Random bytes over 1 Gbit/s: the samples show no codec packs them.
+        let sim = Sim {
+            link: 117e6,
+            table: RANDOM,
+            ..Sim::default()
+        };
+        let mut c = Chooser::new(true, Some(6), 2);
+        let asked = sim.run_logged(&mut c, 6);
+        assert_eq!(asked[1], Compression::None, "{asked:?}; {}", c.explain());
+        assert!(
+            asked[1..].iter().all(|&x| x == Compression::None),
+            "{asked:?}"
+        );
+        // Then binaries over the same link: the samples change, and a codec that packs
+        // them comes back.
+        let mixed = Sim {
+            link: 117e6,
+            table: MIXED,
+            ..Sim::default()
+        };
+        let got = mixed.run(&mut c, 40);
+        assert!(mixed.share_of_best(got) >= 0.9, "{got}: {}", c.explain());
+        assert_ne!(got, Compression::None);
     }
 
     #[test]
