@@ -29,7 +29,8 @@
 //! whose bytes nearly all answered requests that asked for it ([`Window::fresh`]). The highest
 //! wins, a dearer codec must gain 8 %, a tie (3 %) goes to the cheaper one, and a change must
 //! win two windows running — except to raw when every codec's samples pack the data 1.02:1
-//! or worse (random or already compressed bytes), which is taken at once. While a machine at either end has no idle CPU, the next cheaper
+//! or worse (random or already compressed bytes), which is taken at once. While a machine at
+//! either end has no idle CPU, the next cheaper
 //! codec is tried for half a second soon after the start and then every ten seconds (a step
 //! down that holds is followed by the next soon): when the CPU, not the link, limits a codec,
 //! the link looks as slow as that codec sends, and only a cheaper codec shows what it really
@@ -808,6 +809,13 @@ impl Chooser {
                 _ => {}
             }
         }
+        // Nothing packs the data: raw at once, not after the two windows a change must win
+        // (random bytes on loopback spent most of a 1 GiB copy's four windows on the
+        // starting zstd 1, each chunk tried and sent raw). The samples go on; when the data
+        // packs again, the model below chooses as ever.
+        if self.current != 0 && self.nothing_packs() {
+            return self.change_to(0, None);
+        }
         // A second in which the link has not set the pace, and it never has (a walk of
         // small files, a reader, a compressor short of CPU): compressing more than lz4 only
         // costs both ends CPU and each response time. lz4 at most, the cheapest codec
@@ -823,13 +831,6 @@ impl Chooser {
         // it (database pages over 1 Gbit/s on zstd 1 send a sixth of what it carries, and
         // lz4, which the CPUs feed faster, was refused for needing three times that); a step
         // that makes the link the limit goes back at once (above).
-        // Nothing packs the data: raw at once, not after the two windows a change must win
-        // (random bytes on loopback spent most of a 1 GiB copy's four windows on the
-        // starting zstd 1, each chunk tried and sent raw). The samples go on; when the data
-        // packs again, the model below chooses as ever.
-        if self.current != 0 && self.nothing_packs() {
-            return self.change_to(0, None);
-        }
         let lz4 = CANDIDATES.iter().position(|&c| c == Compression::Lz4);
         if let Some(l) = lz4.filter(|&l| self.allowed[l]) {
             if self.not_limited >= NOT_LIMITED_WINDOWS
@@ -921,8 +922,6 @@ impl Chooser {
         });
     }
 
-    /// Asks for candidate `i` from now on (`probe_from`: the codec a probe steps down from)
-    /// and starts judging it afresh; returns it.
     /// Whether every allowed codec's samples say it does not pack the data
     /// ([`NOTHING_PACKS`]); false until each has a sample.
     fn nothing_packs(&self) -> bool {
@@ -939,6 +938,8 @@ impl Chooser {
         any
     }
 
+    /// Asks for candidate `i` from now on (`probe_from`: the codec a probe steps down from)
+    /// and starts judging it afresh; returns it.
     fn change_to(&mut self, i: usize, probe_from: Option<usize>) -> Compression {
         self.current = i;
         self.probe_from = probe_from;
