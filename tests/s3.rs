@@ -783,6 +783,26 @@ fn a_postgresql_data_directory_written_through_s3fs_mirrors_and_starts() {
         assert_eq!((m.uid(), m.gid()), pg_owner, "{}", p.display());
     }
     assert_eq!(std::fs::metadata(&copy).unwrap().mode() & 0o777, 0o700);
+    // Every file and directory with the source's owner and mode (a file the server cannot
+    // open is named here, not left to PostgreSQL's "Permission denied" at start).
+    let source: std::collections::HashMap<_, _> = ferry_tests::walk(&export.join("pgdata"))
+        .into_iter()
+        .map(|m| (m.rel.clone(), (m.owner, m.mode)))
+        .collect();
+    let wrong: Vec<String> = ferry_tests::walk(&copy)
+        .into_iter()
+        .filter(|m| source.get(&m.rel).is_some_and(|s| *s != (m.owner, m.mode)))
+        .map(|m| {
+            format!(
+                "{}: {:?} {:o}, source {:?}",
+                m.rel.display(),
+                m.owner,
+                m.mode,
+                source[&m.rel]
+            )
+        })
+        .collect();
+    assert!(wrong.is_empty(), "owner or mode differs: {wrong:#?}");
     let sock = ferry_tests::pg::socket_dir(top.path(), "sock2", pg_owner);
     let db = ferry_tests::pg::Postgres::start(&pg, &copy, &sock);
     assert_eq!(db.sql("select count(*), sum(id) from t"), "20000|200010000");
