@@ -63,20 +63,21 @@ impl LinkReadings {
         self.last = now;
     }
 
+    /// The latest reading's signal, while it stands for the window ending `now`.
+    fn fresh(&self, now: Instant) -> Option<LinkSignal> {
+        self.signal
+            .filter(|(_, at)| now.saturating_duration_since(*at) < SIGNAL_FRESH)
+            .map(|(s, _)| s)
+    }
+
     /// The share of the latest reading, while it stands for the window ending `now`.
     fn share(&self, now: Instant) -> Option<f64> {
-        match self.signal {
-            Some((_, at)) if now.saturating_duration_since(at) < SIGNAL_FRESH => self.share,
-            _ => None,
-        }
+        self.fresh(now).and(self.share)
     }
 
     /// The signal for a window ending `now`.
     fn signal(&self, now: Instant) -> LinkSignal {
-        match self.signal {
-            Some((s, at)) if now.saturating_duration_since(at) < SIGNAL_FRESH => s,
-            _ => LinkSignal::Pending,
-        }
+        self.fresh(now).unwrap_or(LinkSignal::Pending)
     }
 }
 
