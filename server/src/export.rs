@@ -754,8 +754,9 @@ fn small_file(
 /// Reads up to `len` bytes at `offset`, short only at end of file. Returns the bytes and
 /// the attributes of the file they came from; if the file changes during the read
 /// (size or mtime moves), the read is repeated so the bytes belong to one version.
-/// `uncached`: pages the read brings into the page cache are dropped again
-/// ([`ferry_util::direct::pread_uncached`]).
+/// A large range none of which is cached is read past the page cache
+/// ([`ferry_util::direct::read_cold`]); otherwise, with `uncached`, pages the read brings
+/// into the page cache are dropped again ([`ferry_util::direct::pread_uncached`]).
 ///
 /// # Errors
 /// I/O errors, or a file that keeps changing.
@@ -769,6 +770,20 @@ pub fn read_at(
     let mut before = attr;
     for _ in 0..3 {
         let want = len.min(before.size.saturating_sub(offset) as usize);
+        // A large range no page of which is cached: past the page cache.
+        let cold = ferry_util::direct::read_cold(file, offset, want)
+            .map_err(|e| OpError::new(Status::Io, format!("read: {e}")))?;
+        if let Some((buf, start, got)) = cold {
+            let after = attr_of(
+                &fstatx(file.as_fd())
+                    .map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
+            );
+            if after.version() == before.version() {
+                return Ok((Bytes::from(buf).slice(start..start + got), after));
+            }
+            before = after;
+            continue;
+        }
         // Read straight into spare capacity: a 1 MiB buffer is not zeroed only to be
         // overwritten.
         let mut buf: Vec<u8> = Vec::with_capacity(want);
@@ -803,7 +818,8 @@ pub fn read_at(
     ))
 }
 
-/// BLAKE3 of the whole file, read in chunks of `buf_len` bytes (uncached:
+/// BLAKE3 of the whole file, read in chunks of `buf_len` bytes (past the page cache where
+/// none of a chunk is cached, [`ferry_util::direct::read_cold`]; else uncached,
 /// [`ferry_util::direct::pread_uncached`]). The version must be the same
 /// before and after (else the file is hashed again, up to three times), so the hash belongs
 /// to exactly the version it is reported with.
@@ -818,6 +834,19 @@ pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u
         let mut offset = 0u64;
         loop {
             buf.clear();
+            // A piece none of which is cached: past the page cache.
+            match ferry_util::direct::read_cold(file, offset, buf_len) {
+                Ok(Some((cold, start, got))) => {
+                    if got == 0 {
+                        break;
+                    }
+                    hasher.update(&cold[start..start + got]);
+                    offset += got as u64;
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => return Err(OpError::new(Status::Io, format!("read: {e}"))),
+            }
             // Only mirrors ask for hashes: the page cache is left as it was found.
             match ferry_util::direct::pread_uncached(file, &mut buf, offset) {
                 Ok(0) => break,

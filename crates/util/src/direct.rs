@@ -175,6 +175,170 @@ pub fn pread_uncached(file: &File, buf: &mut Vec<u8>, offset: u64) -> std::io::R
     }
 }
 
+/// Reads this large and larger may go past the page cache ([`read_cold`]); smaller ones (a
+/// tree's small files) cost a syscall more to check and gain little.
+pub const COLD_MIN: usize = 256 << 10;
+
+/// `cachestat(2)` (Linux 6.5+; the same number on every architecture) was refused once, or
+/// direct reads were: [`read_cold`] then declines every read.
+static NO_COLD: AtomicBool = AtomicBool::new(false);
+
+/// A refused direct read was logged already.
+static COLD_LOGGED: AtomicBool = AtomicBool::new(false);
+
+fn cold_refused(e: &std::io::Error) {
+    if !COLD_LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::debug!("a direct read was refused ({e}); such reads go through the page cache");
+    }
+}
+
+/// `cachestat(2)`'s number (common to every architecture since Linux 6.5).
+const SYS_CACHESTAT: libc::c_long = 451;
+
+#[repr(C)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Cachestat {
+    nr_cache: u64,
+    nr_dirty: u64,
+    nr_writeback: u64,
+    nr_evicted: u64,
+    nr_recently_evicted: u64,
+}
+
+/// Whether no page of `offset..offset + len` of `file` is in the page cache (none cached,
+/// dirty or under write-back). `None` where the kernel cannot say.
+fn uncached(file: &File, offset: u64, len: usize) -> Option<bool> {
+    let range = CachestatRange {
+        off: offset,
+        len: len as u64,
+    };
+    let mut st = Cachestat::default();
+    // SAFETY: `range` and `st` are valid for the call, laid out as the kernel's structs.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &raw const range,
+            &raw mut st,
+            0u32,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    Some(st.nr_cache == 0 && st.nr_dirty == 0 && st.nr_writeback == 0)
+}
+
+/// Reads up to `len` bytes at `offset` of `file` with direct I/O (`O_DIRECT`), when none of
+/// them is in the page cache: into a buffer allocated here, returned with where the bytes
+/// start in it and how many were read (fewer only at the end of the file). `None` when
+/// the read should go through the page cache instead: part of the range is cached (the
+/// cached bytes are cheaper to copy, and a writer's dirty pages are the newest bytes),
+/// `offset` is not a multiple of [`ALIGN`], the read is under [`COLD_MIN`], or the kernel or
+/// file system cannot (a kernel without `cachestat(2)`: the process does not ask again).
+///
+/// Why: a read through the page cache allocates a page for every 4 KiB, copies it out and
+/// leaves it for reclaim; measured on the 2-core VM of docs/BENCHMARKS-COMPRESSION.md, 1 GiB
+/// of a file not cached cost 0.37-0.64 s of system time read buffered, 0.06-0.08 s direct.
+/// A file served once (a copy, a mirror) gains nothing from the cache either, and evicts
+/// what the server's own programs had cached.
+///
+/// `file` is this caller's own descriptor (its status flags are changed during the read and
+/// restored after).
+///
+/// # Errors
+/// The read failed.
+pub fn read_cold(
+    file: &File,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<Option<(Vec<u8>, usize, usize)>> {
+    if len < COLD_MIN || !offset.is_multiple_of(ALIGN as u64) || NO_COLD.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    match uncached(file, offset, len) {
+        Some(true) => {}
+        Some(false) => return Ok(None),
+        None => {
+            NO_COLD.store(true, Ordering::Relaxed);
+            tracing::debug!("cachestat(2) not available: reads go through the page cache");
+            return Ok(None);
+        }
+    }
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we hold.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_DIRECT) } < 0 {
+        // A file system without direct I/O: this file through the page cache (another
+        // under the same export may be on one with it).
+        cold_refused(&std::io::Error::last_os_error());
+        return Ok(None);
+    }
+    let aligned = len.div_ceil(ALIGN) * ALIGN;
+    let mut buf: Vec<u8> = Vec::with_capacity(aligned + ALIGN);
+    let start = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
+    let mut got = 0usize;
+    let result = loop {
+        if got >= len {
+            break Ok(());
+        }
+        let Ok(off) = libc::off_t::try_from(offset + got as u64) else {
+            break Err(ErrorKind::InvalidInput.into());
+        };
+        // SAFETY: `start + got .. start + aligned` lies within the allocation and is ours;
+        // the kernel writes at most that many bytes there.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                buf.as_mut_ptr().add(start + got).cast(),
+                aligned - got,
+                off,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            break Err(e);
+        }
+        let n = n as usize;
+        got += n;
+        // A short read that is not a whole number of blocks is the end of the file.
+        if n == 0 || !n.is_multiple_of(ALIGN) {
+            break Ok(());
+        }
+    };
+    // SAFETY: as above; restores the descriptor's flags.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
+    match result {
+        Ok(()) => {
+            let got = got.min(len);
+            // SAFETY: the kernel initialised `start..start + got` (and `..start` is not
+            // read: the caller takes `start..start + got` only). Zero the head so every
+            // byte of the vector is initialised.
+            unsafe {
+                std::ptr::write_bytes(buf.as_mut_ptr(), 0, start);
+                buf.set_len(start + got);
+            }
+            Ok(Some((buf, start, got)))
+        }
+        // Refused after all (an alignment this device does not take): the same bytes
+        // through the page cache.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            cold_refused(&e);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Feeds the whole of the file at `path` to `sink`, in order, read with direct I/O where
 /// possible (see the module docs).
 ///
@@ -316,6 +480,73 @@ mod tests {
         assert_eq!(pread_uncached(&f, &mut part, 50).expect("read"), 100);
         assert!(part[..] == all[50..150]);
         std::fs::remove_file(&path).expect("remove");
+    }
+
+    /// Drops the file's pages from the page cache (written back first).
+    fn evict(f: &File) {
+        f.sync_all().expect("sync");
+        // SAFETY: a hint on a descriptor we hold.
+        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0, "fadvise");
+    }
+
+    #[test]
+    fn cold_reads_give_the_files_bytes_and_decline_what_is_cached() {
+        // Not /tmp: a tmpfs keeps every page "cached". The source tree is on a disk.
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).expect("temp dir");
+        let path = dir.path().join("cold");
+        // Five 256 KiB pieces and an unaligned tail.
+        let all = pattern(5 * COLD_MIN + 777, 9);
+        std::fs::write(&path, &all).expect("write");
+        let f = File::open(&path).expect("open");
+        evict(&f);
+        let direct_possible = File::options()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .is_ok();
+        let Some(cachestat) = uncached(&f, 0, all.len()) else {
+            eprintln!("kernel without cachestat(2): cold reads are never used here");
+            assert!(read_cold(&f, 0, COLD_MIN).expect("read").is_none());
+            return;
+        };
+        if !direct_possible {
+            eprintln!("file system without O_DIRECT: cold reads are declined");
+            assert!(read_cold(&f, 0, COLD_MIN).expect("read").is_none());
+            return;
+        }
+        assert!(cachestat, "the evicted file still has cached pages");
+        let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+
+        // An aligned piece in the middle, and one that runs past the end of the file.
+        let (buf, start, got) = read_cold(&f, COLD_MIN as u64, 2 * COLD_MIN)
+            .expect("read")
+            .expect("an uncached range is read direct");
+        assert_eq!(got, 2 * COLD_MIN);
+        assert!(
+            buf[start..start + got] == all[COLD_MIN..3 * COLD_MIN],
+            "middle differs"
+        );
+        let (buf, start, got) = read_cold(&f, 4 * COLD_MIN as u64, 2 * COLD_MIN)
+            .expect("read")
+            .expect("an uncached tail is read direct");
+        assert_eq!(got, COLD_MIN + 777, "short only at the end of the file");
+        assert!(
+            buf[start..start + got] == all[4 * COLD_MIN..],
+            "tail differs"
+        );
+        assert_eq!(
+            unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) },
+            flags,
+            "the descriptor's flags are restored"
+        );
+
+        // Declined: small, unaligned, and (after an ordinary read) cached.
+        assert!(read_cold(&f, 0, COLD_MIN - 1).expect("read").is_none());
+        assert!(read_cold(&f, 100, COLD_MIN).expect("read").is_none());
+        let mut head = vec![0u8; 4096];
+        f.read_exact_at(&mut head, 0).expect("buffered read");
+        assert!(read_cold(&f, 0, COLD_MIN).expect("read").is_none());
     }
 
     #[test]
