@@ -179,8 +179,9 @@ pub fn pread_uncached(file: &File, buf: &mut Vec<u8>, offset: u64) -> std::io::R
 /// tree's small files) cost a syscall more to check and gain little.
 pub const COLD_MIN: usize = 256 << 10;
 
-/// `cachestat(2)` (Linux 6.5+; the same number on every architecture) was refused once, or
-/// direct reads were: [`read_cold`] then declines every read.
+/// `cachestat(2)` (Linux 6.5+) was refused once: [`read_cold`] then declines every read (a
+/// refused direct read declines that read only: another file of the export may be on a
+/// file system with direct I/O).
 static NO_COLD: AtomicBool = AtomicBool::new(false);
 
 /// A refused direct read was logged already.
@@ -516,6 +517,7 @@ mod tests {
             return;
         }
         assert!(cachestat, "the evicted file still has cached pages");
+        // SAFETY: fcntl on a descriptor we hold (here and below).
         let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
 
         // An aligned piece in the middle, and one that runs past the end of the file.
