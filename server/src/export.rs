@@ -771,7 +771,7 @@ pub fn read_at(
     for _ in 0..3 {
         let want = len.min(before.size.saturating_sub(offset) as usize);
         // A large range no page of which is cached: past the page cache.
-        let cold = ferry_util::direct::read_cold(file, offset, want)
+        let cold = ferry_util::direct::read_cold(file, offset, want, !uncached)
             .map_err(|e| OpError::new(Status::Io, format!("read: {e}")))?;
         if let Some((buf, start, got)) = cold {
             let after = attr_of(
@@ -835,7 +835,7 @@ pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u
         loop {
             buf.clear();
             // A piece none of which is cached: past the page cache.
-            match ferry_util::direct::read_cold(file, offset, buf_len) {
+            match ferry_util::direct::read_cold(file, offset, buf_len, false) {
                 Ok(Some((cold, start, got))) => {
                     if got == 0 {
                         break;

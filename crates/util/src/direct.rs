@@ -28,6 +28,8 @@ use std::io::{ErrorKind, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Offsets, lengths and buffers of direct I/O are multiples of this (the largest logical
 /// block size in common use; a multiple of every smaller one).
@@ -193,6 +195,38 @@ fn cold_refused(e: &std::io::Error) {
     }
 }
 
+/// How long a range read past the page cache is remembered ([`read_cold`]'s `share`).
+const RECENT_FOR: Duration = Duration::from_secs(10);
+/// The most ranges remembered (older ones are forgotten first; past that, all).
+const RECENT_MAX: usize = 4096;
+
+/// (device, inode, offset) of a range read past the page cache, and when.
+type Recent = std::collections::HashMap<(u64, u64, u64), Instant>;
+
+/// Ranges read past the page cache lately.
+static RECENT: Mutex<Option<Recent>> = Mutex::new(None);
+
+/// Records that `offset` of `file` is read past the page cache now; says whether it was
+/// within the last [`RECENT_FOR`] already.
+fn read_lately(file: &File, offset: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = file.metadata() else { return false };
+    let key = (m.dev(), m.ino(), offset);
+    let now = Instant::now();
+    let mut recent = RECENT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let map = recent.get_or_insert_with(Default::default);
+    if map.len() >= RECENT_MAX {
+        map.retain(|_, at| now.duration_since(*at) < RECENT_FOR);
+        if map.len() >= RECENT_MAX {
+            map.clear();
+        }
+    }
+    map.insert(key, now)
+        .is_some_and(|at| now.duration_since(at) < RECENT_FOR)
+}
+
 /// `cachestat(2)`'s number (common to every architecture since Linux 6.5).
 const SYS_CACHESTAT: libc::c_long = 451;
 
@@ -250,6 +284,11 @@ fn uncached(file: &File, offset: u64, len: usize) -> Option<bool> {
 /// A file served once (a copy, a mirror) gains nothing from the cache either, and evicts
 /// what the server's own programs had cached.
 ///
+/// `share`: a range read past the cache within the last 10 s is read through it this time
+/// (`None`), so that many clients fetching the same cold file (one data set mirrored to many
+/// hosts) read the disk about twice, not once each. Background reads, which leave the cache
+/// as they found it anyway, do not ask for that.
+///
 /// `file` is this caller's own descriptor (its status flags are changed during the read and
 /// restored after).
 ///
@@ -259,6 +298,7 @@ pub fn read_cold(
     file: &File,
     offset: u64,
     len: usize,
+    share: bool,
 ) -> std::io::Result<Option<(Vec<u8>, usize, usize)>> {
     if len < COLD_MIN || !offset.is_multiple_of(ALIGN as u64) || NO_COLD.load(Ordering::Relaxed) {
         return Ok(None);
@@ -271,6 +311,9 @@ pub fn read_cold(
             tracing::debug!("cachestat(2) not available: reads go through the page cache");
             return Ok(None);
         }
+    }
+    if read_lately(file, offset) && share {
+        return Ok(None);
     }
     let fd = file.as_raw_fd();
     // SAFETY: fcntl on a descriptor we hold.
@@ -508,12 +551,12 @@ mod tests {
             .is_ok();
         let Some(cachestat) = uncached(&f, 0, all.len()) else {
             eprintln!("kernel without cachestat(2): cold reads are never used here");
-            assert!(read_cold(&f, 0, COLD_MIN).expect("read").is_none());
+            assert!(read_cold(&f, 0, COLD_MIN, true).expect("read").is_none());
             return;
         };
         if !direct_possible {
             eprintln!("file system without O_DIRECT: cold reads are declined");
-            assert!(read_cold(&f, 0, COLD_MIN).expect("read").is_none());
+            assert!(read_cold(&f, 0, COLD_MIN, true).expect("read").is_none());
             return;
         }
         assert!(cachestat, "the evicted file still has cached pages");
@@ -521,7 +564,7 @@ mod tests {
         let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
 
         // An aligned piece in the middle, and one that runs past the end of the file.
-        let (buf, start, got) = read_cold(&f, COLD_MIN as u64, 2 * COLD_MIN)
+        let (buf, start, got) = read_cold(&f, COLD_MIN as u64, 2 * COLD_MIN, true)
             .expect("read")
             .expect("an uncached range is read direct");
         assert_eq!(got, 2 * COLD_MIN);
@@ -529,10 +572,24 @@ mod tests {
             buf[start..start + got] == all[COLD_MIN..3 * COLD_MIN],
             "middle differs"
         );
-        let (buf, start, got) = read_cold(&f, 4 * COLD_MIN as u64, 2 * COLD_MIN)
+        let (buf, start, got) = read_cold(&f, 4 * COLD_MIN as u64, 2 * COLD_MIN, false)
             .expect("read")
             .expect("an uncached tail is read direct");
         assert_eq!(got, COLD_MIN + 777, "short only at the end of the file");
+        // The same range again soon: through the cache when shared (another client's copy
+        // of the same data set), past it when not (a background read).
+        assert!(
+            read_cold(&f, COLD_MIN as u64, 2 * COLD_MIN, true)
+                .expect("read")
+                .is_none(),
+            "a shared range read past the cache a moment ago goes through it"
+        );
+        assert!(
+            read_cold(&f, 4 * COLD_MIN as u64, 2 * COLD_MIN, false)
+                .expect("read")
+                .is_some(),
+            "a background read stays past the cache"
+        );
         assert!(
             buf[start..start + got] == all[4 * COLD_MIN..],
             "tail differs"
@@ -544,11 +601,13 @@ mod tests {
         );
 
         // Declined: small, unaligned, and (after an ordinary read) cached.
-        assert!(read_cold(&f, 0, COLD_MIN - 1).expect("read").is_none());
-        assert!(read_cold(&f, 100, COLD_MIN).expect("read").is_none());
+        assert!(read_cold(&f, 0, COLD_MIN - 1, true)
+            .expect("read")
+            .is_none());
+        assert!(read_cold(&f, 100, COLD_MIN, true).expect("read").is_none());
         let mut head = vec![0u8; 4096];
         f.read_exact_at(&mut head, 0).expect("buffered read");
-        assert!(read_cold(&f, 0, COLD_MIN).expect("read").is_none());
+        assert!(read_cold(&f, 0, COLD_MIN, true).expect("read").is_none());
     }
 
     #[test]
