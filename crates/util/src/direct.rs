@@ -285,9 +285,10 @@ fn uncached(file: &File, offset: u64, len: usize) -> Option<bool> {
 /// what the server's own programs had cached.
 ///
 /// `share`: a range read past the cache within the last 10 s is read through it this time
-/// (`None`), so that many clients fetching the same cold file (one data set mirrored to many
-/// hosts) read the disk about twice, not once each. Background reads, which leave the cache
-/// as they found it anyway, do not ask for that.
+/// (`None`), so that many clients reading the same cold file (one data set read through
+/// mounts on many hosts at once) read the disk about twice, not once each. Background reads
+/// (mirrors), which leave the cache as they found it anyway, do not ask for that; every
+/// direct read is remembered, whatever `share`.
 ///
 /// `file` is this caller's own descriptor (its status flags are changed during the read and
 /// restored after).
