@@ -770,45 +770,12 @@ pub fn read_at(
     let mut before = attr;
     for _ in 0..3 {
         let want = len.min(before.size.saturating_sub(offset) as usize);
-        // A large range no page of which is cached: past the page cache.
-        let cold = ferry_util::direct::read_cold(file, offset, want, !uncached)
-            .map_err(|e| OpError::new(Status::Io, format!("read: {e}")))?;
-        if let Some((buf, start, got)) = cold {
-            let after = attr_of(
-                &fstatx(file.as_fd())
-                    .map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
-            );
-            if after.version() == before.version() {
-                return Ok((Bytes::from(buf).slice(start..start + got), after));
-            }
-            before = after;
-            continue;
-        }
-        // Read straight into spare capacity: a 1 MiB buffer is not zeroed only to be
-        // overwritten.
-        let mut buf: Vec<u8> = Vec::with_capacity(want);
-        while buf.len() < want {
-            let at = offset + buf.len() as u64;
-            let read = if uncached {
-                // Background reads (a mirror's) leave the page cache as they found it.
-                ferry_util::direct::pread_uncached(file, &mut buf, at)
-            } else {
-                match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), at) {
-                    Err(rustix::io::Errno::INTR) => continue,
-                    r => r.map_err(std::io::Error::from),
-                }
-            };
-            match read {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => return Err(OpError::new(Status::Io, format!("read: {e}"))),
-            }
-        }
+        let bytes = read_once(file, offset, want, uncached)?;
         let after = attr_of(
             &fstatx(file.as_fd()).map_err(|e| OpError::new(Status::Io, format!("fstat: {e}")))?,
         );
         if after.version() == before.version() {
-            return Ok((Bytes::from(buf), after));
+            return Ok((bytes, after));
         }
         before = after;
     }
@@ -816,6 +783,35 @@ pub fn read_at(
         Status::Busy,
         "file kept changing while being read",
     ))
+}
+
+/// Up to `want` bytes at `offset`, short only at end of file: past the page cache where
+/// [`ferry_util::direct::read_cold`] takes the range, else read into spare capacity (a
+/// 1 MiB buffer is not zeroed only to be overwritten), uncached for background reads.
+fn read_once(file: &File, offset: u64, want: usize, uncached: bool) -> Result<Bytes, OpError> {
+    let io = |e: std::io::Error| OpError::new(Status::Io, format!("read: {e}"));
+    if let Some((buf, start, got)) =
+        ferry_util::direct::read_cold(file, offset, want, !uncached).map_err(io)?
+    {
+        return Ok(Bytes::from(buf).slice(start..start + got));
+    }
+    let mut buf: Vec<u8> = Vec::with_capacity(want);
+    while buf.len() < want {
+        let at = offset + buf.len() as u64;
+        let read = if uncached {
+            // Background reads (a mirror's) leave the page cache as they found it.
+            ferry_util::direct::pread_uncached(file, &mut buf, at)
+        } else {
+            match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), at) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => r.map_err(std::io::Error::from),
+            }
+        };
+        if read.map_err(io)? == 0 {
+            break;
+        }
+    }
+    Ok(Bytes::from(buf))
 }
 
 /// BLAKE3 of the whole file, read in chunks of `buf_len` bytes (past the page cache where
@@ -829,14 +825,16 @@ pub fn read_at(
 pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u8; 32]), OpError> {
     let mut before = attr;
     let mut buf: Vec<u8> = Vec::with_capacity(buf_len);
+    // Pieces read past the page cache (aligned; allocated at the first such piece).
+    let mut cold: Vec<u8> = Vec::new();
     for _ in 0..3 {
         let mut hasher = blake3::Hasher::new();
         let mut offset = 0u64;
         loop {
             buf.clear();
             // A piece none of which is cached: past the page cache.
-            match ferry_util::direct::read_cold(file, offset, buf_len, false) {
-                Ok(Some((cold, start, got))) => {
+            match ferry_util::direct::read_cold_into(file, offset, buf_len, false, &mut cold) {
+                Ok(Some((start, got))) => {
                     if got == 0 {
                         break;
                     }

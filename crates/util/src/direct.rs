@@ -301,6 +301,23 @@ pub fn read_cold(
     len: usize,
     share: bool,
 ) -> std::io::Result<Option<(Vec<u8>, usize, usize)>> {
+    let mut buf = Vec::new();
+    Ok(read_cold_into(file, offset, len, share, &mut buf)?.map(|(start, got)| (buf, start, got)))
+}
+
+/// [`read_cold`] into `buf` (its earlier contents are dropped; its capacity is reused and
+/// grown as needed): the bytes are `buf[start..start + got]` of the `(start, got)` returned.
+/// For callers that read many ranges in turn (a whole-file hash).
+///
+/// # Errors
+/// The read failed.
+pub fn read_cold_into(
+    file: &File,
+    offset: u64,
+    len: usize,
+    share: bool,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<(usize, usize)>> {
     if len < COLD_MIN || !offset.is_multiple_of(ALIGN as u64) || NO_COLD.load(Ordering::Relaxed) {
         return Ok(None);
     }
@@ -313,7 +330,9 @@ pub fn read_cold(
             return Ok(None);
         }
     }
-    if read_lately(file, offset) && share {
+    // Every direct read is remembered; a shared one soon after goes through the cache.
+    let lately = read_lately(file, offset);
+    if lately && share {
         return Ok(None);
     }
     let fd = file.as_raw_fd();
@@ -326,7 +345,8 @@ pub fn read_cold(
         return Ok(None);
     }
     let aligned = len.div_ceil(ALIGN) * ALIGN;
-    let mut buf: Vec<u8> = Vec::with_capacity(aligned + ALIGN);
+    buf.clear();
+    buf.reserve(aligned + ALIGN);
     let start = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
     let mut got = 0usize;
     let result = loop {
@@ -372,7 +392,7 @@ pub fn read_cold(
                 std::ptr::write_bytes(buf.as_mut_ptr(), 0, start);
                 buf.set_len(start + got);
             }
-            Ok(Some((buf, start, got)))
+            Ok(Some((start, got)))
         }
         // Refused after all (an alignment this device does not take): the same bytes
         // through the page cache.
@@ -595,6 +615,15 @@ mod tests {
             buf[start..start + got] == all[4 * COLD_MIN..],
             "tail differs"
         );
+        // Into a buffer reused from piece to piece (a whole-file hash), its old bytes gone.
+        let mut reused = vec![0xee; 3];
+        for piece in 0..5 {
+            let at = piece * COLD_MIN;
+            let (start, got) = read_cold_into(&f, at as u64, COLD_MIN, false, &mut reused)
+                .expect("read")
+                .expect("a background read of an uncached range is direct");
+            assert!(reused[start..start + got] == all[at..at + COLD_MIN]);
+        }
         assert_eq!(
             unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) },
             flags,
