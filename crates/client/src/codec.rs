@@ -27,7 +27,8 @@
 //! both ends' time per byte on one machine; the efficiency is delivered over predicted while
 //! the codec was in use (the lower of its nearest used neighbours' before), from windows
 //! whose bytes nearly all answered requests that asked for it ([`Window::fresh`]). The highest
-//! wins, a dearer codec must gain 8 %, a tie (3 %) goes to the cheaper one, and a change must
+//! wins (nothing dearer than the starting zstd 1 before the server's CPUs are known), a
+//! dearer codec must gain 8 %, a tie (3 %) goes to the cheaper one, and a change must
 //! win two windows running — except to raw when every codec's samples pack the data 1.02:1
 //! or worse (random or already compressed bytes), which is taken at once. While a machine at
 //! either end has no idle CPU, the next cheaper
@@ -278,6 +279,9 @@ pub struct Chooser {
     /// The most wire bytes per second any window carried (busy or not).
     most_wire: f64,
     current: usize,
+    /// The codec it started on: nothing dearer is asked for before the server's CPUs are
+    /// known ([`Chooser::window`]).
+    start: usize,
     /// Windows since the last change.
     held: u32,
     server_cores: f64,
@@ -354,6 +358,7 @@ impl Chooser {
             recent_decoded: std::collections::VecDeque::with_capacity(RECENT_WINDOWS),
             most_wire: 0.0,
             current: start,
+            start,
             held: 0,
             server_cores: cores * 0.75,
             client_cores: cores * 0.5,
@@ -504,14 +509,19 @@ impl Chooser {
             )
         };
         let (server_other, client_other) = self.other_costs().unwrap_or((0.0, 0.0));
-        if let (true, Some(s), Some(c), Some(idle)) = (
+        if let (true, Some(s), Some(c), Some(idle), Some(server_idle)) = (
             self.same_machine,
             self.server_process,
             self.client_process,
             self.client_idle,
+            self.server_idle,
         ) {
             // One pool: both processes' use and what is idle, over all the work per byte.
-            let pool = s + c + idle;
+            // Both ends read the one machine's idle time, over different spans (the
+            // server's since the last Load, the client's over a second): the lower
+            // reading. At a copy's start the client's first second read 1.3 idle cores
+            // where the server's read 0.1, and the pool looked big enough for zstd 3.
+            let pool = s + c + idle.min(server_idle);
             let per_byte = encode + decode + server_other + client_other;
             let cpu = if per_byte > 0.0 {
                 pool / per_byte
@@ -871,6 +881,17 @@ impl Chooser {
         // whatever the model says from a link estimate that is only what the windows moved.
         let best = if w.link == LinkSignal::NotLimited && self.link.is_none() {
             best.min(self.current)
+        } else {
+            best
+        };
+        // Nothing dearer than the start before the server's CPUs are known: until then the
+        // model assumes what the server can spend and that the ends are two machines, and
+        // a climb on that (to zstd 3 on the WAN profile and at 1 Gbit/s, both ends and the
+        // relay on two cores) cost the first second of a copy. The pool hands the chooser
+        // the server's reading once a second, the first about 1.25 s in: a climb waits
+        // until then.
+        let best = if self.server_idle.is_none() {
+            best.min(self.current.max(self.start))
         } else {
             best
         };
@@ -1325,6 +1346,103 @@ mod tests {
             let got = sim.run(&mut c, 24);
             assert!(sim.share_of_best(got) >= 0.95, "{got}: {}", c.explain());
         }
+    }
+
+    #[test]
+    fn nothing_dearer_than_the_start_before_the_servers_cpus_are_known() {
+        // A link that limits, data zstd 3 packs a third better than zstd 1: the model
+        // climbs, but only once the server has said what its CPUs can give.
+        let mut table = MIXED;
+        table[5].0 = 2.8;
+        let client = CpuShare {
+            available: 1.0,
+            idle: 0.8,
+            process: 0.2,
+        };
+        let mut c = Chooser::new(true, Some(6), 2);
+        let window = |c: &mut Chooser| {
+            let i = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
+            let wire = 6_000_000u64;
+            let decoded = (wire as f64 * table[i].0) as u64;
+            c.window(Window {
+                elapsed: Duration::from_millis(500),
+                wire,
+                decoded,
+                fresh: decoded,
+                busy: true,
+                link: LinkSignal::Limited,
+            })
+        };
+        for _ in 0..8 {
+            sample_table(&mut c, &table);
+            c.set_cpus(None, Some(client));
+            let got = window(&mut c);
+            assert_eq!(got, Compression::Zstd(1), "{}", c.explain());
+        }
+        let server = CpuShare {
+            available: 1.5,
+            idle: 1.3,
+            process: 0.2,
+        };
+        let mut got = c.current();
+        for _ in 0..4 {
+            sample_table(&mut c, &table);
+            c.set_cpus(Some(server), Some(client));
+            got = window(&mut c);
+        }
+        assert_eq!(got, Compression::Zstd(3), "{}", c.explain());
+    }
+
+    #[test]
+    fn on_one_machine_the_lower_idle_reading_counts() {
+        // Both ends on one machine read its idle time over different spans; the client's
+        // says a core and more is free, the server's that hardly anything is. zstd 3 packs
+        // a third better than zstd 1 over a link that limits, but needs that core.
+        let mut table = MIXED;
+        table[5].0 = 2.8;
+        let zstd3 = CANDIDATES
+            .iter()
+            .position(|&x| x == Compression::Zstd(3))
+            .unwrap();
+        // The dearest codec asked for in 16 windows.
+        let dearest = |server_idle: f64, client_idle: f64| {
+            let mut c = Chooser::new(true, Some(6), 2);
+            let mut most = 0;
+            for _ in 0..16 {
+                sample_table(&mut c, &table);
+                c.set_same_machine(true);
+                c.set_cpus(
+                    Some(CpuShare {
+                        available: 0.9 + server_idle,
+                        idle: server_idle,
+                        process: 0.9,
+                    }),
+                    Some(CpuShare {
+                        available: 0.5 + client_idle,
+                        idle: client_idle,
+                        process: 0.5,
+                    }),
+                );
+                let i = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
+                most = most.max(i);
+                let wire = 60_000_000u64;
+                let decoded = (wire as f64 * table[i].0) as u64;
+                c.window(Window {
+                    elapsed: Duration::from_millis(500),
+                    wire,
+                    decoded,
+                    fresh: decoded,
+                    busy: true,
+                    link: LinkSignal::Limited,
+                });
+            }
+            (most, c.explain())
+        };
+        let (most, why) = dearest(0.1, 1.3);
+        assert!(most < zstd3, "{}: {why}", CANDIDATES[most]);
+        // Where both say so, the core is free, and zstd 3 is taken.
+        let (most, why) = dearest(1.3, 1.3);
+        assert!(most >= zstd3, "{}: {why}", CANDIDATES[most]);
     }
 
     #[test]

@@ -354,6 +354,7 @@ pub(super) async fn run(inner: Weak<Inner>) {
     let mut start = Instant::now();
     let (mut seen, mut busy) = (0u32, 0u32);
     let mut windows = 0u64;
+    let mut cpu_gate = CpuGate::default();
     let mut cpu = ferry_util::cpu::CpuMeter::new();
     // The server's last report, and whether it runs on this machine.
     let server_cpu: Arc<Mutex<Option<(CpuShare, bool)>>> = Arc::new(Mutex::new(None));
@@ -396,18 +397,22 @@ pub(super) async fn run(inner: Weak<Inner>) {
         }
         windows += 1;
         if let Some(chooser) = &codec.chooser {
-            // Once a second: both ends' CPUs.
-            if windows % 4 == 1 {
+            // Once a second: both ends' CPUs, when every window of that second moved bytes.
+            let due = windows % 4 == 1;
+            let take = cpu_gate.window(window.wire, due);
+            if due {
                 let here = cpu.sample().map(|l| CpuShare {
                     available: l.available(),
                     idle: l.idle,
                     process: l.process,
                 });
-                let server = *lock(&server_cpu);
-                let mut c = lock(chooser);
-                c.set_cpus(server.map(|s| s.0), here);
-                c.set_same_machine(server.is_some_and(|s| s.1));
-                drop(c);
+                if take {
+                    let server = *lock(&server_cpu);
+                    let mut c = lock(chooser);
+                    c.set_cpus(server.map(|s| s.0), here);
+                    c.set_same_machine(server.is_some_and(|s| s.1));
+                    drop(c);
+                }
             }
             // Every window: the server's word on the link (its CPUs are taken once a second).
             if inner.session.features & features::ZSTD != 0 {
@@ -437,6 +442,26 @@ pub(super) async fn run(inner: Weak<Inner>) {
             }
             codec.small_files.store(to_bits(c.small_files()), Relaxed);
         }
+    }
+}
+
+/// Which CPU readings the chooser takes: those of seconds in which every window moved
+/// bytes. A mount's idle seconds before a copy read as idle CPUs; averaged into the first
+/// readings of the copy they made the chooser see a core free for seconds on a machine that
+/// had none, and climb to codecs the CPUs could not feed (zstd 3 on the WAN profile, both
+/// ends and the relay on two cores).
+#[derive(Debug, Default)]
+struct CpuGate {
+    /// A window since the last reading moved nothing.
+    quiet: bool,
+}
+
+impl CpuGate {
+    /// A window that moved `wire` bytes ended; `due`: a reading is taken now. Says whether
+    /// the chooser gets it.
+    fn window(&mut self, wire: u64, due: bool) -> bool {
+        self.quiet |= wire == 0;
+        due && !std::mem::take(&mut self.quiet)
     }
 }
 
@@ -475,6 +500,26 @@ fn ask_server_load(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_readings_of_seconds_that_moved_nothing_are_not_taken() {
+        let mut g = CpuGate::default();
+        // A busy first second.
+        assert!(g.window(1, true));
+        // A mount idle for a second, then a copy starting within the next.
+        for _ in 0..3 {
+            assert!(!g.window(0, false));
+        }
+        assert!(!g.window(0, true), "an idle second is not taken");
+        assert!(!g.window(0, false));
+        assert!(!g.window(5, false));
+        assert!(!g.window(5, false));
+        assert!(!g.window(5, true), "a second partly idle is not taken");
+        for _ in 0..3 {
+            assert!(!g.window(5, false));
+        }
+        assert!(g.window(5, true), "a busy second is taken");
+    }
 
     #[test]
     fn every_compression_survives_its_bits() {
