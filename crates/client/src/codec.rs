@@ -1173,6 +1173,21 @@ mod tests {
         }
     }
 
+    /// One busy half-second window the link limited, carrying `wire` bytes of the codec in
+    /// use at its ratio in `table`; returns the codec asked for next.
+    fn limited_window(c: &mut Chooser, table: &[(f64, f64, f64); 7], wire: u64) -> Compression {
+        let i = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
+        let decoded = (wire as f64 * table[i].0) as u64;
+        c.window(Window {
+            elapsed: Duration::from_millis(500),
+            wire,
+            decoded,
+            fresh: decoded,
+            busy: true,
+            link: LinkSignal::Limited,
+        })
+    }
+
     /// Codec speeds (MB/s, one core) of the kind measured on mixed binaries and on
     /// database pages.
     const MIXED: [(f64, f64, f64); 7] = [
@@ -1394,15 +1409,7 @@ mod tests {
                     process: d + 0.2,
                 }),
             );
-            let decoded = (rate / 2.0) as u64;
-            c.window(Window {
-                elapsed: Duration::from_millis(500),
-                wire: (link / 2.0) as u64,
-                decoded,
-                fresh: decoded,
-                busy: true,
-                link: LinkSignal::Limited,
-            });
+            limited_window(&mut c, &table, (link / 2.0) as u64);
         }
         assert!(
             used.contains(&Compression::Zstd(-1)),
@@ -1425,19 +1432,7 @@ mod tests {
             process: 0.2,
         };
         let mut c = Chooser::new(true, Some(6), 2);
-        let window = |c: &mut Chooser| {
-            let i = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
-            let wire = 6_000_000u64;
-            let decoded = (wire as f64 * table[i].0) as u64;
-            c.window(Window {
-                elapsed: Duration::from_millis(500),
-                wire,
-                decoded,
-                fresh: decoded,
-                busy: true,
-                link: LinkSignal::Limited,
-            })
-        };
+        let window = |c: &mut Chooser| limited_window(c, &table, 6_000_000);
         for _ in 0..8 {
             sample_table(&mut c, &table);
             c.set_cpus(None, Some(client));
@@ -1490,16 +1485,7 @@ mod tests {
                 );
                 let i = CANDIDATES.iter().position(|&x| x == c.current()).unwrap();
                 most = most.max(i);
-                let wire = 60_000_000u64;
-                let decoded = (wire as f64 * table[i].0) as u64;
-                c.window(Window {
-                    elapsed: Duration::from_millis(500),
-                    wire,
-                    decoded,
-                    fresh: decoded,
-                    busy: true,
-                    link: LinkSignal::Limited,
-                });
+                limited_window(&mut c, &table, 60_000_000);
             }
             (most, c.explain())
         };
