@@ -204,6 +204,22 @@ fn etag_stamp(etag: &str) -> Timestamp {
     }
 }
 
+/// What a HEAD of a directory's marker says of the directory: its metadata when the marker
+/// exists, `None` when the store has none (404: the directory gets the documented defaults),
+/// and the store's error otherwise. Taking a failed HEAD (a store still busy after its tries,
+/// a refused request) for "no marker" described the directory with the defaults: a mirror
+/// then made a PostgreSQL `base/` owned by whoever ran ferry, and said nothing.
+fn marker_meta(head: Result<Object, Response>) -> Result<Option<Meta>, Box<Response>> {
+    match head {
+        Ok(o) => Ok(o.meta),
+        Err(Response::Error {
+            status: Status::NotFound,
+            ..
+        }) => Ok(None),
+        Err(r) => Err(Box::new(r)),
+    }
+}
+
 /// The outcomes of `requests`, in their order, run [`HEADS_AT_ONCE`] at a time; the first
 /// lost gateway ends them all.
 async fn at_once<T, F>(requests: impl Iterator<Item = F>) -> Result<Vec<T>, Unreachable>
@@ -514,10 +530,15 @@ impl S3Source {
     }
 
     /// The metadata of directory `path`'s marker (the object `PATH/`, as s3fs writes it),
-    /// kept for [`LISTING_TTL`]; `None` without one.
-    async fn marker(&self, endpoint: usize, path: &[u8]) -> Result<Option<Meta>, Unreachable> {
+    /// kept for [`LISTING_TTL`]; `None` without one; the store's error when its HEAD failed
+    /// otherwise ([`marker_meta`]).
+    async fn marker(
+        &self,
+        endpoint: usize,
+        path: &[u8],
+    ) -> Result<Result<Option<Meta>, Response>, Unreachable> {
         if path.is_empty() {
-            return Ok(None);
+            return Ok(Ok(None));
         }
         if let Some((at, m)) = self
             .markers
@@ -526,21 +547,19 @@ impl S3Source {
             .get(path)
         {
             if at.elapsed() < LISTING_TTL {
-                return Ok(*m);
+                return Ok(Ok(*m));
             }
         }
         let key = format!("{}/", String::from_utf8_lossy(path));
-        let m = self
-            .http
-            .head(endpoint, &key)
-            .await?
-            .ok()
-            .and_then(|o| o.meta);
+        let m = match marker_meta(self.http.head(endpoint, &key).await?) {
+            Ok(m) => m,
+            Err(r) => return Ok(Err(*r)),
+        };
         self.markers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .put(Bytes::copy_from_slice(path), (Instant::now(), m));
-        Ok(m)
+        Ok(Ok(m))
     }
 
     /// The key of the object shown at `path`.
@@ -609,7 +628,7 @@ impl S3Source {
             if meta {
                 self.marker(endpoint, &path).await
             } else {
-                Ok(None)
+                Ok(Ok(None))
             }
         };
         let (is_dir, head, marker) = tokio::join!(
@@ -618,7 +637,10 @@ impl S3Source {
             marker
         );
         if is_dir? {
-            return Ok(Response::Attr(self.dir_attr(&path, marker?.as_ref())));
+            return Ok(match marker? {
+                Ok(m) => Response::Attr(self.dir_attr(&path, m.as_ref())),
+                Err(r) => r,
+            });
         }
         match head? {
             Ok(o) => {
@@ -725,7 +747,11 @@ impl S3Source {
                 Err(r) => return Ok(Err(r)),
             };
             let paths: Vec<Bytes> = dirs.iter().map(|d| full(d)).collect();
-            dir_meta = at_once(paths.iter().map(|p| self.marker(endpoint, p))).await?;
+            let markers = at_once(paths.iter().map(|p| self.marker(endpoint, p))).await?;
+            dir_meta = match markers.into_iter().collect::<Result<Vec<_>, _>>() {
+                Ok(m) => m,
+                Err(r) => return Ok(Err(r)),
+            };
         }
         let mut entries: Vec<(String, Attr)> = Vec::with_capacity(files.len() + dirs.len());
         for (name, m) in dirs.iter().zip(&dir_meta) {
@@ -946,5 +972,33 @@ mod tests {
         assert_ne!(etag_stamp("\"a\""), etag_stamp("\"b\""));
         assert!(etag_stamp("\"a\"").nsec < 1_000_000_000);
         assert!(hash64(b"") >= 2);
+    }
+
+    #[test]
+    fn only_a_missing_marker_gives_a_directory_the_defaults() {
+        let meta = Meta::from_headers([("x-amz-meta-uid", "101"), ("x-amz-meta-gid", "104")]);
+        assert!(meta.is_some());
+        let marker = Object {
+            key: "pgdata/base/".into(),
+            size: 0,
+            last_modified: 0,
+            etag: "e".into(),
+            digest: None,
+            meta,
+        };
+        assert_eq!(marker_meta(Ok(marker)).ok(), Some(meta));
+        assert_eq!(
+            marker_meta(Err(error(Status::NotFound, "no such key"))).ok(),
+            Some(None)
+        );
+        // A store still busy after its tries, or one that refused the HEAD: an error, not a
+        // directory owned by whoever runs ferry.
+        for st in [Status::Io, Status::PermissionDenied] {
+            let r = marker_meta(Err(error(st, "503 SlowDown"))).map_err(|r| *r);
+            assert!(
+                matches!(r, Err(Response::Error { status, .. }) if status == st),
+                "{r:?}"
+            );
+        }
     }
 }
