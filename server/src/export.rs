@@ -824,7 +824,8 @@ fn read_once(file: &File, offset: u64, want: usize, uncached: bool) -> Result<By
 /// I/O errors, or a file that keeps changing.
 pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u8; 32]), OpError> {
     let mut before = attr;
-    let mut buf: Vec<u8> = Vec::with_capacity(buf_len);
+    // Pieces read through the page cache (allocated at the first such piece).
+    let mut buf: Vec<u8> = Vec::new();
     // Pieces read past the page cache (aligned; allocated at the first such piece).
     let mut cold: Vec<u8> = Vec::new();
     for _ in 0..3 {
@@ -846,6 +847,7 @@ pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u
                 Err(e) => return Err(OpError::new(Status::Io, format!("read: {e}"))),
             }
             // Only mirrors ask for hashes: the page cache is left as it was found.
+            buf.reserve_exact(buf_len);
             match ferry_util::direct::pread_uncached(file, &mut buf, offset) {
                 Ok(0) => break,
                 Ok(n) => {

@@ -28,7 +28,7 @@ use std::io::{ErrorKind, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 /// Offsets, lengths and buffers of direct I/O are multiples of this (the largest logical
@@ -204,7 +204,7 @@ const RECENT_MAX: usize = 4096;
 type Recent = std::collections::HashMap<(u64, u64, u64), Instant>;
 
 /// Ranges read past the page cache lately.
-static RECENT: Mutex<Option<Recent>> = Mutex::new(None);
+static RECENT: LazyLock<Mutex<Recent>> = LazyLock::new(Default::default);
 
 /// Records that `offset` of `file` is read past the page cache now; says whether it was
 /// within the last [`RECENT_FOR`] already.
@@ -213,10 +213,9 @@ fn read_lately(file: &File, offset: u64) -> bool {
     let Ok(m) = file.metadata() else { return false };
     let key = (m.dev(), m.ino(), offset);
     let now = Instant::now();
-    let mut recent = RECENT
+    let mut map = RECENT
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let map = recent.get_or_insert_with(Default::default);
     if map.len() >= RECENT_MAX {
         map.retain(|_, at| now.duration_since(*at) < RECENT_FOR);
         if map.len() >= RECENT_MAX {
