@@ -4,7 +4,9 @@
 #   setfattr/setfacl (attr, acl: extended attributes and ACLs in the tests), and
 #   PostgreSQL's server binaries (a real cluster mirrored and started in the tests),
 #   python3 (scripts/garage-cluster.sh), and rclone and s3fs (trees uploaded to the S3
-#   tests' bucket with the modes, owners and times those tools keep in object metadata). Garage, the S3 server of the tests, is installed by
+#   tests' bucket with the modes, owners and times those tools keep in object metadata), and
+#   the Python modules of the protocol suite (tests/spec-client: blake3, xxhash, lz4,
+#   zstandard, from PyPI with pip --user). Garage, the S3 server of the tests, is installed by
 #   scripts/prereqs-garage.sh, which `make test` runs (not the demo: it takes ~10 minutes once).
 # Idempotent: does nothing (and never runs apt-get) when everything is present.
 # Needs root and apt-get to install; exits non-zero with a one-line message otherwise.
@@ -27,7 +29,24 @@ if [ ! -e /dev/fuse ]; then
     echo "prereqs.sh: warning: /dev/fuse does not exist; FUSE mounts will fail (try: modprobe fuse)" >&2
 fi
 
+# The protocol suite's Python modules (pinned), once python3 is there.
+spec_modules() {
+    command -v python3 >/dev/null 2>&1 || return 0
+    python3 -c 'import blake3, xxhash, lz4, zstandard' 2>/dev/null && return 0
+    echo "prereqs.sh: installing the Python modules of tests/spec-client (pip --user)"
+    local pins=(blake3==1.0.11 xxhash==4.1.0 lz4==4.4.5 zstandard==0.25.0)
+    if ! python3 -m pip --version >/dev/null 2>&1 && ! python3 -m ensurepip --user >/dev/null 2>&1 \
+        && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get install -y -qq --no-install-recommends python3-pip >/dev/null || true
+    fi
+    # Debian's own python3 refuses pip outside a venv unless told (PEP 668).
+    python3 -m pip install --user --quiet "${pins[@]}" 2>/dev/null \
+        || python3 -m pip install --user --quiet --break-system-packages "${pins[@]}" \
+        || { echo "prereqs.sh: could not install ${pins[*]} with pip; install them by hand" >&2; return 1; }
+}
+
 if [ "${#missing[@]}" -eq 0 ]; then
+    spec_modules
     exit 0
 fi
 
@@ -45,3 +64,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "prereqs.sh: installed ${missing[*]}"
+spec_modules
