@@ -30,6 +30,8 @@ fn ferryd_meets_the_protocol_suite_written_from_the_specification_alone() {
     }
     let suite = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("spec-client/suite.py");
     let out = Command::new("python3")
+        // No __pycache__ left in the source tree.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .arg(&suite)
         .arg("--ferryd")
         .arg(bin("ferryd"))

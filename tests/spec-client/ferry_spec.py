@@ -541,13 +541,19 @@ class Conn:
         self.hello_features = kw.get("features", ALL)
         self.send_frame(K_HELLO, 0, self.hello_body(**kw))
 
-    def read_welcome(self):
+    def handshake_frame(self, want, what):
+        """The next handshake frame, of kind `want`: an Error frame raises FerryError, any
+        other kind is a protocol violation. Returns (request id, body)."""
         kind, rid, body = self.recv_frame()
         if kind == K_ERROR:
             st, msg = parse_error(body)
             raise FerryError(st, msg, rid)
-        if kind != K_WELCOME:
-            raise ProtocolViolation("expected Welcome, got kind 0x%02x" % kind)
+        if kind != want:
+            raise ProtocolViolation("expected %s, got kind 0x%02x" % (what, kind))
+        return rid, body
+
+    def read_welcome(self):
+        rid, body = self.handshake_frame(K_WELCOME, "Welcome")
         r = Reader(body)
         w = {"version": r.u16(), "features": r.u64(), "chunk_size": r.u32(), "max_frame": r.u32(),
              "max_inflight": r.u32(), "instance_id": r.take(16), "auth_method": r.u8(), "rid": rid,
@@ -584,12 +590,7 @@ class Conn:
         if proof is None:
             proof = client_proof(token, w["challenge"], nonce)
         self.send_frame(K_AUTHPROOF, 0, nonce + proof)
-        kind, rid, body = self.recv_frame()
-        if kind == K_ERROR:
-            st, msg = parse_error(body)
-            raise FerryError(st, msg, rid)
-        if kind != K_AUTHOK:
-            raise ProtocolViolation("expected AuthOk, got 0x%02x" % kind)
+        _, body = self.handshake_frame(K_AUTHOK, "AuthOk")
         if len(body) != 32:
             raise ProtocolViolation("AuthOk body %d" % len(body))
         if not hmac_eq(body, server_proof(token, w["challenge"], nonce)):
@@ -758,12 +759,7 @@ class Conn:
             body += i8(zstd_level)
         rid, rk, rb = self.call(K_READDIRDATA, body)
         r = self._result(K_READDIRDATA, rk, rb, rid)
-        eof = r.u8()
-        if eof not in (0, 1):
-            raise ProtocolViolation("eof %d" % eof)
-        count = r.u32()
-        if count * 106 > r.remaining():
-            raise ProtocolViolation("count beyond body")
+        eof, count = page_header(r, 106)
         ents = []
         for _ in range(count):
             e = {"name": r.b16(), "cookie": r.u64(), "attr": r.attr()}
@@ -851,12 +847,7 @@ class Conn:
         listings = []
         for _ in range(count):
             rel = r.b16()
-            eof = r.u8()
-            if eof not in (0, 1):
-                raise ProtocolViolation("eof %d" % eof)
-            n = r.u32()
-            if n * 105 > r.remaining():
-                raise ProtocolViolation("count beyond body")
+            eof, n = page_header(r, 105)
             ents = [{"name": r.b16(), "cookie": r.u64(), "attr": r.attr()} for _ in range(n)]
             listings.append({"rel": rel, "eof": eof, "entries": ents})
         r.done()
@@ -878,13 +869,19 @@ def parse_error(body):
     return st, msg.decode("utf-8", "replace")
 
 
-def parse_dirpage(r, blen=None):
+def page_header(r, min_entry):
+    """A page's `eof` (0 or 1) and entry count (each entry at least `min_entry` bytes)."""
     eof = r.u8()
     if eof not in (0, 1):
         raise ProtocolViolation("eof %d" % eof)
     count = r.u32()
-    if count * 105 > r.remaining():
+    if count * min_entry > r.remaining():
         raise ProtocolViolation("count beyond body")
+    return eof, count
+
+
+def parse_dirpage(r, blen=None):
+    eof, count = page_header(r, 105)
     ents = []
     for _ in range(count):
         ents.append({"name": r.b16(), "cookie": r.u64(), "attr": r.attr()})

@@ -147,6 +147,18 @@ class Ferryd:
     def raw(self, timeout=5.0, bind=None):
         return F.Conn(self.host, self.port, timeout=timeout, bind=bind)
 
+    def welcomed(self):
+        """A raw connection through its preamble, Hello and Welcome, not yet authenticated."""
+        c = self.raw()
+        try:
+            c.preamble(0)
+            c.send_hello()
+            c.welcome = c.read_welcome()
+        except BaseException:
+            c.close()
+            raise
+        return c
+
     def stop(self):
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
@@ -685,11 +697,8 @@ def c_token():
                         ("token.unstripped_token_refused", rawtok),
                         ("token.inner_whitespace_counts", core.replace(b" ", b"")),
                         ("token.only_leading_ws_stripped", b" " + core)):
-            c = srv.raw()
+            c = srv.welcomed()
             try:
-                c.preamble(0)
-                c.send_hello()
-                c.welcome = c.read_welcome()
                 try:
                     c.auth(tok)
                     FAIL(nm, "§6.5: expected Error AuthFailed, got AuthOk")
@@ -700,19 +709,13 @@ def c_token():
             finally:
                 c.close()
         # replay a recorded (nonce, proof) on another connection
-        c = srv.raw()
-        c.preamble(0)
-        c.send_hello()
-        c.welcome = c.read_welcome()
+        c = srv.welcomed()
         nonce = os.urandom(32)
         proof = F.client_proof(core, c.welcome["challenge"], nonce)
         c.auth(core, nonce=nonce, proof=proof)
         c.close()
-        c = srv.raw()
+        c = srv.welcomed()
         try:
-            c.preamble(0)
-            c.send_hello()
-            c.welcome = c.read_welcome()
             try:
                 c.auth(core, nonce=nonce, proof=proof)
                 FAIL("token.replayed_proof_refused", "a recorded proof was accepted on another connection")
@@ -721,11 +724,8 @@ def c_token():
         finally:
             c.close()
         # a request in place of AuthProof is a protocol error
-        c = srv.raw()
+        c = srv.welcomed()
         try:
-            c.preamble(0)
-            c.send_hello()
-            c.welcome = c.read_welcome()
             c.send(frame(0x10, 1))
             frames, how, _ = c.expect_close(5)
             ok("token.request_before_authproof_closed", how != "timeout" and not frames,
@@ -734,11 +734,8 @@ def c_token():
             c.close()
         # a client without token cannot get in: requests without AuthProof closed (checked above)
         # proof of wrong length
-        c = srv.raw()
+        c = srv.welcomed()
         try:
-            c.preamble(0)
-            c.send_hello()
-            c.welcome = c.read_welcome()
             c.send(frame(3, 0, bytes(63)))
             frames, how, _ = c.expect_close(5)
             errs = [f for f in frames if f[0] == F.K_ERROR]
