@@ -37,7 +37,7 @@ spec_modules() {
     local pins=(blake3==1.0.11 xxhash==4.1.0 lz4==4.4.5 zstandard==0.25.0)
     if ! python3 -m pip --version >/dev/null 2>&1 && ! python3 -m ensurepip --user >/dev/null 2>&1 \
         && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get install -y -qq --no-install-recommends python3-pip >/dev/null || true
+        { apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-pip >/dev/null; } || true
     fi
     # Debian's own python3 refuses pip outside a venv unless told (PEP 668).
     python3 -m pip install --user --quiet "${pins[@]}" 2>/dev/null \
