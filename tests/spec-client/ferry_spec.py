@@ -635,6 +635,12 @@ class Conn:
         rk, rb = self.wait(rid)
         return rid, rk, rb
 
+    def request(self, kind, body):
+        """Sends one request and returns a Reader over its success response's body
+        (an Error response raises FerryError, another kind is a protocol violation)."""
+        rid, rk, rb = self.call(kind, body)
+        return self._result(kind, rk, rb, rid)
+
     def _result(self, kind, rk, rb, rid):
         if rk == K_ERROR:
             st, msg = parse_error(rb)
@@ -644,14 +650,12 @@ class Conn:
         return Reader(rb)
 
     def ping(self):
-        rid, rk, rb = self.call(K_PING, b"")
-        r = self._result(K_PING, rk, rb, rid)
+        r = self.request(K_PING, b"")
         r.done()
         return True
 
     def stat(self, path):
-        rid, rk, rb = self.call(K_STAT, b16(path))
-        r = self._result(K_STAT, rk, rb, rid)
+        r = self.request(K_STAT, b16(path))
         a = r.attr()
         r.done()
         return a
@@ -726,23 +730,20 @@ class Conn:
         return b"".join(out), vers
 
     def readlink(self, path):
-        rid, rk, rb = self.call(K_READLINK, b16(path))
-        r = self._result(K_READLINK, rk, rb, rid)
+        r = self.request(K_READLINK, b16(path))
         t = r.b16()
         r.done()
         return t
 
     def statfs(self):
-        rid, rk, rb = self.call(K_STATFS, b"")
-        r = self._result(K_STATFS, rk, rb, rid)
+        r = self.request(K_STATFS, b"")
         v = {k: r.u64() for k in ("blocks", "bfree", "bavail", "files", "ffree")}
         v.update({k: r.u32() for k in ("bsize", "namelen", "frsize")})
         r.done()
         return v
 
     def hash(self, path, kind=K_HASH):
-        rid, rk, rb = self.call(kind, b16(path))
-        r = self._result(kind, rk, rb, rid)
+        r = self.request(kind, b16(path))
         v = r.version()
         h = r.take(32)
         r.done()
@@ -786,16 +787,14 @@ class Conn:
 
     def idnames(self, pairs, count=None):
         body = u16(len(pairs) if count is None else count) + b"".join(u8(k) + u32(i) for k, i in pairs)
-        rid, rk, rb = self.call(K_IDNAMES, body)
-        r = self._result(K_IDNAMES, rk, rb, rid)
+        r = self.request(K_IDNAMES, body)
         n = r.u16()
         out = [(r.u8(), r.u32(), r.b16()) for _ in range(n)]
         r.done()
         return out
 
     def datamap(self, path, offset=0, max_extents=4096):
-        rid, rk, rb = self.call(K_DATAMAP, b16(path) + u64(offset) + u32(max_extents))
-        r = self._result(K_DATAMAP, rk, rb, rid)
+        r = self.request(K_DATAMAP, b16(path) + u64(offset) + u32(max_extents))
         v = r.version()
         nxt, count = r.u64(), r.u32()
         if count * 16 > r.remaining():
@@ -819,8 +818,7 @@ class Conn:
         return out, count
 
     def dirxattrs(self, path):
-        rid, rk, rb = self.call(K_DIRXATTRS, b16(path))
-        r = self._result(K_DIRXATTRS, rk, rb, rid)
+        r = self.request(K_DIRXATTRS, b16(path))
         return self._xattr_entries(r)[0]
 
     def dirxattrs_page(self, path, cookie=0):
@@ -841,8 +839,7 @@ class Conn:
         return v
 
     def readtree(self, path, max_entries=16384):
-        rid, rk, rb = self.call(K_READTREE, b16(path) + u32(max_entries))
-        r = self._result(K_READTREE, rk, rb, rid)
+        r = self.request(K_READTREE, b16(path) + u32(max_entries))
         count = r.u32()
         listings = []
         for _ in range(count):
