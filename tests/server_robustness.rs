@@ -1003,23 +1003,29 @@ fn requests_of_a_connection_that_has_gone_are_not_computed_for_no_one() {
 #[test]
 fn a_request_frame_longer_than_any_legal_request_closes_the_connection_at_once() {
     let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f"), 3 << 20, 9);
     let server = TestServer::start(src.path());
-    let (mut s, _) = handshaken(&server.addr);
     // A Read frame announcing 1 MiB (within the negotiated frame limit, which bounds
-    // responses), then the first 8 KiB of it.
+    // responses), then all of it but its last byte.
     let mut f = vec![];
     f.extend_from_slice(&(1u32 << 20).to_be_bytes());
     f.push(0x13);
     f.extend_from_slice(&7u32.to_be_bytes());
-    f.extend_from_slice(&[0u8; 8192]);
-    let _ = s.write_all(&f);
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut rest = vec![];
-    let closed = match s.read_to_end(&mut rest) {
-        Ok(_) => true,
-        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    f.resize(4 + (1 << 20) - 1, 0);
+    let closed = |s: &mut TcpStream| {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = vec![];
+        match s.read_to_end(&mut rest) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
     };
-    assert!(closed, "the connection stays open, buffering the frame");
+    let (mut s, _) = handshaken(&server.addr);
+    let _ = s.write_all(&f);
+    assert!(
+        closed(&mut s),
+        "the connection stays open, buffering the frame"
+    );
     assert!(
         ferry_tests::wait_for(Duration::from_secs(5), || server
             .log_text()
@@ -1027,6 +1033,19 @@ fn a_request_frame_longer_than_any_legal_request_closes_the_connection_at_once()
         "{}",
         server.log_text()
     );
+    // 300 connections at once doing the same (buffered up to the frame limit, they held
+    // 416 MiB): each is closed, ferryd stays small, an honest client is served meanwhile.
+    let mut held: Vec<TcpStream> = (0..300)
+        .map(|_| {
+            let (mut s, _) = handshaken(&server.addr);
+            let _ = s.write_all(&f);
+            s
+        })
+        .collect();
+    let mem = rss(server.pid());
+    assert!(mem < 200 << 20, "ferryd holds {} MiB", mem >> 20);
+    mirrors_within(30, &server, src.path(), "f");
+    assert!(held.iter_mut().all(closed), "a connection stays open");
 }
 
 #[test]
@@ -1066,7 +1085,12 @@ fn silent_sockets_from_one_address_do_not_lock_honest_clients_out() {
         })
     };
     std::thread::sleep(Duration::from_millis(500));
-    let mirrored = std::panic::catch_unwind(|| mirrors_within(30, &server, src.path(), "f"));
+    let mirrored = std::panic::catch_unwind(|| {
+        mirrors_within(30, &server, src.path(), "f");
+        // The 200 pre-authentication sockets cost ferryd next to nothing.
+        let mem = rss(server.pid());
+        assert!(mem < 200 << 20, "ferryd holds {} MiB", mem >> 20);
+    });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     flood.join().unwrap();
     if let Err(e) = mirrored {
@@ -1077,6 +1101,7 @@ fn silent_sockets_from_one_address_do_not_lock_honest_clients_out() {
 #[test]
 fn a_client_name_with_control_characters_is_logged_escaped() {
     let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("f"), 1 << 20, 11);
     let server = TestServer::start_with(src.path(), &["-v"]);
     let name = b"evil\n2026-11-24T00:00:00Z  WARN forged line\x1b]0;owned\x07\x1b[31m";
     let mut body = vec![];
@@ -1109,6 +1134,10 @@ fn a_client_name_with_control_characters_is_logged_escaped() {
         "{log}"
     );
     assert!(!log.contains('\x1b') && !log.contains('\x07'), "{log:?}");
+    // The server goes on serving: an honest client's copy is the file, ferryd stays small.
+    mirrors_within(30, &server, src.path(), "f");
+    let mem = rss(server.pid());
+    assert!(mem < 200 << 20, "ferryd holds {} MiB", mem >> 20);
 }
 
 #[test]
