@@ -894,6 +894,7 @@ fn connections_that_never_read_their_responses_hold_their_share_only_and_are_clo
 #[test]
 fn pipelined_directory_pages_count_against_the_memory_budget() {
     let src = long_listing();
+    write_random(&src.path().join("f"), 3 << 20, 13);
     let server = TestServer::start_with(src.path(), &["--memory-budget", "32"]);
     let list = |_| first_page_of_d();
     // 20 connections × 64 pages of ~1 MiB, none read: over a GiB if pages were not counted.
@@ -912,6 +913,8 @@ fn pipelined_directory_pages_count_against_the_memory_budget() {
         },
     );
     assert!(matches!(r, ferry_proto::Response::Attr(_)), "{r:?}");
+    // And an honest mirror of the whole export (the 3,000 names too) completes.
+    mirrors_within(60, &server, src.path(), "f");
 }
 
 /// CPU time (user and system) `pid` has used so far.
