@@ -51,6 +51,10 @@ pub(crate) struct Budget {
 /// reserve (see the module docs); also the most one connection holds there.
 pub(crate) const SMALL: u64 = 128 << 10;
 
+/// Connections whose held-back requests one scan of a client's queue remembers
+/// ([`Budget::dispatch`]).
+const HELD_BACK_KEPT: usize = 16;
+
 #[derive(Debug, Default)]
 struct Inner {
     /// Bytes held, the small requests' reserve included.
@@ -264,6 +268,12 @@ impl Budget {
     fn dispatch(&self, g: &mut Inner) {
         // Clients passed over in a row because their shares hold all their requests back.
         let mut passed = 0;
+        // Per connection whose share held a waiter back in this scan, the fewest bytes held
+        // back: its other waiters of as many bytes or more are held back too, and are not
+        // looked at again (a client's queue can hold hundreds of one connection's requests,
+        // and this runs at every release). A few connections are remembered: a client of
+        // many connections has few requests waiting on each.
+        let mut held_back: Vec<(u64, u64)> = Vec::new();
         while passed < g.turns.len() {
             let client = g.turns[0];
             let Some(queue) = g.waiters.get(&client) else {
@@ -271,7 +281,12 @@ impl Budget {
                 continue;
             };
             let mut pick = None;
+            held_back.clear();
             for (i, w) in queue.iter().enumerate() {
+                let known = held_back.iter().find(|(a, _)| *a == w.account);
+                if known.is_some_and(|(_, bytes)| w.bytes >= *bytes) {
+                    continue;
+                }
                 match self.fits(g, w.account, w.bytes) {
                     Ok(()) => {
                         pick = Some(i);
@@ -279,7 +294,15 @@ impl Budget {
                     }
                     // The budget cannot hold it yet: the round ends, the turn stays.
                     Err(false) => return,
-                    Err(true) => {}
+                    Err(true) => {
+                        if let Some((_, bytes)) =
+                            held_back.iter_mut().find(|(a, _)| *a == w.account)
+                        {
+                            *bytes = (*bytes).min(w.bytes);
+                        } else if held_back.len() < HELD_BACK_KEPT {
+                            held_back.push((w.account, w.bytes));
+                        }
+                    }
                 }
             }
             let Some(i) = pick else {
@@ -617,6 +640,26 @@ mod tests {
             out.push(a.take(100).await);
         }
         out
+    }
+
+    #[tokio::test]
+    async fn a_smaller_request_queued_behind_larger_ones_its_share_holds_back_goes() {
+        const MIB: u64 = 1 << 20;
+        let b = Budget::new(12 * MIB);
+        let (a, other) = (b.account(), b.account());
+        let _o = other.take(MIB).await;
+        // Two clients active: a share is 12 / 3 = 4 MiB.
+        let _held = a.take(3 * MIB).await;
+        let mut large = Box::pin(a.take(2 * MIB));
+        assert!(pending(&mut large).await, "3 + 2 MiB is over its share");
+        let mut larger = Box::pin(a.take(3 * MIB));
+        assert!(pending(&mut larger).await);
+        // Held back in the scan above at 2 MiB, the connection still gets half a MiB (more
+        // than the small requests' reserve takes).
+        let small = tokio::time::timeout(Duration::from_secs(1), a.take(MIB / 2)).await;
+        assert!(small.is_ok(), "3.5 MiB is within its share");
+        assert!(pending(&mut large).await && pending(&mut larger).await);
+        assert_eq!(b.used(), 4 * MIB + MIB / 2);
     }
 
     #[tokio::test]
