@@ -608,7 +608,13 @@ impl Client {
             }
             _ => None,
         };
-        let timed = sample.is_some();
+        // A background read's round trip sizes the pieces at the window's floor
+        // (`schedule/delay.rs`).
+        let piece = match &request {
+            Request::Read { len, .. } if self.class == Class::Background => Some(u64::from(*len)),
+            _ => None,
+        };
+        let timed = sample.is_some() || piece.is_some();
         let result = async {
             let _permit = conn
                 .inflight
@@ -631,6 +637,9 @@ impl Client {
         drop(assignment);
         if let (Some(rtt), Some(kind)) = (answer.rtt, sample) {
             self.inner.schedule.on_sample(kind, rtt);
+        }
+        if let (Some(rtt), Some(bytes)) = (answer.rtt, piece) {
+            self.inner.schedule.on_piece(bytes, rtt);
         }
         match answer.response {
             Response::Error { status, message } => Err(ClientError::Remote { status, message }),

@@ -328,6 +328,17 @@ impl Schedule {
         self.window.set_window(w);
     }
 
+    /// A background read of `bytes` took `rtt` (from its write to its last byte).
+    pub(super) fn on_piece(&self, bytes: u64, rtt: Duration) {
+        let w = {
+            let mut c = self.controller();
+            let now = self.now();
+            c.on_piece(now, bytes, rtt);
+            c.window(now)
+        };
+        self.window.set_window(w);
+    }
+
     /// `n` decoded bytes were received for a read of class `class`.
     pub(super) fn on_delivered(&self, class: Class, n: u64) {
         self.received[class as usize].fetch_add(n, Ordering::Relaxed);

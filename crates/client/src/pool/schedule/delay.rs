@@ -26,20 +26,33 @@
 //! - Per sample: under target, W += [`GAIN`] × piece × (target − q) / target, at most
 //!   doubling per round trip; over target, W ×= 1 − [`BETA`] × min(1, (q − target) /
 //!   target), at most once per round trip.
-//! - W stays within [W_min, streams × chunk], W_min being two [`MIN_PIECE`]s while readers
-//!   are active (one piece at a time would idle the link through each piece's round trip,
-//!   the server's read included) and [`ALONE_MIN_PIECES`] chunks otherwise (the same, for
-//!   chunks); it starts at the maximum (no reader: today's behaviour) and drops at once to [`DROP_PIECES`] pieces when readers become
-//!   active after a quiet spell (readers first: no waiting for the samples to tell).
+//! - W stays within [W_min, streams × chunk], W_min being two floor pieces (below) while
+//!   readers are active (one piece at a time would idle the link through each piece's round
+//!   trip, the server's read included) and [`ALONE_MIN_PIECES`] chunks otherwise (the same,
+//!   for chunks); it starts at the maximum (no reader: today's behaviour) and drops at once
+//!   to [`DROP_PIECES`] pieces when readers become active after a quiet spell (readers
+//!   first: no waiting for the samples to tell).
 //! - Piece size: a chunk while no reader is active; while readers are, about
 //!   [`PIECE_TIME`] (0.5 ms) of link time and at most half the window: clamp(min(peak ×
-//!   0.5 ms, W / 2), [`MIN_PIECE`], chunk) rounded down to 4 KiB, peak being the highest
+//!   0.5 ms, W / 2), floor piece, chunk) rounded down to 4 KiB, peak being the highest
 //!   delivered rate of the last minute ([`Rate::peak`], the link's capacity as far as
 //!   seen). Sized from the current rate instead, pieces grew with the mirror's own speed,
 //!   and so did each step of the window: the controller jumped between the window's floor
 //!   and the whole link. On a LAN whose base round trip is far below a piece's time on the
 //!   wire, one piece in flight keeps the link busy on its own and every read waits behind
 //!   it; the window then shrinks below one such piece, and the pieces with it.
+//! - The floor piece (and W_min, two of them) is what the link sends in half a background
+//!   piece's round trip beyond its own time on the link (R_eff: an EWMA of the pieces' round
+//!   trips minus their bytes over the peak rate, while readers are active, once what was in
+//!   flight before they came can have drained), within [[`MIN_PIECE`], min(peak ×
+//!   [`PIECE_TIME`] / 2, [`MAX_FLOOR_PIECE`])]: two pieces in flight then rarely wait for
+//!   each other on the link, and a read waits behind at most [`PIECE_TIME`] of them. Where
+//!   R_eff is the network's round trip (fast hosts: the pieces keep the link busy) that is
+//!   [`MIN_PIECE`]; where it is both ends' CPUs and the server's disk (two busy cores:
+//!   0.5-0.6 ms at 1 Gbit/s), 16 KiB pieces left the link three-fifths idle and the mirror
+//!   at 42-46 MB/s beside 4 KiB reads. (Up to peak × [`PIECE_TIME`] for one floor piece,
+//!   the pieces' round trips on two busy cores grew with them and the reads' p99 went to
+//!   4-8× of alone.)
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -67,6 +80,13 @@ pub(crate) const ALONE_MIN_PIECES: u64 = 2;
 pub(crate) const PIECE_TIME: Duration = Duration::from_micros(500);
 /// Smallest background piece.
 pub(crate) const MIN_PIECE: u64 = 16 << 10;
+/// The largest floor piece (see the module docs). Bounded by a quarter millisecond of the
+/// peak rate only, the mirror took nearly the whole 1 Gbit/s link beside 4 KiB reads
+/// (113-120 MB/s, the reads' p99 6-8× of alone; why the floor grew that far was not looked
+/// into); with this bound it behaves as fixed 32 KiB pieces did (63-77 MB/s, p99 about 3×).
+const MAX_FLOOR_PIECE: u64 = 32 << 10;
+/// Weight of a new piece's round trip in R_eff (see the module docs).
+const PIECE_TRIP_ALPHA: f64 = 0.125;
 /// Pieces are multiples of this.
 const PIECE_ALIGN: u64 = 4 << 10;
 
@@ -234,6 +254,10 @@ pub(crate) struct DelayController {
     last_decrease: Option<Duration>,
     last_demand: Option<Duration>,
     rate: Rate,
+    /// R_eff of background pieces (see the module docs), seconds; `None` until measured.
+    piece_trip: Option<f64>,
+    /// When readers last became active after a quiet spell.
+    active_since: Duration,
 }
 
 impl DelayController {
@@ -252,6 +276,8 @@ impl DelayController {
             last_decrease: None,
             last_demand: None,
             rate: Rate::default(),
+            piece_trip: None,
+            active_since: Duration::ZERO,
         }
     }
 
@@ -269,7 +295,42 @@ impl DelayController {
         if !was_active {
             let floor = (DROP_PIECES * self.piece(now)) as f64;
             self.window = self.window.min(floor);
+            self.active_since = now;
         }
+    }
+
+    /// A background piece of `bytes` took `rtt` from its request's write to its response's
+    /// last byte at `now`: feeds R_eff while readers are active (see the module docs).
+    pub(crate) fn on_piece(&mut self, now: Duration, bytes: u64, rtt: Duration) {
+        let peak = self.rate.peak();
+        if !self.readers_active(now) || peak <= 0.0 {
+            return;
+        }
+        // What was in flight before readers came (up to the whole window of chunks) drains
+        // first: pieces that waited behind it say nothing of their own round trip.
+        let drain = Duration::from_secs_f64(self.w_max as f64 / peak);
+        if now.saturating_sub(self.active_since) < drain {
+            return;
+        }
+        let trip = (rtt.as_secs_f64() - bytes as f64 / peak).max(0.0);
+        self.piece_trip = Some(match self.piece_trip {
+            Some(t) => t + PIECE_TRIP_ALPHA * (trip - t),
+            None => trip,
+        });
+    }
+
+    /// The smallest piece at `now` while readers are active (see the module docs).
+    pub(crate) fn floor_piece(&self) -> u64 {
+        let peak = self.rate.peak();
+        let Some(trip) = self.piece_trip.filter(|_| peak > 0.0) else {
+            return MIN_PIECE.min(self.chunk);
+        };
+        // Two floor pieces, all a read can wait behind at the floor, are at most PIECE_TIME
+        // on the link, and [`MAX_FLOOR_PIECE`] each whatever the peak says.
+        let most =
+            ((peak * PIECE_TIME.as_secs_f64() / 2.0) as u64).clamp(MIN_PIECE, MAX_FLOOR_PIECE);
+        let p = ((peak * trip / 2.0) as u64).clamp(MIN_PIECE, most) / PIECE_ALIGN * PIECE_ALIGN;
+        p.max(MIN_PIECE).min(self.chunk)
     }
 
     /// `n` bytes (any class) were delivered at `now`: feeds the rate estimate.
@@ -355,7 +416,7 @@ impl DelayController {
         // next, instead of the link idling through each piece's round trip.
         let w = self.window(now) / 2;
         let p = bytes.min(w).min(self.chunk) / PIECE_ALIGN * PIECE_ALIGN;
-        p.max(MIN_PIECE).min(self.chunk)
+        p.max(self.floor_piece()).min(self.chunk)
     }
 
     /// The window: background bytes allowed in flight at `now`.
@@ -363,12 +424,12 @@ impl DelayController {
         (self.window as u64).clamp(self.w_min(now), self.w_max)
     }
 
-    /// The smallest window at `now`: two [`MIN_PIECE`]s while readers are active (while one
+    /// The smallest window at `now`: two floor pieces while readers are active (while one
     /// is on the wire, the server reads the next); with none, [`ALONE_MIN_PIECES`] chunks (with a single chunk in flight the link
     /// would idle for a round trip and the server's work between chunks).
     pub(crate) fn w_min(&self, now: Duration) -> u64 {
         if self.readers_active(now) {
-            (2 * MIN_PIECE).min(self.chunk)
+            (2 * self.floor_piece()).min(self.chunk)
         } else {
             (ALONE_MIN_PIECES * self.chunk).min(self.w_max)
         }

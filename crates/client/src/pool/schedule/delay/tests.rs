@@ -14,8 +14,12 @@ const STREAMS: u64 = 8;
 /// What sits in the bottleneck queue, or travels to or from it.
 #[derive(Debug, Clone, Copy)]
 enum Item {
-    /// A background piece of `bytes`, admitted while the window was `window`.
-    Background { bytes: u64, window: u64 },
+    /// A background piece of `bytes`, admitted at `sent` while the window was `window`.
+    Background {
+        bytes: u64,
+        window: u64,
+        sent: Duration,
+    },
     /// A small demand request sent at `sent`, of `bytes` (its response's size).
     Demand { sent: Duration, bytes: u64 },
 }
@@ -139,10 +143,11 @@ impl Sim {
                 break;
             };
             match item {
-                Item::Background { bytes, .. } => {
+                Item::Background { bytes, sent, .. } => {
                     self.in_flight -= bytes;
                     self.delivered += bytes;
                     self.ctl.on_delivered(self.now, bytes);
+                    self.ctl.on_piece(self.now, bytes, self.now - sent);
                 }
                 Item::Demand { sent, bytes } => {
                     let rtt = self.now - sent;
@@ -188,6 +193,7 @@ impl Sim {
             let item = Item::Background {
                 bytes: piece,
                 window,
+                sent: self.now,
             };
             self.to_server.push_back((self.now + half, item));
         }
@@ -437,6 +443,59 @@ fn a_lan_whose_round_trip_is_far_below_a_piece_time_backs_off_for_a_reader() {
     // The emulated 1 Gbit/s link measures a 28 µs base round trip: a 0.5 ms piece alone keeps
     // the link busy there, so the window has to go below one such piece.
     three_phases(125e6, Duration::from_micros(30), 4.0);
+}
+
+#[test]
+fn the_floor_piece_is_what_the_link_sends_in_half_a_pieces_round_trip_beyond_its_own_time() {
+    let mut c = DelayController::new(CHUNK, STREAMS * CHUNK);
+    // A 1 Gbit/s link seen at its peak; a reader active.
+    for i in 0..200u64 {
+        c.on_delivered(Duration::from_millis(i), 125_000);
+    }
+    c.on_demand(Duration::from_millis(200));
+    // Pieces still behind the window of chunks in flight before: not counted.
+    c.on_piece(
+        Duration::from_millis(210),
+        MIN_PIECE,
+        Duration::from_millis(10),
+    );
+    assert_eq!(c.floor_piece(), MIN_PIECE, "no piece's round trip yet");
+    // The window's chunks drained (8 MiB at 125 MB/s: 67 ms).
+    let now = Duration::from_millis(280);
+    c.on_demand(now);
+    let on_link = |bytes: u64| Duration::from_secs_f64(bytes as f64 / 125e6);
+    // Pieces that come back a network round trip after their time on the link (fast hosts,
+    // the link kept busy): the floor stays the smallest piece.
+    for _ in 0..100 {
+        c.on_piece(
+            now,
+            MIN_PIECE,
+            Duration::from_micros(30) + on_link(MIN_PIECE),
+        );
+    }
+    assert_eq!(c.floor_piece(), MIN_PIECE);
+    // Pieces that take 0.4 ms beyond their time on the link (both ends' CPUs, the server's
+    // disk): two in flight leave the link idle most of the time, so the floor grows to
+    // what it sends in 0.2 ms (25 kB), in 4 KiB steps, and the window's floor with it.
+    for _ in 0..100 {
+        c.on_piece(
+            now,
+            MIN_PIECE,
+            Duration::from_micros(400) + on_link(MIN_PIECE),
+        );
+    }
+    assert_eq!(c.floor_piece(), 24 << 10);
+    assert_eq!(c.w_min(now), 48 << 10);
+    // A server that takes 10 ms: two floor pieces never more than 0.5 ms on the link.
+    for _ in 0..100 {
+        c.on_piece(now, MIN_PIECE, Duration::from_millis(10));
+    }
+    assert_eq!(c.floor_piece(), 28 << 10, "31.25 kB, in 4 KiB steps");
+    // The mirror alone: round trips of whole chunks say nothing about the floor.
+    let quiet = now + READERS_QUIET * 2;
+    let before = c.floor_piece();
+    c.on_piece(quiet, CHUNK, Duration::from_micros(50));
+    assert_eq!(c.floor_piece(), before);
 }
 
 #[test]
