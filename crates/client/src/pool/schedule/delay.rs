@@ -319,7 +319,7 @@ impl DelayController {
         });
     }
 
-    /// The smallest piece at `now` while readers are active (see the module docs).
+    /// The smallest piece while readers are active (see the module docs).
     pub(crate) fn floor_piece(&self) -> u64 {
         let peak = self.rate.peak();
         let Some(trip) = self.piece_trip.filter(|_| peak > 0.0) else {
