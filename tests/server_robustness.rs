@@ -778,6 +778,12 @@ fn rss(pid: u32) -> u64 {
     kb << 10
 }
 
+/// Asserts that ferryd's resident memory is under `mib` MiB.
+fn assert_rss_under(server: &TestServer, mib: u64) {
+    let mem = rss(server.pid());
+    assert!(mem < mib << 20, "ferryd holds {} MiB", mem >> 20);
+}
+
 /// A demand Read of the `i`th MiB of the export's file `big`, uncompressed.
 fn mib_of_big(i: u32) -> ferry_proto::Request {
     ferry_proto::Request::Read {
@@ -873,8 +879,7 @@ fn connections_that_never_read_their_responses_hold_their_share_only_and_are_clo
         }
     }
     assert_eq!(closed(), 4, "{}", server.log_text());
-    let mem = rss(server.pid());
-    assert!(mem < 200 << 20, "ferryd holds {} MiB", mem >> 20);
+    assert_rss_under(&server, 200);
     // Closed: reading each of them ends (after what the server had sent).
     for (i, mut s) in stuck.into_iter().enumerate() {
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -900,8 +905,7 @@ fn pipelined_directory_pages_count_against_the_memory_budget() {
     // 20 connections × 64 pages of ~1 MiB, none read: over a GiB if pages were not counted.
     let _hogs: Vec<TcpStream> = (0..20).map(|_| pipeline(&server.addr, 64, list)).collect();
     std::thread::sleep(Duration::from_secs(3));
-    let mem = rss(server.pid());
-    assert!(mem < 250 << 20, "ferryd holds {} MiB", mem >> 20);
+    assert_rss_under(&server, 250);
     // Everyone else is still served.
     let (mut s, mut buf) = handshaken(&server.addr);
     let r = ask(
@@ -1045,8 +1049,7 @@ fn a_request_frame_longer_than_any_legal_request_closes_the_connection_at_once()
             s
         })
         .collect();
-    let mem = rss(server.pid());
-    assert!(mem < 200 << 20, "ferryd holds {} MiB", mem >> 20);
+    assert_rss_under(&server, 200);
     mirrors_within(30, &server, src.path(), "f");
     assert!(held.iter_mut().all(closed), "a connection stays open");
 }
@@ -1091,8 +1094,7 @@ fn silent_sockets_from_one_address_do_not_lock_honest_clients_out() {
     let mirrored = std::panic::catch_unwind(|| {
         mirrors_within(30, &server, src.path(), "f");
         // The 200 pre-authentication sockets cost ferryd next to nothing.
-        let mem = rss(server.pid());
-        assert!(mem < 200 << 20, "ferryd holds {} MiB", mem >> 20);
+        assert_rss_under(&server, 200);
     });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     flood.join().unwrap();
@@ -1139,8 +1141,7 @@ fn a_client_name_with_control_characters_is_logged_escaped() {
     assert!(!log.contains('\x1b') && !log.contains('\x07'), "{log:?}");
     // The server goes on serving: an honest client's copy is the file, ferryd stays small.
     mirrors_within(30, &server, src.path(), "f");
-    let mem = rss(server.pid());
-    assert!(mem < 200 << 20, "ferryd holds {} MiB", mem >> 20);
+    assert_rss_under(&server, 200);
 }
 
 #[test]
