@@ -5,7 +5,8 @@
 #
 #   bench/readers.sh [--smoke] [--links 1gbit,wan,loopback] [--only LIST] [--repeat N]
 #                    [--seconds S] [--fio-seconds S] [--warmup S] [--read-mib N] [--cp-mib N]
-#                    [--bulk-files N] [--bulk-mib N] [--pg-scale N] [--timeout SECS]
+#                    [--bulk-files N] [--bulk-mib N] [--bulk random|pgdata] [--bulk-pg-scale N]
+#                    [--pg-scale N] [--timeout SECS]
 #                    [--data DIR] [--out FILE] [--baseline FILE] [--fresh-ferryd]
 #   FERRY_ARGS=...               extra options for every ferry mount
 #   FERRY_MIRROR_MOUNT_ARGS=...  extra options for the mount with --mirror only
@@ -35,6 +36,10 @@
 # readers found in the local copy. The export (--data, made once by scripts/gen-data.py) is
 # the same for every link: read/random.bin, cp/random.bin, --bulk-files × --bulk-mib MiB of
 # bulk/, pg/*.dump; all incompressible but the dump, so the mirror's MB/s is on the wire too.
+# --bulk pgdata: bulk/ is instead a real PostgreSQL 15 data directory (bulk/pgdata: initdb,
+# then `pgbench -i -s --bulk-pg-scale`, default 400, about 6 GiB, cleanly shut down; made
+# once), what a DBA's mirror moves: the mirror's MB/s is then of decoded bytes, the wire
+# carrying less (pgbench tables compress about 10:1).
 # It must be big enough that the mirror does not finish during a measurement: the report
 # flags runs where it was not running throughout.
 # --smoke: a check that every step works (small files, --repeat 1, short windows).
@@ -53,7 +58,7 @@ ROOT=$PWD
 args_given="$*"
 
 smoke=0 links="" only="" only_given=0 repeat="" seconds="" fio_secs="" warmup="" read_mib="" cp_mib=""
-bulk_files="" bulk_mib="" pg_scale="" timeout_secs=1800 data="" out="" baseline="" fresh_ferryd=0
+bulk_files="" bulk_mib="" bulk=random bulk_pg_scale=400 pg_scale="" timeout_secs=1800 data="" out="" baseline="" fresh_ferryd=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --smoke) smoke=1; shift ;;
@@ -68,12 +73,14 @@ while [ $# -gt 0 ]; do
         --cp-mib) cp_mib=$2; shift 2 ;;
         --bulk-files) bulk_files=$2; shift 2 ;;
         --bulk-mib) bulk_mib=$2; shift 2 ;;
+        --bulk) bulk=$2; shift 2 ;;
+        --bulk-pg-scale) bulk_pg_scale=$2; shift 2 ;;
         --pg-scale) pg_scale=$2; shift 2 ;;
         --timeout) timeout_secs=$2; shift 2 ;;
         --data) data=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --baseline) baseline=$2; shift 2 ;;
-        -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
         *) echo "bench/readers.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -113,7 +120,9 @@ measures_for() {
     else echo "pread fio cp idle"
     fi
 }
+case "$bulk" in random|pgdata) ;; *) die "unknown --bulk '$bulk' (random or pgdata)" ;; esac
 need_pg=0
+[ "$bulk" = pgdata ] && [ ! -f "$DATA/bulk/pgdata/PG_VERSION" ] && need_pg=1
 for l in "${LINKS[@]}"; do [[ " $(measures_for "$l") " == *" restore "* ]] && need_pg=1; done
 
 # ---------------------------------------------------------------- prerequisites
@@ -134,16 +143,23 @@ cargo build --release --bins -q
 
 # ---------------------------------------------------------------- data
 mkdir -p "$DATA" "$(dirname "$out")"
-log "export $DATA: read/ ${read_mib} MiB, cp/ ${cp_mib} MiB, bulk/ ${bulk_files} × ${bulk_mib} MiB"
+if [ "$bulk" = random ]; then
+    log "export $DATA: read/ ${read_mib} MiB, cp/ ${cp_mib} MiB, bulk/ ${bulk_files} × ${bulk_mib} MiB"
+    [ -e "$DATA/bulk/pgdata" ] && die "$DATA/bulk holds a PostgreSQL data directory (--bulk pgdata): give --bulk pgdata or another --data"
+else
+    log "export $DATA: read/ ${read_mib} MiB, cp/ ${cp_mib} MiB, bulk/pgdata (pgbench -i -s $bulk_pg_scale)"
+fi
 gen() { python3 scripts/gen-data.py "$DATA/$1" --size-mib "$2" --only random --seed "$3" >/dev/null; }
 gen read "$read_mib" 1
 gen cp "$cp_mib" 2
-for ((i = 1; i <= bulk_files; i++)); do gen "bulk/$(printf %02d "$i")" "$bulk_mib" $((100 + i)); done
-# Bulk directories beyond --bulk-files (from an earlier, larger run) would be mirrored too.
+[ "$bulk" = random ] && for ((i = 1; i <= bulk_files; i++)); do gen "bulk/$(printf %02d "$i")" "$bulk_mib" $((100 + i)); done
+# Bulk directories beyond --bulk-files (from an earlier, larger run), or any with --bulk
+# pgdata, would be mirrored too.
 for d in "$DATA"/bulk/*; do
     [ -d "$d" ] || continue
     n=$(basename "$d")
-    if [[ ! "$n" =~ ^[0-9]+$ ]] || ((10#$n > bulk_files)); then rm -rf "$d"; fi
+    [ "$n" = pgdata ] && continue
+    if [ "$bulk" = pgdata ] || [[ ! "$n" =~ ^[0-9]+$ ]] || ((10#$n > bulk_files)); then rm -rf "$d"; fi
 done
 
 # ---------------------------------------------------------------- sandbox and cleanup
@@ -176,6 +192,23 @@ pg_start() {
 DUMP=""
 if [ "$need_pg" = 1 ]; then
     pg_start
+fi
+if [ "$bulk" = pgdata ] && [ ! -f "$DATA/bulk/pgdata/PG_VERSION" ]; then
+    # A real data directory: the throwaway cluster's, filled by pgbench and cleanly shut
+    # down; a fresh throwaway cluster takes its place for the dump and the restores.
+    log "making bulk/pgdata (pgbench -i -s $bulk_pg_scale; minutes)"
+    pg createdb bulk
+    pg pgbench -i -q -s "$bulk_pg_scale" bulk >"$WORK/logs/pgbench-bulk.log" 2>&1 \
+        || die "pgbench -i for bulk/pgdata failed: $(tail -3 "$WORK/logs/pgbench-bulk.log")"
+    runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGWORK/data" stop -m fast -w >/dev/null
+    rm -rf "$DATA/bulk"
+    mkdir -p "$DATA/bulk"
+    mv "$PGWORK/data" "$DATA/bulk/pgdata.tmp" && mv "$DATA/bulk/pgdata.tmp" "$DATA/bulk/pgdata"
+    rm -rf "$PGWORK"
+    PGWORK=""
+    for l in "${LINKS[@]}"; do [[ " $(measures_for "$l") " == *" restore "* ]] && { pg_start; break; }; done
+fi
+if [ -n "$PGWORK" ]; then
     DUMP=pg/pgbench-s$pg_scale.dump
     if [ ! -s "$DATA/$DUMP" ]; then
         log "making $DUMP (pgbench -i -s $pg_scale, pg_dump -Fc -Z0)"
@@ -391,9 +424,14 @@ base_mirror() {  # the mirror-alone median of LINK in the --baseline TSV
     gib=$(awk -v b="$total_bytes" 'BEGIN { printf "%.1f", b / 1073741824 }')
     dump=""
     [ -n "$DUMP" ] && dump=", $DUMP ($(du -m "$DATA/$DUMP" | cut -f1) MiB: \`pgbench -i -s $pg_scale\`, \`pg_dump -Fc -Z0\`)"
+    if [ "$bulk" = random ]; then
+        bulk_is="bulk/ ($bulk_files × $bulk_mib MiB of random data)"
+    else
+        bulk_is="bulk/pgdata ($(du -sm "$DATA/bulk/pgdata" | cut -f1) MiB: a PostgreSQL 15 data directory, \`pgbench -i -s $bulk_pg_scale\`; the mirror's MB/s are decoded bytes)"
+    fi
     cat <<EOF
 - The export, the same for every link ($gib GiB): read/random.bin ($read_mib MiB), cp/random.bin
-  ($cp_mib MiB), bulk/ ($bulk_files × $bulk_mib MiB)$dump; all but the dump incompressible.
+  ($cp_mib MiB), $bulk_is$dump.
 - **Alone**: through a plain mount. **During**: through a mount with \`--cache-dir DIR --mirror\`
   (a fresh DIR every run) whose mirror started $warmup s before. The page cache is dropped before
   every run; the pairs alternate which goes first. Figures are medians of $repeat runs; ratios are
