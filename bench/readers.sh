@@ -37,9 +37,9 @@
 # the same for every link: read/random.bin, cp/random.bin, --bulk-files × --bulk-mib MiB of
 # bulk/, pg/*.dump; all incompressible but the dump, so the mirror's MB/s is on the wire too.
 # --bulk pgdata: bulk/ is instead a real PostgreSQL 15 data directory (bulk/pgdata: initdb,
-# then `pgbench -i -s --bulk-pg-scale`, default 400, about 6 GiB, cleanly shut down; made
+# then `pgbench -i -s --bulk-pg-scale`, default 400, about 7 GiB, cleanly shut down; made
 # once), what a DBA's mirror moves: the mirror's MB/s is then of decoded bytes, the wire
-# carrying less (pgbench tables compress about 10:1).
+# carrying less (its chunks pack 2-4.5:1 under the codecs `auto` picks).
 # It must be big enough that the mirror does not finish during a measurement: the report
 # flags runs where it was not running throughout.
 # --smoke: a check that every step works (small files, --repeat 1, short windows).
