@@ -36,9 +36,9 @@
 # readers found in the local copy. The export (--data, made once by scripts/gen-data.py) is
 # the same for every link: read/random.bin, cp/random.bin, --bulk-files × --bulk-mib MiB of
 # bulk/, pg/*.dump; all incompressible but the dump, so the mirror's MB/s is on the wire too.
-# --bulk pgdata: bulk/ is instead a real PostgreSQL 15 data directory (bulk/pgdata: initdb,
-# then `pgbench -i -s --bulk-pg-scale`, default 400, about 7 GiB, cleanly shut down; made
-# once), what a DBA's mirror moves: the mirror's MB/s is then of decoded bytes, the wire
+# --bulk pgdata: bulk/ is instead a real PostgreSQL 15 data directory (bulk/pgdata, made once
+# by bench/lib.sh's real_trees: initdb, then `pgbench -i -s --bulk-pg-scale`, default 400,
+# about 7 GiB, cleanly shut down), what a DBA's mirror moves: the mirror's MB/s is then of decoded bytes, the wire
 # carrying less (its chunks pack 2-4.5:1 under the codecs `auto` picks).
 # It must be big enough that the mirror does not finish during a measurement: the report
 # flags runs where it was not running throughout.
@@ -122,7 +122,6 @@ measures_for() {
 }
 case "$bulk" in random|pgdata) ;; *) die "unknown --bulk '$bulk' (random or pgdata)" ;; esac
 need_pg=0
-[ "$bulk" = pgdata ] && [ ! -f "$DATA/bulk/pgdata/PG_VERSION" ] && need_pg=1
 for l in "${LINKS[@]}"; do [[ " $(measures_for "$l") " == *" restore "* ]] && need_pg=1; done
 
 # ---------------------------------------------------------------- prerequisites
@@ -152,7 +151,11 @@ fi
 gen() { python3 scripts/gen-data.py "$DATA/$1" --size-mib "$2" --only random --seed "$3" >/dev/null; }
 gen read "$read_mib" 1
 gen cp "$cp_mib" 2
-[ "$bulk" = random ] && for ((i = 1; i <= bulk_files; i++)); do gen "bulk/$(printf %02d "$i")" "$bulk_mib" $((100 + i)); done
+if [ "$bulk" = random ]; then
+    for ((i = 1; i <= bulk_files; i++)); do gen "bulk/$(printf %02d "$i")" "$bulk_mib" $((100 + i)); done
+else
+    PG_SCALE=$bulk_pg_scale real_trees "$DATA/bulk" pgdata
+fi
 # Bulk directories beyond --bulk-files (from an earlier, larger run), or any with --bulk
 # pgdata, would be mirrored too.
 for d in "$DATA"/bulk/*; do
@@ -192,23 +195,6 @@ pg_start() {
 DUMP=""
 if [ "$need_pg" = 1 ]; then
     pg_start
-fi
-if [ "$bulk" = pgdata ] && [ ! -f "$DATA/bulk/pgdata/PG_VERSION" ]; then
-    # A real data directory: the throwaway cluster's, filled by pgbench and cleanly shut
-    # down; a fresh throwaway cluster takes its place for the dump and the restores.
-    log "making bulk/pgdata (pgbench -i -s $bulk_pg_scale; minutes)"
-    pg createdb bulk
-    pg pgbench -i -q -s "$bulk_pg_scale" bulk >"$WORK/logs/pgbench-bulk.log" 2>&1 \
-        || die "pgbench -i for bulk/pgdata failed: $(tail -3 "$WORK/logs/pgbench-bulk.log")"
-    runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGWORK/data" stop -m fast -w >/dev/null
-    rm -rf "$DATA/bulk"
-    mkdir -p "$DATA/bulk"
-    mv "$PGWORK/data" "$DATA/bulk/pgdata.tmp" && mv "$DATA/bulk/pgdata.tmp" "$DATA/bulk/pgdata"
-    rm -rf "$PGWORK"
-    PGWORK=""
-    for l in "${LINKS[@]}"; do [[ " $(measures_for "$l") " == *" restore "* ]] && { pg_start; break; }; done
-fi
-if [ -n "$PGWORK" ]; then
     DUMP=pg/pgbench-s$pg_scale.dump
     if [ ! -s "$DATA/$DUMP" ]; then
         log "making $DUMP (pgbench -i -s $pg_scale, pg_dump -Fc -Z0)"
