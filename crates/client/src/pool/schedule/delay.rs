@@ -329,8 +329,9 @@ impl DelayController {
         // on the link, and [`MAX_FLOOR_PIECE`] each whatever the peak says.
         let most =
             ((peak * PIECE_TIME.as_secs_f64() / 2.0) as u64).clamp(MIN_PIECE, MAX_FLOOR_PIECE);
+        // MIN_PIECE is a multiple of PIECE_ALIGN: rounding down keeps p at least MIN_PIECE.
         let p = ((peak * trip / 2.0) as u64).clamp(MIN_PIECE, most) / PIECE_ALIGN * PIECE_ALIGN;
-        p.max(MIN_PIECE).min(self.chunk)
+        p.min(self.chunk)
     }
 
     /// `n` bytes (any class) were delivered at `now`: feeds the rate estimate.
