@@ -747,11 +747,30 @@ fn rsync_ahaxs_out_of_the_mount_and_ferry_mirror_each_give_the_source() {
     run(Command::new("setfacl")
         .args(["-d", "-m", "u:nobody:rx"])
         .arg(e.join("data")));
+    // Small files whose metadata creation does not give (the mirror creates a small file
+    // with its mode and sets only what came out otherwise): bits the umask clears, a file
+    // without an ACL in a directory with a default one (the copy inherits one, and a mask
+    // in its mode), and, as root, set-ID bits and a group other than the set-group-ID
+    // directory's.
+    let small = |p: &str, mode: u32| {
+        std::fs::write(e.join(p), format!("{p}\n")).unwrap();
+        std::fs::set_permissions(e.join(p), std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    small("etc/wide-open", 0o777);
+    small("data/small.conf", 0o640);
     if is_root() {
         let (uid, gid) = nobody();
         for p in ["etc/conf.d", "etc/conf.d/secret", "data/base/16384"] {
             chown(&e.join(p), uid, gid);
         }
+        small("etc/setuid-tool", 0o4755);
+        std::fs::create_dir(e.join("shared")).unwrap();
+        chown(&e.join("shared"), 0, gid);
+        std::fs::set_permissions(e.join("shared"), std::fs::Permissions::from_mode(0o2775))
+            .unwrap();
+        small("shared/roots", 0o644);
+        chown(&e.join("shared/roots"), 0, 0);
+        small("shared/theirs", 0o664);
     }
     for (i, p) in [
         "etc/app.conf",

@@ -318,6 +318,37 @@ impl CacheDir {
         version: Version,
         chunk_size: u32,
     ) -> std::io::Result<(std::fs::File, u64)> {
+        self.restart(rel, version, chunk_size, None)
+    }
+
+    /// As [`CacheDir::restart_file`], for a caller that writes all of the file's bytes next
+    /// (a small file, in one write): the new file is left empty rather than sized, and is
+    /// created with permission bits `mode` (the umask, or a default ACL of its directory,
+    /// applies), so that its metadata is often right as created and costs no `fchmod`. A
+    /// tree of small files is bound by such per-file system calls.
+    ///
+    /// # Errors
+    /// As [`CacheDir::restart_file`].
+    pub fn restart_whole_file(
+        &self,
+        rel: &Bytes,
+        version: Version,
+        chunk_size: u32,
+        mode: u32,
+    ) -> std::io::Result<(std::fs::File, u64)> {
+        self.restart(rel, version, chunk_size, Some(mode & 0o777))
+    }
+
+    /// [`CacheDir::restart_file`] (`whole` `None`: sized) or [`CacheDir::restart_whole_file`]
+    /// (`Some(mode)`: empty, created with `mode`).
+    fn restart(
+        &self,
+        rel: &Bytes,
+        version: Version,
+        chunk_size: u32,
+        whole: Option<u32>,
+    ) -> std::io::Result<(std::fs::File, u64)> {
+        use std::os::unix::fs::OpenOptionsExt;
         let local = self.local_path(rel);
         let generation = self.begin_with(rel, version, chunk_size, false);
         self.seals.lift_others(rel, generation);
@@ -326,6 +357,7 @@ impl CacheDir {
                 .read(true)
                 .write(true)
                 .create_new(true)
+                .mode(whole.unwrap_or(0o666))
                 .open(&local)
         };
         // The common case, a new file in an existing directory, is one system call.
@@ -354,7 +386,7 @@ impl CacheDir {
             }
             Err(e) => return Err(e),
         };
-        if version.size > 0 {
+        if version.size > 0 && whole.is_none() {
             f.set_len(version.size)?;
         }
         if let Some(st) = self.lock().files.get_mut(rel) {

@@ -22,18 +22,62 @@ pub(super) fn set_file_metadata(
         f,
         rustix::fs::Mode::from_raw_mode(u32::from(attr.perm) & 0o7777),
     )?;
+    rustix::fs::futimens(f, &times(attr))?;
+    Ok(())
+}
+
+/// Gives a regular file just created by
+/// [`CacheDir::restart_whole_file`](crate::state::CacheDir::restart_whole_file) (with the
+/// source's permission bits) and written the metadata [`set_file_metadata`] then `xattrs`
+/// give it, in fewer system calls where creation got it right already: no `fchown` when the
+/// owner is this process's, no `fchmod` when the mode came out as the source's. Returns the
+/// file's metadata after the last change (its stamp is taken from it).
+///
+/// What creation gives is checked, not assumed: a set-group-ID directory, the umask, a
+/// directory's default ACL or set-ID bits make it differ, and the file then gets the whole
+/// sequence ([`set_file_metadata`], then `xattrs`, in that order: a mode set after an access
+/// ACL would change the ACL's mask).
+pub(super) fn set_new_file_metadata(
+    f: &File,
+    attr: &Attr,
+    owner: Option<(u32, u32)>,
+    xattrs: impl Fn() -> std::io::Result<()>,
+) -> std::io::Result<std::fs::Metadata> {
+    use std::os::unix::fs::MetadataExt;
+    // Who creates files: this process's effective ids, which it never changes.
+    static CREATOR: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    let creator = *CREATOR.get_or_init(|| {
+        (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        )
+    });
+    if owner.is_some_and(|o| o != creator) {
+        set_file_metadata(f, attr, owner)?;
+    } else {
+        rustix::fs::futimens(f, &times(attr))?;
+    }
+    xattrs()?;
+    let m = f.metadata()?;
+    let owned = owner.is_none_or(|o| (m.uid(), m.gid()) == o);
+    if owned && m.mode() & 0o7777 == u32::from(attr.perm) & 0o7777 {
+        return Ok(m);
+    }
+    set_file_metadata(f, attr, owner)?;
+    xattrs()?;
+    f.metadata()
+}
+
+/// The source's access and modification times of `attr`, for `futimens`/`utimensat`.
+fn times(attr: &Attr) -> rustix::fs::Timestamps {
     let ts = |t: ferry_proto::Timestamp| rustix::fs::Timespec {
         tv_sec: t.sec,
         tv_nsec: i64::from(t.nsec) as _,
     };
-    rustix::fs::futimens(
-        f,
-        &rustix::fs::Timestamps {
-            last_access: ts(attr.atime),
-            last_modification: ts(attr.mtime),
-        },
-    )?;
-    Ok(())
+    rustix::fs::Timestamps {
+        last_access: ts(attr.atime),
+        last_modification: ts(attr.mtime),
+    }
 }
 
 /// Sets the owner (when given), mode (unless a symlink) and access/modification times
@@ -59,17 +103,10 @@ pub(super) fn set_metadata(
             std::fs::Permissions::from_mode(u32::from(attr.perm) & 0o7777),
         )?;
     }
-    let ts = |t: ferry_proto::Timestamp| rustix::fs::Timespec {
-        tv_sec: t.sec,
-        tv_nsec: i64::from(t.nsec) as _,
-    };
     rustix::fs::utimensat(
         rustix::fs::CWD,
         local,
-        &rustix::fs::Timestamps {
-            last_access: ts(attr.atime),
-            last_modification: ts(attr.mtime),
-        },
+        &times(attr),
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     )?;
     Ok(())

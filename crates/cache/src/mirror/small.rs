@@ -13,12 +13,14 @@ use ferry_proto::Attr;
 use super::chunked::write_queued;
 use super::fetch::{fetch_chunk, ChunkError};
 use super::file::FileOutcome;
-use super::metadata::{set_file_metadata, stamp_of};
+use super::metadata::{set_new_file_metadata, stamp_of};
 use super::verify;
 use super::{remote_path, Ctx, UNIT};
 
 /// A file that fits in one chunk: one read, then one blocking step that creates, writes and
-/// sets the metadata of the local file (a tree of small files is bound by per-file work). Its
+/// sets the metadata of the local file (a tree of small files is bound by per-file work:
+/// the file is created with its mode, not sized before its one write, and its owner and
+/// mode set only where creation did not give them). Its
 /// hash is computed in the same step over the bytes written, still in memory, and compared
 /// with the server's hash of the same version (carried by the read when the server has
 /// READ_HASH, else asked for).
@@ -72,16 +74,17 @@ pub(super) async fn copy_small_file(
             ctx,
             d.len(),
             move || -> std::io::Result<(File, u64, [u8; 32], ferry_proto::Version)> {
-                let (mut f, generation) = cache.restart_file(&r, a.version(), cs)?;
+                let (mut f, generation) =
+                    cache.restart_whole_file(&r, a.version(), cs, u32::from(a.perm))?;
                 // No reader's store lands after the times are set (it would change them):
                 // lifted once the write is recorded.
                 cache.seal(&r, generation);
                 std::io::Write::write_all(&mut f, &d)?;
-                set_file_metadata(&f, &a, owner)?;
-                if let Some(x) = &xa {
-                    super::xattrs::apply(&local, x)?;
-                }
-                let stamp = stamp_of(&f.metadata()?);
+                let m = set_new_file_metadata(&f, &a, owner, || {
+                    xa.as_ref()
+                        .map_or(Ok(()), |x| super::xattrs::apply_fd(&f, &local, x))
+                })?;
+                let stamp = stamp_of(&m);
                 let mine = if verify {
                     *blake3::hash(&d).as_bytes()
                 } else {

@@ -95,12 +95,35 @@ fn managed(name: &[u8]) -> bool {
 /// `attrs`, and removes the managed ones it has beyond them. Attributes this process may
 /// not set (EPERM, ENOTSUP) are skipped. Blocking.
 pub(super) fn apply(local: &Path, attrs: &[(Bytes, Bytes)]) -> std::io::Result<()> {
+    apply_to(Object::Path(local), attrs)
+}
+
+/// As [`apply`], on an open regular file (`local` its path, for messages): no path to look
+/// up for each call.
+pub(super) fn apply_fd(
+    f: &std::fs::File,
+    local: &Path,
+    attrs: &[(Bytes, Bytes)],
+) -> std::io::Result<()> {
+    apply_to(Object::File(f, local), attrs)
+}
+
+/// What attributes are applied to: a path (not following a final symlink), or an open file
+/// and its path.
+#[derive(Clone, Copy)]
+enum Object<'a> {
+    Path(&'a Path),
+    File(&'a std::fs::File, &'a Path),
+}
+
+fn apply_to(obj: Object<'_>, attrs: &[(Bytes, Bytes)]) -> std::io::Result<()> {
     use rustix::fs::XattrFlags;
     use std::os::unix::ffi::OsStrExt;
     let name = |n: &[u8]| std::ffi::OsStr::from_bytes(n).to_owned();
     let (mut small, mut large) = ([0u8; ferry_util::xattr::SMALL], Vec::new());
-    let have = match ferry_util::xattr::names(&mut small, &mut large, |b| {
-        rustix::fs::llistxattr(local, b)
+    let have = match ferry_util::xattr::names(&mut small, &mut large, |b| match obj {
+        Object::Path(p) => rustix::fs::llistxattr(p, b),
+        Object::File(f, _) => rustix::fs::flistxattr(f, b),
     }) {
         Ok(n) => n,
         Err(rustix::io::Errno::NOTSUP) => {
@@ -113,20 +136,33 @@ pub(super) fn apply(local: &Path, attrs: &[(Bytes, Bytes)]) -> std::io::Result<(
     };
     for old in have.split(|&b| b == 0).filter(|n| !n.is_empty()) {
         if managed(old) && !attrs.iter().any(|(n, _)| n.as_ref() == old) {
-            match rustix::fs::lremovexattr(local, name(old).as_os_str()) {
+            let n = name(old);
+            let removed = match obj {
+                Object::Path(p) => rustix::fs::lremovexattr(p, n.as_os_str()),
+                Object::File(f, _) => rustix::fs::fremovexattr(f, n.as_os_str()),
+            };
+            match removed {
                 Ok(()) | Err(rustix::io::Errno::NODATA) => {}
                 Err(e) => return Err(e.into()),
             }
         }
     }
     for (n, v) in attrs {
-        match rustix::fs::lsetxattr(local, name(n).as_os_str(), v, XattrFlags::empty()) {
+        let n = name(n);
+        let set = match obj {
+            Object::Path(p) => rustix::fs::lsetxattr(p, n.as_os_str(), v, XattrFlags::empty()),
+            Object::File(f, _) => rustix::fs::fsetxattr(f, n.as_os_str(), v, XattrFlags::empty()),
+        };
+        match set {
             Ok(()) => {}
             Err(rustix::io::Errno::PERM | rustix::io::Errno::NOTSUP) => {
+                let local = match obj {
+                    Object::Path(p) | Object::File(_, p) => p,
+                };
                 tracing::debug!(
                     "{}: extended attribute {} not set (not allowed here)",
                     local.display(),
-                    String::from_utf8_lossy(n)
+                    n.to_string_lossy()
                 );
             }
             Err(e) => return Err(e.into()),
