@@ -277,9 +277,16 @@ real_trees() {
                 mkdir -p "$data/pgdata.tmp" && chown postgres: "$data/pgdata.tmp"
                 runuser -u postgres -- "$pgbin/initdb" -D "$data/pgdata.tmp" -U postgres -A trust --no-sync >/dev/null
                 runuser -u postgres -- "$pgbin/pg_ctl" -D "$data/pgdata.tmp" -o "-k $sock -p 5497 -c listen_addresses=''" -w start >/dev/null
-                "$pgbin/pgbench" -h "$sock" -p 5497 -U postgres -i -q -s "${PG_SCALE:-10}" postgres >/dev/null 2>&1 || true
+                # A pgbench that fails (a full disk, a cluster that died) leaves no half-filled
+                # data directory behind as if it were the real one: the cluster is stopped and
+                # the run ends, naming what to look at.
+                local pg_ok=1
+                "$pgbin/pgbench" -h "$sock" -p 5497 -U postgres -i -q -s "${PG_SCALE:-10}" postgres \
+                    >"$data/pgbench.log" 2>&1 || pg_ok=0
                 runuser -u postgres -- "$pgbin/pg_ctl" -D "$data/pgdata.tmp" -w stop >/dev/null
-                rm -rf "$sock" ;;
+                rm -rf "$sock"
+                [ "$pg_ok" = 1 ] || die "pgbench -i -s ${PG_SCALE:-10} failed making $data/pgdata.tmp (its output: $data/pgbench.log; free space: df -h $data)"
+                rm -f "$data/pgbench.log" ;;
             git) git clone -q --no-local "${ROOT:-.}" "$data/git.tmp" ;;
             flat) python3 "${ROOT:-.}/scripts/gen-flat.py" "$data/flat.tmp" 100000 ;;
             sparse)
