@@ -25,7 +25,9 @@
 # Output: a markdown report (default bench/out/trees.md) with the date, commit and a table per
 # link: seconds (median of --repeat runs), MB/s, the ratio to nc-lz4 (for find and lsR,
 # only seconds), and the CPU time the run took on the whole machine and in ferryd (from
-# /proc/stat and /proc/PID/stat: whether two cores were the limit, and whose). No namespace, mount or process is left behind, even on Ctrl-C.
+# /proc/stat and /proc/PID/stat: whether two cores were the limit, and whose); the log gives
+# each run's seconds and CPU seconds, for A/B runs alternated with bench/alternate.sh.
+# No namespace, mount or process is left behind, even on Ctrl-C.
 # FERRYD_BIN=PATH and FERRY_BIN=PATH: another ferryd or ferry binary to compare against.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -145,7 +147,9 @@ for link in ${links//,/ }; do
                    row=$(awk -v b="$bytes" -v m="$med" 'BEGIN { split(m, x, "|"); printf "%.2f|%.1f|%s|%s|%s", x[1], b / x[1] / 1e6, x[2], x[3], x[4] }') ;;
             esac
             echo "$link|$t|$m|$row" >> "$ROWS"
-            log "  $(printf '%-7s %-7s' "$t" "$m") ${row//|/  }  (s, MB/s, peak RSS MiB, CPU s, ferryd CPU s; runs: $(printf '%s ' "${runs[@]%%|*}"))"
+            # Each run's seconds, and its CPU seconds (machine/ferryd): an A/B alternated
+            # with bench/alternate.sh reads both builds' runs from here.
+            log "  $(printf '%-7s %-7s' "$t" "$m") ${row//|/  }  (s, MB/s, peak RSS MiB, CPU s, ferryd CPU s; runs: $(printf '%s ' "${runs[@]%%|*}"); CPU s per run, machine/ferryd: $(printf '%s\n' "${runs[@]}" | awk -F'|' '{ printf "%s/%s ", $3, $4 }'))"
         done
     done
 done
