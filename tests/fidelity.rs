@@ -748,7 +748,8 @@ fn rsync_ahaxs_out_of_the_mount_and_ferry_mirror_each_give_the_source() {
         .args(["-d", "-m", "u:nobody:rx"])
         .arg(e.join("data")));
     // Small files whose metadata creation does not give (the mirror creates a small file
-    // with its mode and sets only what came out otherwise): bits the umask clears, a file
+    // with its mode and sets only what came out otherwise): bits the umask clears, a mode
+    // without the owner's write (created writable), a file
     // without an ACL in a directory with a default one (the copy inherits one, and a mask
     // in its mode), and, as root, set-ID bits and a group other than the set-group-ID
     // directory's.
@@ -757,6 +758,7 @@ fn rsync_ahaxs_out_of_the_mount_and_ferry_mirror_each_give_the_source() {
         std::fs::set_permissions(e.join(p), std::fs::Permissions::from_mode(mode)).unwrap();
     };
     small("etc/wide-open", 0o777);
+    small("etc/read-only", 0o444);
     small("data/small.conf", 0o640);
     if is_root() {
         let (uid, gid) = nobody();

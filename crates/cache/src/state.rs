@@ -325,7 +325,9 @@ impl CacheDir {
     /// (a small file, in one write): the new file is left empty rather than sized, and is
     /// created with permission bits `mode` (the umask, or a default ACL of its directory,
     /// applies), so that its metadata is often right as created and costs no `fchmod`. A
-    /// tree of small files is bound by such per-file system calls.
+    /// tree of small files is bound by such per-file system calls. The owner may write it
+    /// whatever `mode` says (as with `restart_file`): a reader's store that opens it before
+    /// the caller's seal is not refused by a read-only mode the caller sets afterwards.
     ///
     /// # Errors
     /// As [`CacheDir::restart_file`].
@@ -336,7 +338,7 @@ impl CacheDir {
         chunk_size: u32,
         mode: u32,
     ) -> std::io::Result<(std::fs::File, u64)> {
-        self.restart(rel, version, chunk_size, Some(mode & 0o777))
+        self.restart(rel, version, chunk_size, Some(mode & 0o777 | 0o200))
     }
 
     /// [`CacheDir::restart_file`] (`whole` `None`: sized) or [`CacheDir::restart_whole_file`]
