@@ -327,6 +327,9 @@ pub struct Chooser {
     /// Whether the server's latest reading said the network set the pace for hardly any of
     /// the time ([`LINK_IDLE`]).
     link_idle: bool,
+    /// Windows with traffic since the server last said the network set the pace
+    /// (`u32::MAX`: never).
+    limited_ago: u32,
 }
 
 impl Chooser {
@@ -379,6 +382,7 @@ impl Chooser {
             stepped_down_from: None,
             heard: false,
             link_idle: false,
+            limited_ago: u32::MAX,
         }
     }
 
@@ -738,6 +742,11 @@ impl Chooser {
         let own = w.fresh.saturating_mul(10) >= w.decoded.saturating_mul(9);
         let settled = self.held > SETTLE && own;
         self.traffic = self.traffic.saturating_add(1);
+        self.limited_ago = if w.link == LinkSignal::Limited {
+            0
+        } else {
+            self.limited_ago.saturating_add(1)
+        };
         if settled && !self.judged {
             self.judged = true;
             self.lag = Some(self.traffic);
@@ -841,13 +850,18 @@ impl Chooser {
         // hardly any of the time ([`LINK_IDLE`]): the link is then far from full, not near
         // it (database pages over 1 Gbit/s on zstd 1 send a sixth of what it carries, and
         // lz4, which the CPUs feed faster, was refused for needing three times that); a step
-        // that makes the link the limit goes back at once (above).
+        // that makes the link the limit goes back at once (above). But not while the server
+        // said within the last two seconds that the network did set the pace: a link that
+        // full is not far from full, and a reading of none is a stall of the disk or the
+        // reader (database pages over 100 Mbit/s, the link carrying zstd 1's 43:1 in full,
+        // stepped down to lz4's 15:1 on one such reading and took half a second to climb back).
         let lz4 = CANDIDATES.iter().position(|&c| c == Compression::Lz4);
         if let Some(l) = lz4.filter(|&l| self.allowed[l]) {
             if self.not_limited >= NOT_LIMITED_WINDOWS
                 && self.link.is_none()
                 && self.current > l
-                && (self.link_idle || self.wire_seen_for_half(l, decoded_lately))
+                && ((self.link_idle && self.limited_ago >= RECENT_WINDOWS as u32)
+                    || self.wire_seen_for_half(l, decoded_lately))
             {
                 self.stepped_down_from = Some((self.current, 0));
                 return self.change_to(l, None);
@@ -1806,6 +1820,81 @@ mod tests {
         }
         .run_logged(&mut c, 3);
         assert!(!asked.contains(&Compression::Lz4), "{asked:?}");
+    }
+
+    #[test]
+    fn a_stall_soon_after_the_link_set_the_pace_is_no_reason_to_step_down() {
+        // Database pages over 100 Mbit/s on zstd 1 (42:1 here), the link full. As measured
+        // (bench/compression.sh, 100 Mbit/s): the server said once that the network set
+        // the pace (0.75 of the time), then, with TCP's windows holding the link's queue, that
+        // it did for only part of it (0.25-0.5), and after a quarter second in which the copy
+        // stalled (the disk, the reader), for none of it. lz4 (15:1) would need three times
+        // the wire the link carries: no step down on that reading.
+        let pages_window = |c: &mut Chooser, wire: f64, link: LinkSignal, share: Option<f64>| {
+            sample_table(c, &PAGES);
+            c.set_link_share(share);
+            let wire = (wire * 0.25) as u64;
+            let decoded = (wire as f64 * 42.0) as u64;
+            c.window(Window {
+                elapsed: Duration::from_millis(250),
+                wire,
+                decoded,
+                fresh: decoded,
+                busy: true,
+                link,
+            })
+        };
+        let mut c = Chooser::new(true, Some(6), 2);
+        assert_eq!(c.current(), Compression::Zstd(1));
+        let mut asked = vec![pages_window(&mut c, 11.6e6, LinkSignal::Pending, None)];
+        asked.push(pages_window(
+            &mut c,
+            12.4e6,
+            LinkSignal::Limited,
+            Some(0.75),
+        ));
+        for share in [0.38, 0.5, 0.25] {
+            asked.push(pages_window(
+                &mut c,
+                12.3e6,
+                LinkSignal::NotLimited,
+                Some(share),
+            ));
+        }
+        asked.push(pages_window(
+            &mut c,
+            6.6e6,
+            LinkSignal::NotLimited,
+            Some(0.37),
+        ));
+        for _ in 0..2 {
+            asked.push(pages_window(
+                &mut c,
+                9.2e6,
+                LinkSignal::NotLimited,
+                Some(0.0),
+            ));
+        }
+        assert!(
+            asked.iter().all(|&x| x == Compression::Zstd(1)),
+            "{asked:?}; {}",
+            c.explain()
+        );
+        // Readings of none for two seconds running: the link is far from full after all,
+        // and lz4 is tried (a step that makes the link the limit comes straight back).
+        for _ in 0..8 {
+            asked.push(pages_window(
+                &mut c,
+                9.2e6,
+                LinkSignal::NotLimited,
+                Some(0.0),
+            ));
+        }
+        assert!(
+            asked.contains(&Compression::Lz4),
+            "{asked:?}; {}",
+            c.explain()
+        );
     }
 
     #[test]
