@@ -1830,10 +1830,11 @@ mod tests {
         // it did for only part of it (0.25-0.5), and after a quarter second in which the copy
         // stalled (the disk, the reader), for none of it. lz4 (15:1) would need three times
         // the wire the link carries: no step down on that reading.
-        let pages_window = |c: &mut Chooser, wire: f64, link: LinkSignal, share: Option<f64>| {
+        // One quarter second: its wire (MB/s) and the server's reading (none: not yet).
+        let window = |c: &mut Chooser, wire: f64, share: Option<f64>| {
             sample_table(c, &PAGES);
             c.set_link_share(share);
-            let wire = (wire * 0.25) as u64;
+            let wire = (wire * 1e6 * 0.25) as u64;
             let decoded = (wire as f64 * 42.0) as u64;
             c.window(Window {
                 elapsed: Duration::from_millis(250),
@@ -1841,40 +1842,25 @@ mod tests {
                 decoded,
                 fresh: decoded,
                 busy: true,
-                link,
+                link: share.map_or(LinkSignal::Pending, LinkSignal::from_share),
             })
         };
         let mut c = Chooser::new(true, Some(6), 2);
         assert_eq!(c.current(), Compression::Zstd(1));
-        let mut asked = vec![pages_window(&mut c, 11.6e6, LinkSignal::Pending, None)];
-        asked.push(pages_window(
-            &mut c,
-            12.4e6,
-            LinkSignal::Limited,
-            Some(0.75),
-        ));
-        for share in [0.38, 0.5, 0.25] {
-            asked.push(pages_window(
-                &mut c,
-                12.3e6,
-                LinkSignal::NotLimited,
-                Some(share),
-            ));
-        }
-        asked.push(pages_window(
-            &mut c,
-            6.6e6,
-            LinkSignal::NotLimited,
-            Some(0.37),
-        ));
-        for _ in 0..2 {
-            asked.push(pages_window(
-                &mut c,
-                9.2e6,
-                LinkSignal::NotLimited,
-                Some(0.0),
-            ));
-        }
+        let readings = [
+            (11.6, None),
+            (12.4, Some(0.75)),
+            (12.3, Some(0.38)),
+            (12.3, Some(0.49)),
+            (12.3, Some(0.25)),
+            (6.6, Some(0.37)),
+            (9.2, Some(0.0)),
+            (9.2, Some(0.0)),
+        ];
+        let mut asked: Vec<_> = readings
+            .iter()
+            .map(|&(wire, share)| window(&mut c, wire, share))
+            .collect();
         assert!(
             asked.iter().all(|&x| x == Compression::Zstd(1)),
             "{asked:?}; {}",
@@ -1882,14 +1868,7 @@ mod tests {
         );
         // Readings of none for two seconds running: the link is far from full after all,
         // and lz4 is tried (a step that makes the link the limit comes straight back).
-        for _ in 0..8 {
-            asked.push(pages_window(
-                &mut c,
-                9.2e6,
-                LinkSignal::NotLimited,
-                Some(0.0),
-            ));
-        }
+        asked.extend((0..8).map(|_| window(&mut c, 9.2, Some(0.0))));
         assert!(
             asked.contains(&Compression::Lz4),
             "{asked:?}; {}",
