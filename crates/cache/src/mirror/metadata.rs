@@ -52,15 +52,20 @@ pub(super) fn set_new_file_metadata(
             rustix::process::getegid().as_raw(),
         )
     });
-    if owner.is_some_and(|o| o != creator) {
+    let perm = u32::from(attr.perm) & 0o7777;
+    // Creation cannot give another owner, set-ID bits or a mode without the owner's write
+    // (the file is created writable by its owner): those take the whole sequence at once,
+    // not after a check (a git tree's objects are all 0444).
+    if owner.is_some_and(|o| o != creator) || perm & 0o7200 != 0o200 {
         set_file_metadata(f, attr, owner)?;
-    } else {
-        rustix::fs::futimens(f, &times(attr))?;
+        xattrs()?;
+        return f.metadata();
     }
+    rustix::fs::futimens(f, &times(attr))?;
     xattrs()?;
     let m = f.metadata()?;
     let owned = owner.is_none_or(|o| (m.uid(), m.gid()) == o);
-    if owned && m.mode() & 0o7777 == u32::from(attr.perm) & 0o7777 {
+    if owned && m.mode() & 0o7777 == perm {
         return Ok(m);
     }
     set_file_metadata(f, attr, owner)?;
