@@ -26,6 +26,10 @@ pub use file::{replay, FileState};
 pub use location::{find_state, StateBase};
 use location::{Owner, LEGACY_STATE_DIR};
 
+/// The permission bit every whole file ([`CacheDir::restart_whole_file`]) is created with,
+/// whatever its source's mode: its owner may write it.
+pub(crate) const CREATED_WRITABLE: u32 = 0o200;
+
 /// Errors opening a cache directory.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -338,7 +342,12 @@ impl CacheDir {
         chunk_size: u32,
         mode: u32,
     ) -> std::io::Result<(std::fs::File, u64)> {
-        self.restart(rel, version, chunk_size, Some(mode & 0o777 | 0o200))
+        self.restart(
+            rel,
+            version,
+            chunk_size,
+            Some(mode & 0o777 | CREATED_WRITABLE),
+        )
     }
 
     /// [`CacheDir::restart_file`] (`whole` `None`: sized) or [`CacheDir::restart_whole_file`]

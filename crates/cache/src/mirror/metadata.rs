@@ -9,6 +9,8 @@ use std::path::Path;
 
 use ferry_proto::{Attr, FileKind, Timestamp, Version};
 
+use crate::state::CREATED_WRITABLE;
+
 /// Sets the owner (when given), mode and access/modification times of an open regular file.
 pub(super) fn set_file_metadata(
     f: &File,
@@ -56,7 +58,8 @@ pub(super) fn set_new_file_metadata(
     // Creation cannot give another owner, set-ID bits or a mode without the owner's write
     // (the file is created writable by its owner): those take the whole sequence at once,
     // not after a check (a git tree's objects are all 0444).
-    if owner.is_some_and(|o| o != creator) || perm & 0o7200 != 0o200 {
+    let creation_gives_mode = perm & (0o7000 | CREATED_WRITABLE) == CREATED_WRITABLE;
+    if owner.is_some_and(|o| o != creator) || !creation_gives_mode {
         set_file_metadata(f, attr, owner)?;
         xattrs()?;
         return f.metadata();
