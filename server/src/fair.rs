@@ -3,6 +3,13 @@
 //! 16 KiB pieces gets as many bytes as one asking for 1 MiB chunks), and within a client to
 //! its connections in turn. tokio's blocking pool alone serves in arrival order, so a client
 //! with hundreds of reads queued would make every other client's read wait behind them all.
+//!
+//! Within a client, its demand reads (someone waits for them) go before its prediction reads
+//! (read-ahead, a tree walk's files fetched ahead), as its connections' response writers
+//! order them: a connection whose next waiter is a demand read is served first among the
+//! client's connections, and a demand read is queued before its connection's prediction
+//! reads. Across clients the round robin stands: a client's class buys no place ahead of
+//! another client.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -38,6 +45,8 @@ struct Waiting {
 #[derive(Debug)]
 struct Waiter {
     cost: u64,
+    /// A demand read: before the client's prediction reads.
+    demand: bool,
     tx: oneshot::Sender<()>,
 }
 
@@ -85,8 +94,15 @@ impl FairPool {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for a turn to read `cost` bytes for connection `conn` of `client`.
-    pub(crate) async fn turn(self: &Arc<Self>, client: u64, conn: u64, cost: u64) -> Turn {
+    /// Waits for a turn to read `cost` bytes for connection `conn` of `client`; `demand`: a
+    /// demand read, served before the client's prediction reads (see the module docs).
+    pub(crate) async fn turn(
+        self: &Arc<Self>,
+        client: u64,
+        conn: u64,
+        cost: u64,
+        demand: bool,
+    ) -> Turn {
         let rx = {
             let mut g = self.lock();
             if g.busy < self.slots && g.order.is_empty() {
@@ -94,13 +110,24 @@ impl FairPool {
                 return Turn { pool: self.clone() };
             }
             let (tx, rx) = oneshot::channel();
-            let w = Waiter { cost, tx };
+            let w = Waiter { cost, demand, tx };
             if !g.clients.contains_key(&client) {
                 g.order.push_back(client);
             }
             let q = g.clients.entry(client).or_default();
             match q.conns.iter_mut().find(|(c, _)| *c == conn) {
-                Some((_, waiters)) => waiters.push_back(w),
+                Some((_, waiters)) => {
+                    // After the connection's demand reads, before its prediction reads.
+                    let at = if demand {
+                        waiters
+                            .iter()
+                            .position(|w| !w.demand)
+                            .unwrap_or(waiters.len())
+                    } else {
+                        waiters.len()
+                    };
+                    waiters.insert(at, w);
+                }
                 None => q.conns.push_back((conn, VecDeque::from([w]))),
             }
             Self::grant(&mut g, self.slots);
@@ -147,6 +174,17 @@ impl FairPool {
                 g.order.pop_front();
                 continue;
             };
+            // A connection with a demand read next goes before the client's others.
+            if let Some(i) = q
+                .conns
+                .iter()
+                .position(|(_, w)| w.front().is_some_and(|w| w.demand))
+                .filter(|&i| i > 0)
+            {
+                if let Some(c) = q.conns.remove(i) {
+                    q.conns.push_front(c);
+                }
+            }
             let Some(cost) = q.conns.front().and_then(|(_, w)| w.front()).map(|w| w.cost) else {
                 g.clients.remove(&client);
                 g.order.pop_front();
@@ -183,18 +221,18 @@ mod tests {
 
     /// Starts a task waiting for a turn and recording its name in `log` when it gets it;
     /// it keeps the turn until `hold` is dropped.
+    /// `who`: client, connection, cost and whether a demand read.
     fn waiter(
         pool: &Arc<FairPool>,
-        client: u64,
-        conn: u64,
-        cost: u64,
+        who: (u64, u64, u64, bool),
         name: &'static str,
         log: &Arc<Mutex<Vec<&'static str>>>,
         hold: &Arc<tokio::sync::Semaphore>,
     ) -> tokio::task::JoinHandle<()> {
         let (pool, log, hold) = (pool.clone(), log.clone(), hold.clone());
+        let (client, conn, cost, demand) = who;
         tokio::spawn(async move {
-            let _turn = pool.turn(client, conn, cost).await;
+            let _turn = pool.turn(client, conn, cost, demand).await;
             log.lock().unwrap().push(name);
             hold.acquire().await.unwrap().forget();
         })
@@ -205,13 +243,13 @@ mod tests {
         let pool = FairPool::new(1);
         let log = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(tokio::sync::Semaphore::new(0));
-        let first = pool.turn(1, 1, QUANTUM).await;
+        let first = pool.turn(1, 1, QUANTUM, false).await;
         let mut tasks = Vec::new();
         for _ in 0..20 {
-            tasks.push(waiter(&pool, 1, 1, QUANTUM, "a", &log, &hold));
+            tasks.push(waiter(&pool, (1, 1, QUANTUM, false), "a", &log, &hold));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        tasks.push(waiter(&pool, 2, 7, QUANTUM, "b", &log, &hold));
+        tasks.push(waiter(&pool, (2, 7, QUANTUM, false), "b", &log, &hold));
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(first);
         // Each granted task holds its turn until released one at a time.
@@ -233,14 +271,14 @@ mod tests {
         let pool = FairPool::new(1);
         let log = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(tokio::sync::Semaphore::new(0));
-        let first = pool.turn(9, 9, 1).await;
+        let first = pool.turn(9, 9, 1, false).await;
         let mut tasks = Vec::new();
         // Client 1: 1 MiB reads on connection 1 and on connection 2. Client 2: 256 KiB reads.
         for _ in 0..4 {
-            tasks.push(waiter(&pool, 1, 1, QUANTUM, "1a", &log, &hold));
-            tasks.push(waiter(&pool, 1, 2, QUANTUM, "1b", &log, &hold));
+            tasks.push(waiter(&pool, (1, 1, QUANTUM, false), "1a", &log, &hold));
+            tasks.push(waiter(&pool, (1, 2, QUANTUM, false), "1b", &log, &hold));
             for _ in 0..4 {
-                tasks.push(waiter(&pool, 2, 3, QUANTUM / 4, "2", &log, &hold));
+                tasks.push(waiter(&pool, (2, 3, QUANTUM / 4, false), "2", &log, &hold));
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -268,13 +306,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_clients_demand_reads_go_before_its_prediction_reads_not_before_other_clients() {
+        let pool = FairPool::new(1);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        let first = pool.turn(9, 9, 1, false).await;
+        let mut tasks = Vec::new();
+        // Client 1 fetches six files ahead on connection 1; client 2 reads one; then client
+        // 1's walker waits for a file, once on connection 2 and once on connection 1.
+        for _ in 0..6 {
+            tasks.push(waiter(&pool, (1, 1, QUANTUM / 4, false), "p", &log, &hold));
+        }
+        tasks.push(waiter(&pool, (2, 3, QUANTUM / 4, false), "o", &log, &hold));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        tasks.push(waiter(&pool, (1, 2, QUANTUM / 4, true), "d", &log, &hold));
+        tasks.push(waiter(&pool, (1, 1, QUANTUM / 4, true), "d", &log, &hold));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(first);
+        for _ in 0..tasks.len() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            hold.add_permits(1);
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = log.lock().unwrap().clone();
+        assert_eq!(order.len(), 9);
+        assert_eq!(&order[..2], ["d", "d"], "{order:?}");
+        // Client 2's turn comes where it would without them: after client 1's quantum.
+        let o = order.iter().position(|n| *n == "o").unwrap();
+        assert!(o <= 4, "client 2 served at {o}: {order:?}");
+    }
+
+    #[tokio::test]
     async fn a_wait_given_up_after_its_turn_came_passes_the_turn_on() {
         let pool = FairPool::new(1);
-        let first = pool.turn(1, 1, 10).await;
+        let first = pool.turn(1, 1, 10, false).await;
         let gave_up = {
             let pool = pool.clone();
             tokio::spawn(async move {
-                let _t = pool.turn(2, 2, 10).await;
+                let _t = pool.turn(2, 2, 10, false).await;
                 std::future::pending::<()>().await;
             })
         };
@@ -282,7 +353,7 @@ mod tests {
         gave_up.abort();
         drop(first);
         // The turn is free again (or was passed on and given back): a new read gets one.
-        tokio::time::timeout(Duration::from_secs(2), pool.turn(3, 3, 10))
+        tokio::time::timeout(Duration::from_secs(2), pool.turn(3, 3, 10, false))
             .await
             .expect("a turn");
     }

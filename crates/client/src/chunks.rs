@@ -6,10 +6,12 @@
 //! other caller — another reader, or the prefetcher — awaits the same fetch, so each chunk
 //! travels once however many readers want it.
 //!
-//! Classes: a chunk a reader waits for ([`ChunkStore::get`], [`ChunkStore::read_range`])
+//! Classes: a chunk a reader waits for ([`ChunkStore::get`], [`ChunkStore::read_range`],
+//! and [`ChunkStore::start`], which puts a reader's own chunks in flight before it waits)
 //! is fetched with the client's own class (demand for a mount's client); one fetched
-//! ahead ([`ChunkStore::prefetch`], [`ChunkStore::start`]) as prediction (or the client's
-//! class, if less urgent), so the server and the scheduler put readers' waits first.
+//! ahead ([`ChunkStore::prefetch`], [`ChunkStore::prefetch_range`], [`ChunkStore::expect`])
+//! as prediction (or the client's class, if less urgent), so the server and the scheduler
+//! put readers' waits first.
 //!
 //! Memory: every chunk present or in flight counts against the budget. Prefetches are not
 //! started when the budget is used up; demand reads always proceed and then evict the
@@ -676,11 +678,15 @@ impl ChunkStore {
         Some(tx)
     }
 
-    /// Starts fetching chunk `index` in the background now, whatever the budget (a reader
-    /// is about to wait for it); a no-op when present or in flight.
+    /// Starts fetching chunk `index` in the background now, whatever the budget, with the
+    /// client's own class: a reader is about to wait for it (a reader's own chunks, all in
+    /// flight before it waits for the first). A no-op when present or in flight.
     pub fn start(self: &Arc<Self>, key: &FileKey, index: u64) {
         if let Some((slot, false)) = self.slot(key, index, false) {
-            self.fill_ahead(key, index, slot, None);
+            let (me, key) = (self.clone(), key.clone());
+            tokio::spawn(async move {
+                let _ = me.fill_from(&me.client, &key, index, &slot, None).await;
+            });
         }
     }
 

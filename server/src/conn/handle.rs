@@ -113,7 +113,11 @@ async fn fair_turn(
     if class == Class::Background {
         return None;
     }
-    Some(sh.reads.turn(session.client, session.conn, bytes).await)
+    Some(
+        sh.reads
+            .turn(session.client, session.conn, bytes, class == Class::Demand)
+            .await,
+    )
 }
 
 /// Like [`blocking`], on [`BACKGROUND_POOL`] for background work.
