@@ -219,9 +219,9 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// Starts a task waiting for a turn and recording its name in `log` when it gets it;
-    /// it keeps the turn until `hold` is dropped.
-    /// `who`: client, connection, cost and whether a demand read.
+    /// Starts a task waiting for a turn for `who` (client, connection, cost, whether a
+    /// demand read) and recording its name in `log` when it gets it; it keeps the turn
+    /// until `hold` gives it a permit.
     fn waiter(
         pool: &Arc<FairPool>,
         who: (u64, u64, u64, bool),

@@ -685,7 +685,7 @@ impl ChunkStore {
         if let Some((slot, false)) = self.slot(key, index, false) {
             let (me, key) = (self.clone(), key.clone());
             tokio::spawn(async move {
-                let _ = me.fill_from(&me.client, &key, index, &slot, None).await;
+                let _ = me.fill(&me.client, &key, index, &slot).await;
             });
         }
     }
