@@ -238,6 +238,24 @@ mod tests {
         })
     }
 
+    /// Gives up `first` (the one turn, held while the waiters queued), then lets the
+    /// waiters' turns end one at a time, `gap` apart, and waits for them all.
+    async fn release_in_turn(
+        first: Turn,
+        hold: &tokio::sync::Semaphore,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+        gap: Duration,
+    ) {
+        drop(first);
+        for _ in 0..tasks.len() {
+            tokio::time::sleep(gap).await;
+            hold.add_permits(1);
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+
     #[tokio::test]
     async fn a_client_with_many_reads_queued_does_not_keep_another_waiting_behind_them() {
         let pool = FairPool::new(1);
@@ -251,15 +269,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         tasks.push(waiter(&pool, (2, 7, QUANTUM, false), "b", &log, &hold));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        drop(first);
         // Each granted task holds its turn until released one at a time.
-        for _ in 0..21 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            hold.add_permits(1);
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
+        release_in_turn(first, &hold, tasks, Duration::from_millis(5)).await;
         let order = log.lock().unwrap().clone();
         assert_eq!(order.len(), 21);
         let b = order.iter().position(|n| *n == "b").unwrap();
@@ -282,14 +293,7 @@ mod tests {
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        drop(first);
-        for _ in 0..tasks.len() {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            hold.add_permits(1);
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
+        release_in_turn(first, &hold, tasks, Duration::from_millis(2)).await;
         let order = log.lock().unwrap().clone();
         // In the first half of the turns, both clients got about half of the bytes, and
         // client 1's connections alternated.
@@ -322,14 +326,7 @@ mod tests {
         tasks.push(waiter(&pool, (1, 2, QUANTUM / 4, true), "d", &log, &hold));
         tasks.push(waiter(&pool, (1, 1, QUANTUM / 4, true), "d", &log, &hold));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        drop(first);
-        for _ in 0..tasks.len() {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            hold.add_permits(1);
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
+        release_in_turn(first, &hold, tasks, Duration::from_millis(2)).await;
         let order = log.lock().unwrap().clone();
         assert_eq!(order.len(), 9);
         assert_eq!(&order[..2], ["d", "d"], "{order:?}");

@@ -273,28 +273,16 @@ async fn a_first_chunk_read_to_its_end_is_read_lately_for_that_version_only() {
 async fn a_readers_own_chunks_started_ahead_of_its_wait_go_as_its_class_and_prefetches_as_prediction(
 ) {
     let dir = tempfile::tempdir().unwrap();
+    let (client, key, _stop) = store_over(dir.path(), 4 << 20).await;
     let data = pattern(4 << 20);
-    std::fs::write(dir.path().join("f"), &data).unwrap();
-    let (addr, _stop) = serve(dir.path()).await;
-    let client = Client::connect(ClientConfig {
-        addr,
-        streams: 2,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let attr = client.stat(Bytes::from_static(b"f")).await.unwrap();
     let store = ChunkStore::new(client.clone(), 64 << 20);
-    let key = FileKey {
-        id: 1,
-        version: attr.version(),
-        path: Bytes::from_static(b"f"),
-    };
     let before = client.scheduler_stats();
     // A reader's own chunk, put in flight before it waits (as the mount's reads do): a
     // reader waits for it, so it goes as the client's class (demand), not as a prediction
-    // behind the reader's own read-ahead.
+    // behind the reader's own read-ahead. Each fetch is let finish before the read, which
+    // would otherwise run it itself, as demand, if it came first.
     store.start(&key, 1);
+    wait_held(&store, &key, 1).await;
     assert_eq!(
         &store.get(&key, 1).await.unwrap()[..],
         &data[1 << 20..2 << 20]
@@ -304,6 +292,7 @@ async fn a_readers_own_chunks_started_ahead_of_its_wait_go_as_its_class_and_pref
     assert_eq!(after.prediction_bytes, before.prediction_bytes);
     // Read-ahead stays a prediction.
     assert!(store.prefetch(&key, 2));
+    wait_held(&store, &key, 2).await;
     assert_eq!(
         &store.get(&key, 2).await.unwrap()[..],
         &data[2 << 20..3 << 20]
@@ -311,4 +300,15 @@ async fn a_readers_own_chunks_started_ahead_of_its_wait_go_as_its_class_and_pref
     let last = client.scheduler_stats();
     assert_eq!(last.prediction_bytes - after.prediction_bytes, 1 << 20);
     assert_eq!(last.demand_bytes, after.demand_bytes);
+}
+
+/// Waits (at most 5 s) until chunk `index` of `key` is present in `store`.
+async fn wait_held(store: &ChunkStore, key: &FileKey, index: u64) {
+    for _ in 0..500 {
+        if store.contains(key, index) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("chunk {index} never arrived");
 }
