@@ -59,17 +59,14 @@ pub(super) fn set_new_file_metadata(
     // (the file is created writable by its owner): those take the whole sequence at once,
     // not after a check (a git tree's objects are all 0444).
     let creation_gives_mode = perm & (0o7000 | CREATED_WRITABLE) == CREATED_WRITABLE;
-    if owner.is_some_and(|o| o != creator) || !creation_gives_mode {
-        set_file_metadata(f, attr, owner)?;
+    if owner.is_none_or(|o| o == creator) && creation_gives_mode {
+        rustix::fs::futimens(f, &times(attr))?;
         xattrs()?;
-        return f.metadata();
-    }
-    rustix::fs::futimens(f, &times(attr))?;
-    xattrs()?;
-    let m = f.metadata()?;
-    let owned = owner.is_none_or(|o| (m.uid(), m.gid()) == o);
-    if owned && m.mode() & 0o7777 == perm {
-        return Ok(m);
+        let m = f.metadata()?;
+        let owned = owner.is_none_or(|o| (m.uid(), m.gid()) == o);
+        if owned && m.mode() & 0o7777 == perm {
+            return Ok(m);
+        }
     }
     set_file_metadata(f, attr, owner)?;
     xattrs()?;
