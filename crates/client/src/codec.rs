@@ -672,16 +672,27 @@ impl Chooser {
 
     /// What candidate `i` is expected to deliver now: never more than raw would times its
     /// ratio (a codec that does not shrink the data cannot beat sending it raw, whatever
-    /// the efficiencies learned at other times say).
+    /// the efficiencies learned at other times say), and, once the link has set the pace,
+    /// never more than the link carries times its ratio.
     pub fn predict(&self, i: usize) -> Option<f64> {
         let eff = |i: usize| self.efficiency(i);
         let p = self.model(i)? * eff(i);
+        let ratio = self.expected_ratio(i)?.max(1.0);
+        // An efficiency over 1 says the CPUs fed a codec faster than the model assumed; it
+        // was learned while the link was not the limit (against its floor, what it had
+        // carried so far) and says nothing of a link that now is. Without this bound, lz4's
+        // 1.5 from a copy's first half second at 1 Gbit/s (mixed binaries) promised 384 MB/s
+        // over a link carrying 129 MB/s at lz4's 2:1, and `auto` left zstd -1 for it. (The
+        // link's estimate with its floor: a link that became faster has carried more since.)
+        let p = match (self.link, self.link()) {
+            (Some(_), Some(link)) => p.min(link * ratio),
+            _ => p,
+        };
         if i == 0 {
             return Some(p);
         }
-        let ratio = self.expected_ratio(i)?;
         Some(match self.model(0) {
-            Some(raw) => p.min(raw * eff(0) * ratio.max(1.0)),
+            Some(raw) => p.min(raw * eff(0) * ratio),
             None => p,
         })
     }
@@ -1231,6 +1242,31 @@ mod tests {
         (1.0, 400.0, 20000.0),
         (1.0, 150.0, 20000.0),
     ];
+
+    #[test]
+    fn no_codec_is_promised_more_than_a_measured_link_carries_at_its_ratio() {
+        // lz4 learned an efficiency of 1.5 in a copy's first windows, while the link did
+        // not set the pace and the model knew only the floor of what it carried; the link
+        // has set the pace since (129 MB/s of wire, measured), and zstd -1 is in use.
+        let mut c = Chooser::new(true, Some(6), 2);
+        sample_table(&mut c, &MIXED);
+        let at = |c: Compression| CANDIDATES.iter().position(|&x| x == c).unwrap();
+        let (lz4, zstd_1) = (at(Compression::Lz4), at(Compression::Zstd(-1)));
+        c.costs[lz4].efficiency.add(1.5);
+        c.link = Some(129e6);
+        c.current = zstd_1;
+        for i in 0..CANDIDATES.len() {
+            let bound = 129e6 * c.expected_ratio(i).unwrap().max(1.0);
+            let p = c.predict(i).unwrap();
+            assert!(p <= bound * 1.0001, "{}: {p} over {bound}", CANDIDATES[i]);
+        }
+        assert!(
+            c.predict(lz4) < c.predict(zstd_1),
+            "lz4 ({}) over zstd -1 ({}) on a link that limits both",
+            c.predict(lz4).unwrap(),
+            c.predict(zstd_1).unwrap()
+        );
+    }
 
     #[test]
     fn a_slow_link_with_compressible_pages_gets_zstd() {
