@@ -1255,10 +1255,10 @@ mod tests {
         c.costs[lz4].efficiency.add(1.5);
         c.link = Some(129e6);
         c.current = zstd_1;
-        for i in 0..CANDIDATES.len() {
+        for (i, codec) in CANDIDATES.iter().enumerate() {
             let bound = 129e6 * c.expected_ratio(i).unwrap().max(1.0);
             let p = c.predict(i).unwrap();
-            assert!(p <= bound * 1.0001, "{}: {p} over {bound}", CANDIDATES[i]);
+            assert!(p <= bound * 1.0001, "{codec}: {p} over {bound}");
         }
         assert!(
             c.predict(lz4) < c.predict(zstd_1),
