@@ -856,3 +856,53 @@ async fn a_chunk_read_in_pieces_out_of_order_is_fetched_once() {
     );
     fs.release(o.fh);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_listed_before_its_first_read_has_its_first_directories_files_fetched_ahead() {
+    // `rsync` lists a tree ahead of its reads: here 300 directories of one small file each
+    // are listed before any file is opened (their files then wait for a read to start),
+    // and the copy then reads them from the first directory on. The files of the
+    // directories right after the first one's come ahead of their opens. (With the newest
+    // 256 listings kept, the first 44 had been let go, and each of their files was fetched
+    // only at its open, a round trip each.)
+    let src = tempfile::tempdir().unwrap();
+    let dirs: Vec<String> = (0..300).map(|i| format!("d{i:03}")).collect();
+    for (i, d) in dirs.iter().enumerate() {
+        std::fs::create_dir(src.path().join(d)).unwrap();
+        std::fs::write(src.path().join(d).join("f"), data(2_000, i as u64)).unwrap();
+    }
+    let ttl = Duration::from_secs(30);
+    let cfg = FsConfig {
+        attr_ttl: ttl,
+        open_ttl: ttl,
+        ..FsConfig::default()
+    };
+    let fs = fs_over(src.path(), cfg, 64 << 10).await;
+    let root = fs.opendir(ROOT_INO).await.unwrap();
+    let mut files = Vec::new();
+    for d in &dirs {
+        let (ino, _) = fs.lookup(ROOT_INO, d.as_bytes()).await.unwrap();
+        let h = fs.opendir(ino).await.unwrap();
+        files.push(fs.lookup(ino, b"f").await.unwrap().0);
+        fs.releasedir(h);
+    }
+    fs.releasedir(root);
+    assert!(
+        !fs.held_whole(files[1]),
+        "nothing is fetched while the walk only lists"
+    );
+    let first = fs.open(files[0], false).await.unwrap();
+    assert!(read_at(&fs, first.fh, 0, 1 << 20).await == data(2_000, 0));
+    fs.release(first.fh);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !(1..4).all(|i| fs.held_whole(files[i])) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the files of d001-d003 were not fetched ahead of their opens"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let next = fs.open(files[1], false).await.unwrap();
+    assert_eq!(next.pages.as_deref(), Some(&data(2_000, 1)[..]));
+    fs.release(next.fh);
+}
