@@ -523,9 +523,11 @@ struct PendingData {
 type Pending = (Bytes, Instant, Arc<Vec<DirEntry>>, usize);
 
 impl PendingData {
-    /// Queues `p` last, unless the queue holds [`PENDING_ENTRIES`] with it.
+    /// Queues `p` last, unless the queue would hold more than [`PENDING_ENTRIES`] with it
+    /// (a larger listing alone is queued: a copy of a directory of 100,000 files takes it
+    /// up as it frees room).
     fn push_back(&mut self, p: Pending) {
-        if self.entries + p.2.len() <= PENDING_ENTRIES {
+        if self.queue.is_empty() || self.entries + p.2.len() <= PENDING_ENTRIES {
             self.entries += p.2.len();
             self.queue.push_back(p);
         }
@@ -544,7 +546,7 @@ impl PendingData {
     }
 }
 
-/// Entries of the listings waiting for their files at most ([`PendingData`]; a few MiB).
+/// Entries of the listings waiting for their files at most ([`PendingData`]; about 10 MiB).
 /// Counted in entries, not listings: `rsync` lists a tree ahead of its first read, and
 /// 256 listings kept (the newest) left the first directories it read without their files
 /// fetched ahead, each first read a round trip; the oldest 256 kept, every directory after
