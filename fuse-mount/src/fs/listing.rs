@@ -548,9 +548,9 @@ impl PendingData {
 
 /// Entries of the listings waiting for their files at most ([`PendingData`]; about 10 MiB).
 /// Counted in entries, not listings: `rsync` lists a tree ahead of its first read, and
-/// 256 listings kept (the newest) left the first directories it read without their files
-/// fetched ahead, each first read a round trip; the oldest 256 kept, every directory after
-/// them (a source tree has 919).
+/// with the newest 256 listings kept the first directories it read had lost their files
+/// ahead, each first read a round trip; keeping the oldest 256 would do the same to every
+/// directory after them (a source tree has 919).
 const PENDING_ENTRIES: usize = 1 << 16;
 
 /// Fetches the files among `entries[range]` of directory `dir` ahead of a copy, while the
