@@ -562,9 +562,23 @@ impl ChunkStore {
         slot: Arc<Slot>,
         given: Option<oneshot::Receiver<Bytes>>,
     ) {
+        self.fill_in_task(key, index, slot, given, true);
+    }
+
+    /// Fills `slot`, chunk `index` of `key`, in a task of its own (from `given` first, when
+    /// there is one): as a prediction, or with the client's own class.
+    fn fill_in_task(
+        self: &Arc<Self>,
+        key: &FileKey,
+        index: u64,
+        slot: Arc<Slot>,
+        given: Option<oneshot::Receiver<Bytes>>,
+        prediction: bool,
+    ) {
         let (me, key) = (self.clone(), key.clone());
         tokio::spawn(async move {
-            let _ = me.fill_from(&me.predict, &key, index, &slot, given).await;
+            let client = if prediction { &me.predict } else { &me.client };
+            let _ = me.fill_from(client, &key, index, &slot, given).await;
         });
     }
 
@@ -683,10 +697,7 @@ impl ChunkStore {
     /// flight before it waits for the first). A no-op when present or in flight.
     pub fn start(self: &Arc<Self>, key: &FileKey, index: u64) {
         if let Some((slot, false)) = self.slot(key, index, false) {
-            let (me, key) = (self.clone(), key.clone());
-            tokio::spawn(async move {
-                let _ = me.fill(&me.client, &key, index, &slot).await;
-            });
+            self.fill_in_task(key, index, slot, None, false);
         }
     }
 

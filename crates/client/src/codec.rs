@@ -684,9 +684,9 @@ impl Chooser {
         // 1.5 from a copy's first half second at 1 Gbit/s (mixed binaries) promised 384 MB/s
         // over a link carrying 129 MB/s at lz4's 2:1, and `auto` left zstd -1 for it. (The
         // link's estimate with its floor: a link that became faster has carried more since.)
-        let p = match (self.link, self.link()) {
-            (Some(_), Some(link)) => p.min(link * ratio),
-            _ => p,
+        let p = match self.link.and(self.link()) {
+            Some(link) => p.min(link * ratio),
+            None => p,
         };
         if i == 0 {
             return Some(p);

@@ -718,15 +718,13 @@ impl Lister {
     fn top_up(&self, reader_dir: &Bytes) {
         let moved = {
             let mut p = lock(&self.pending);
-            let moved = !p.queue.is_empty() && p.sorted_for.as_ref() != Some(reader_dir);
-            if moved {
+            (!p.queue.is_empty() && p.sorted_for.as_ref() != Some(reader_dir)).then(|| {
                 p.sorted_for = Some(reader_dir.clone());
-            }
-            moved
+                Vec::from(std::mem::take(&mut p.queue))
+            })
         };
-        if moved {
-            // Sorted outside the pending lock (the walk's positions have their own).
-            let mut taken: Vec<_> = std::mem::take(&mut lock(&self.pending).queue).into();
+        // Sorted outside the pending lock (the walk's positions have their own).
+        if let Some(mut taken) = moved {
             {
                 let a = lock(&self.ahead);
                 if let Some(here) = a.pos.get(reader_dir) {
