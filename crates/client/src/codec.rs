@@ -119,6 +119,13 @@ pub const LINK_LIMITED: f64 = 0.5;
 /// take: measured 0.00 in every reading while database pages crossed 1 Gbit/s on zstd 1
 /// (21 MB/s of wire on a link of 117), 0.25-1.0 while they crossed 100 Mbit/s.
 pub const LINK_IDLE: f64 = 0.05;
+/// Windows with traffic in a row whose readings must say the link idle ([`LINK_IDLE`])
+/// before that counts. One reading alone is not enough: the first of a copy speaks of its
+/// first quarter second, when the reader's requests were still growing and TCP had them
+/// all out (database pages over 100 Mbit/s read 0.00 there, then 0.62-1.0 with the link
+/// full; taking the 0.00 stepped down to lz4's 15:1 and cost half a second of a 2 s copy
+/// in most runs).
+const LINK_IDLE_WINDOWS: u32 = 2;
 /// Sampled ratios at or under this for every candidate: nothing packs the data (random,
 /// encrypted or already compressed bytes), and any codec only costs the server its attempt.
 const NOTHING_PACKS: f64 = 1.02;
@@ -327,6 +334,10 @@ pub struct Chooser {
     /// Whether the server's latest reading said the network set the pace for hardly any of
     /// the time ([`LINK_IDLE`]).
     link_idle: bool,
+    /// Windows with traffic in a row whose readings said so ([`LINK_IDLE_WINDOWS`]); `None`
+    /// until a window with traffic follows one with traffic (the reading in the first
+    /// window after a quiet one speaks of the quiet, of Load's own answers).
+    link_idle_windows: Option<u32>,
     /// Windows with traffic since the server last said the network set the pace
     /// (`u32::MAX`: never).
     limited_ago: u32,
@@ -382,6 +393,7 @@ impl Chooser {
             stepped_down_from: None,
             heard: false,
             link_idle: false,
+            link_idle_windows: None,
             limited_ago: u32::MAX,
         }
     }
@@ -736,11 +748,16 @@ impl Chooser {
         let secs = w.elapsed.as_secs_f64();
         self.held = self.held.saturating_add(1);
         if secs <= 0.0 || w.wire == 0 {
+            self.link_idle_windows = None;
             return self.current();
         }
         if w.link != LinkSignal::Pending {
             self.heard = true;
         }
+        self.link_idle_windows = match self.link_idle_windows {
+            Some(n) if self.link_idle => Some(n.saturating_add(1)),
+            _ => Some(0),
+        };
         let wire_rate = w.wire as f64 / secs;
         if self.recent_decoded.len() == RECENT_WINDOWS {
             self.recent_decoded.pop_front();
@@ -858,7 +875,7 @@ impl Chooser {
         // while the server reads its last windows as not limited). Judged on the highest decoded
         // rate of the last two seconds: a window the reader left idle, or one of a stall,
         // understates what lz4 would have to carry. Unless the network set the pace for
-        // hardly any of the time ([`LINK_IDLE`]): the link is then far from full, not near
+        // hardly any of the time, in two readings running ([`LINK_IDLE_WINDOWS`]): the link is then far from full, not near
         // it (database pages over 1 Gbit/s on zstd 1 send a sixth of what it carries, and
         // lz4, which the CPUs feed faster, was refused for needing three times that); a step
         // that makes the link the limit goes back at once (above). But not while the server
@@ -871,7 +888,8 @@ impl Chooser {
             if self.not_limited >= NOT_LIMITED_WINDOWS
                 && self.link.is_none()
                 && self.current > l
-                && ((self.link_idle && self.limited_ago >= RECENT_WINDOWS as u32)
+                && ((self.link_idle_windows >= Some(LINK_IDLE_WINDOWS)
+                    && self.limited_ago >= RECENT_WINDOWS as u32)
                     || self.wire_seen_for_half(l, decoded_lately))
             {
                 self.stepped_down_from = Some((self.current, 0));
@@ -1824,9 +1842,9 @@ mod tests {
     fn pages_over_a_link_far_from_full_step_down_to_lz4_at_once() {
         // Database pages over 1 Gbit/s, the CPUs the limit: zstd 1 sends a tenth of what the
         // link carries and the server says the network set the pace for none of the time.
-        // lz4, which the CPUs feed faster, needs three times that wire rate: taken from the
-        // first window the server speaks, not after seconds (a 1 GiB copy lasts five
-        // windows of a quarter second).
+        // lz4, which the CPUs feed faster, needs three times that wire rate: taken once two
+        // readings running say so, not after seconds (a 1 GiB copy lasts five windows of a
+        // quarter second).
         let sim = Sim {
             link: 117e6,
             table: PAGES,
@@ -1846,7 +1864,7 @@ mod tests {
         assert!(sim.delivered(lz4) / 15.0 > 2.0 * sim.delivered(zstd1) / 42.0);
         let mut c = Chooser::new(true, Some(6), 2);
         let asked = sim.run_logged(&mut c, 6);
-        assert_eq!(asked[1], Compression::Lz4, "{asked:?}; {}", c.explain());
+        assert_eq!(asked[3], Compression::Lz4, "{asked:?}; {}", c.explain());
         assert_eq!(c.current(), Compression::Lz4, "{asked:?}; {}", c.explain());
         // Without the share (a server that only says "not limited"), as before: not yet.
         let mut c = Chooser::new(true, Some(6), 2);
@@ -1856,6 +1874,73 @@ mod tests {
         }
         .run_logged(&mut c, 3);
         assert!(!asked.contains(&Compression::Lz4), "{asked:?}");
+    }
+
+    #[test]
+    fn a_copy_s_first_reading_of_an_idle_link_alone_is_no_reason_to_step_down() {
+        // Database pages over 100 Mbit/s on zstd 1, as measured (bench/compression.sh
+        // --windows, 2026-11-30): the server's first reading spoke of the copy's first
+        // quarter second, while the reader's requests grew, and said the network set the
+        // pace for none of it; the next ones, with the link full, 0.62-1.0. lz4 would need
+        // three times the wire the link carries; stepping down on that one reading cost half
+        // a second of a 2 s copy. After a mount sat idle, the first reading of a copy speaks
+        // of the quiet before it (Load's own answers): not taken either.
+        let window = |c: &mut Chooser, wire: f64, share: Option<f64>| {
+            sample_table(c, &PAGES);
+            c.set_link_share(share);
+            let wire = (wire * 1e6 * 0.25) as u64;
+            let decoded = (wire as f64 * 42.0) as u64;
+            c.window(Window {
+                elapsed: Duration::from_millis(250),
+                wire,
+                decoded,
+                fresh: decoded,
+                busy: wire > 0,
+                link: share.map_or(LinkSignal::Pending, LinkSignal::from_share),
+            })
+        };
+        let copy = [
+            (5.6, None),
+            (12.1, Some(0.0)),
+            (10.4, Some(0.75)),
+            (12.6, Some(0.88)),
+            (12.3, Some(0.62)),
+        ];
+        let mut c = Chooser::new(true, Some(6), 2);
+        let asked: Vec<_> = copy.iter().map(|&(w, s)| window(&mut c, w, s)).collect();
+        assert!(
+            !asked.contains(&Compression::Lz4),
+            "{asked:?}; {}",
+            c.explain()
+        );
+        // A mount idle for seconds (Load's answers read 0.00), then the same copy.
+        let mut c = Chooser::new(true, Some(6), 2);
+        for _ in 0..8 {
+            window(&mut c, 0.0, Some(0.0));
+        }
+        let asked: Vec<_> = [(5.6, Some(0.0))]
+            .iter()
+            .chain(&copy[1..])
+            .map(|&(w, s)| window(&mut c, w, s))
+            .collect();
+        assert!(
+            !asked.contains(&Compression::Lz4),
+            "{asked:?}; {}",
+            c.explain()
+        );
+        // Two readings running, with the link carrying a sixth of what lz4 would need
+        // beside it, are: the step is taken.
+        let mut c = Chooser::new(true, Some(6), 2);
+        let asked: Vec<_> = [(5.6, None), (12.1, Some(0.0)), (12.1, Some(0.0))]
+            .iter()
+            .map(|&(w, s)| window(&mut c, w, s))
+            .collect();
+        assert_eq!(
+            asked.last(),
+            Some(&Compression::Lz4),
+            "{asked:?}; {}",
+            c.explain()
+        );
     }
 
     #[test]
