@@ -17,8 +17,13 @@
 # ferry-auto, ferry-lz4, ferry-none, ferry-zstdLEVEL (ferry-zstd1, ferry-zstd-1: a fresh
 # `ferry mount --compression …` per copy, `cp` of the file out of it), mirror-auto,
 # mirror-lz4, mirror-zstdLEVEL (`ferry mirror --compression …` of the file's directory: the
-# same engine without FUSE). The page cache is dropped before every copy; every copy is
-# checked with cmp. 100mbit: tbf at 100 Mbit/s; the other links as in bench/run.sh.
+# same engine without FUSE). The page cache is dropped before every copy, and ferryd is
+# started afresh before every ferry copy: it remembers for 10 s the ranges it read past the
+# page cache and reads them through it the next time (so that many clients reading one cold
+# data set read the disk about twice, not once each), which the copies of one case, a few
+# seconds apart on a cache the benchmark empties, would otherwise pay for (0.4-0.6 s of
+# ferryd's system time per GiB in two runs of three: database pages over 100 Mbit/s took
+# 2.2-2.8 s instead of 2.0-2.2). Every copy is checked with cmp. 100mbit: tbf at 100 Mbit/s; the other links as in bench/run.sh.
 #
 # Output: a markdown table (default bench/out/compression.md): seconds, MB/s of file bytes,
 # and for auto the codec it ended on (from `ferry status`); beside it (*-decisions.log) each
@@ -107,9 +112,20 @@ set_link_more() {  # set_link plus 100mbit
     fi
 }
 
+fresh_ferryd() {  # ferryd started afresh, as for a first copy of the data (see the header)
+    local pid
+    pid=$(pgrep -f -- "ferryd --export $DATA/sets --listen 127.0.0.1:7070" | head -1)
+    if [ -n "$pid" ]; then
+        kill "$pid"
+        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    ns_ferryd "$DATA/sets"
+}
+
 copy_once() {  # copy_once DATA METHOD: prints seconds and, for ferry, the codec at the end
     local ds=$1 method=$2 mnt=$WORK/mnt/m t0 t1 codec="" got=$WORK/dst/$ds.dat
     rm -rf "$WORK/dst/$ds.dat" "$WORK/dst/$ds" "$FERRY_STATE_DIR"
+    case "$method" in ferry-*|mirror-*) fresh_ferryd ;; esac
     drop_caches
     case "$method" in
         nc-zstd|nc-lz4)
