@@ -214,3 +214,51 @@ fn a_fresh_mirror_takes_each_small_directory_with_its_files_in_one_request() {
         "{s:?}"
     );
 }
+
+#[test]
+fn directories_past_a_tree_page_with_no_subdirectory_come_with_their_files_not_as_tree_pages() {
+    // A root whose own listing overflows a page of a tree's listings (ReadTree): the
+    // directories in it are listed afterwards, each on its own. Those without a
+    // subdirectory (a link count of 2 on this file system) have no tree under them to
+    // bring: each comes as a listing with its files' contents (ReadDirData), not as a
+    // tree page of one directory and then a run of its files.
+    const LEAVES: usize = 40;
+    let src = tempfile::tempdir().unwrap();
+    for f in 0..6000 {
+        std::fs::write(src.path().join(format!("entry-{f:05}")), format!("{f}\n")).unwrap();
+    }
+    for d in 0..LEAVES {
+        let dir = src.path().join(format!("leaf{d:02}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..3 {
+            std::fs::write(dir.join(format!("f{f}")), format!("{d} {f}\n").repeat(30)).unwrap();
+        }
+    }
+    let leaf_links = std::fs::metadata(src.path().join("leaf00")).unwrap();
+    if std::os::unix::fs::MetadataExt::nlink(&leaf_links) != 2 {
+        eprintln!("skipped: this file system does not count subdirectories in link counts");
+        return;
+    }
+    let server = TestServer::start_with(src.path(), &["--metrics", "127.0.0.1:0"]);
+    let dst = tempfile::tempdir().unwrap();
+    let m = dst.path().join("m");
+    ferry_tests::mirror(&server.addr, &m, &[]);
+    run(Command::new("diff").arg("-r").arg(src.path()).arg(&m));
+    let s = scrape(&metrics_addr(&server.log_text()).expect("ferryd metrics address"));
+    let kind = |k: &str| s[&format!("ferry_server_listings_total{{kind=\"{k}\"}}")];
+    eprintln!(
+        "figures: read_tree {}, read_dir_data {}, read_dir {}",
+        kind("read_tree"),
+        kind("read_dir_data"),
+        kind("read_dir")
+    );
+    // The root's tree page only (its listing then completed in plain pages).
+    assert!(kind("read_tree") <= 2.0, "{s:?}");
+    assert!(kind("read_dir_data") >= LEAVES as f64, "{s:?}");
+    // Every small file came with a listing or a run: no Read.
+    assert_eq!(
+        s["ferry_server_chunks_total"],
+        (6000 + LEAVES * 3) as f64,
+        "{s:?}"
+    );
+}

@@ -465,6 +465,15 @@ where
         let tx = tx.clone();
         let session = session.clone();
         shared.stats.requests.fetch_add(1, Relaxed);
+        let listing = match &request {
+            Request::ReadDir { .. } => Some(0),
+            Request::ReadDirData { .. } => Some(1),
+            Request::ReadTree { .. } => Some(2),
+            _ => None,
+        };
+        if let Some(i) = listing {
+            shared.stats.listings[i].fetch_add(1, Relaxed);
+        }
         shared.stats.inflight.fetch_add(1, Relaxed);
         while tasks.try_join_next().is_some() {}
         tasks.spawn(async move {

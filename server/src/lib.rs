@@ -146,6 +146,8 @@ pub(crate) struct Stats {
     pub(crate) written: [AtomicU64; 3],
     /// Chunks of file data sent, by encoding (raw, lz4, zstd).
     pub(crate) encoded: [AtomicU64; 3],
+    /// Listing requests received, by kind (ReadDir, ReadDirData, ReadTree).
+    pub(crate) listings: [AtomicU64; 3],
 }
 
 impl Shared {
@@ -248,6 +250,16 @@ impl Shared {
                 ("raw", g(&s.encoded[0])),
                 ("lz4", g(&s.encoded[1])),
                 ("zstd", g(&s.encoded[2])),
+            ],
+        )
+        .counter_by(
+            "server_listings_total",
+            "Listing requests received, by kind: a directory page, a page with small files' contents, a page of a tree's listings.",
+            "kind",
+            &[
+                ("read_dir", g(&s.listings[0])),
+                ("read_dir_data", g(&s.listings[1])),
+                ("read_tree", g(&s.listings[2])),
             ],
         )
         .counter_by(
