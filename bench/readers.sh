@@ -6,6 +6,7 @@
 #   bench/readers.sh [--smoke] [--links 1gbit,wan,loopback] [--only LIST] [--repeat N]
 #                    [--seconds S] [--fio-seconds S] [--warmup S] [--read-mib N] [--cp-mib N]
 #                    [--bulk-files N] [--bulk-mib N] [--bulk random|pgdata] [--bulk-pg-scale N]
+#                    [--reads random|pg]
 #                    [--pg-scale N] [--timeout SECS]
 #                    [--data DIR] [--out FILE] [--baseline FILE] [--fresh-ferryd]
 #   FERRY_ARGS=...               extra options for every ferry mount
@@ -34,7 +35,8 @@
 # During the mirror, `ferry status --json` before and after each measurement gives the
 # mirror's MB/s over it (bytes_fetched), whether it was running throughout, and the chunks
 # readers found in the local copy. The export (--data, made once by scripts/gen-data.py) is
-# the same for every link: read/random.bin, cp/random.bin, --bulk-files × --bulk-mib MiB of
+# the same for every link: read/random.bin, cp/random.bin (--reads pg: read/pg.bin,
+# cp/pg.bin), --bulk-files × --bulk-mib MiB of
 # bulk/, pg/*.dump; all incompressible but the dump, so the mirror's MB/s is on the wire too.
 # --bulk pgdata: bulk/ is instead a real PostgreSQL 15 data directory (bulk/pgdata, made once
 # by bench/lib.sh's real_trees: initdb, then `pgbench -i -s --bulk-pg-scale`, default 400,
@@ -42,6 +44,11 @@
 # carrying less (its chunks pack 2-4.5:1 under the codecs `auto` picks).
 # It must be big enough that the mirror does not finish during a measurement: the report
 # flags runs where it was not running throughout.
+# --reads pg: what the readers read is a real PostgreSQL datafile instead of random bytes:
+# read/pg.bin is the first --read-mib MiB of pgbench_accounts after `pgbench -i -s 110`
+# (its segments end to end; made once, the cluster then removed), cp/pg.bin the --cp-mib MiB
+# after them. Database pages compress (zstd 1 about 40:1), so their reads move fewer wire
+# bytes than random ones: what a database opening its datafiles on the mount reads.
 # --smoke: a check that every step works (small files, --repeat 1, short windows).
 # --fresh-ferryd: ferryd is started afresh before every run (alone and during alike), so its
 # cache of whole-file hashes is cold, as at a first mirror of the data: otherwise from the
@@ -58,7 +65,7 @@ ROOT=$PWD
 args_given="$*"
 
 smoke=0 links="" only="" only_given=0 repeat="" seconds="" fio_secs="" warmup="" read_mib="" cp_mib=""
-bulk_files="" bulk_mib="" bulk=random bulk_pg_scale=400 pg_scale="" timeout_secs=1800 data="" out="" baseline="" fresh_ferryd=0
+bulk_files="" bulk_mib="" bulk=random bulk_pg_scale=400 reads=random pg_scale="" timeout_secs=1800 data="" out="" baseline="" fresh_ferryd=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --smoke) smoke=1; shift ;;
@@ -75,12 +82,13 @@ while [ $# -gt 0 ]; do
         --bulk-mib) bulk_mib=$2; shift 2 ;;
         --bulk) bulk=$2; shift 2 ;;
         --bulk-pg-scale) bulk_pg_scale=$2; shift 2 ;;
+        --reads) reads=$2; shift 2 ;;
         --pg-scale) pg_scale=$2; shift 2 ;;
         --timeout) timeout_secs=$2; shift 2 ;;
         --data) data=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --baseline) baseline=$2; shift 2 ;;
-        -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
         *) echo "bench/readers.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -121,6 +129,9 @@ measures_for() {
     fi
 }
 case "$bulk" in random|pgdata) ;; *) die "unknown --bulk '$bulk' (random or pgdata)" ;; esac
+case "$reads" in random|pg) ;; *) die "unknown --reads '$reads' (random or pg)" ;; esac
+# What the readers read (paths in the export).
+RF=read/$reads.bin CF=cp/$reads.bin
 need_pg=0
 for l in "${LINKS[@]}"; do [[ " $(measures_for "$l") " == *" restore "* ]] && need_pg=1; done
 
@@ -149,8 +160,28 @@ else
     log "export $DATA: read/ ${read_mib} MiB, cp/ ${cp_mib} MiB, bulk/pgdata (pgbench -i -s $bulk_pg_scale)"
 fi
 gen() { python3 scripts/gen-data.py "$DATA/$1" --size-mib "$2" --only random --seed "$3" >/dev/null; }
-gen read "$read_mib" 1
-gen cp "$cp_mib" 2
+if [ "$reads" = random ]; then
+    rm -f "$DATA/read/pg.bin" "$DATA/cp/pg.bin"
+    gen read "$read_mib" 1
+    gen cp "$cp_mib" 2
+else
+    rm -f "$DATA/read/random.bin" "$DATA/cp/random.bin"
+    want=$(((read_mib + cp_mib) << 20))
+    if [ "$(stat -c %s "$DATA/$RF" 2>/dev/null || echo 0)" != $((read_mib << 20)) ] \
+        || [ "$(stat -c %s "$DATA/$CF" 2>/dev/null || echo 0)" != $((cp_mib << 20)) ]; then
+        log "making $RF and $CF from a real PostgreSQL datafile: pgbench -i -s 110 (a minute or two)"
+        rm -rf "$DATA.pgsrc"
+        PG_SCALE=110 real_trees "$DATA.pgsrc" pgdata
+        rel=$(find "$DATA.pgsrc/pgdata/base" -type f -size +500M -printf '%p\n' | sort | head -1)
+        [ -n "$rel" ] || die "no 1 GiB relation segment in the PostgreSQL data directory $DATA.pgsrc"
+        mkdir -p "$DATA/read" "$DATA/cp"
+        { cat "$rel" "$rel".[0-9]* 2>/dev/null || true; } | head -c "$want" > "$DATA.pages"
+        [ "$(stat -c %s "$DATA.pages")" = "$want" ] || die "pgbench_accounts holds under $((want >> 20)) MiB: lower --read-mib or --cp-mib"
+        head -c $((read_mib << 20)) "$DATA.pages" > "$DATA/$RF"
+        tail -c $((cp_mib << 20)) "$DATA.pages" > "$DATA/$CF"
+        rm -rf "$DATA.pages" "$DATA.pgsrc"
+    fi
+fi
 if [ "$bulk" = random ]; then
     for ((i = 1; i <= bulk_files; i++)); do gen "bulk/$(printf %02d "$i")" "$bulk_mib" $((100 + i)); done
 else
@@ -214,11 +245,11 @@ ns_ferryd "$DATA"
 # ---------------------------------------------------------------- measurements
 # Each prints its figures on one line (fields separated by spaces) or fails.
 measure_pread() {
-    python3 "$ROOT/bench/pread_lat.py" "$1/read/random.bin" --seconds "$seconds" >"$WORK/logs/pread.json" || return 1
+    python3 "$ROOT/bench/pread_lat.py" "$1/$RF" --seconds "$seconds" >"$WORK/logs/pread.json" || return 1
     jq -r '"\(.p50_ms) \(.p99_ms) \(.reads_per_sec) \(.count)"' "$WORK/logs/pread.json"
 }
 measure_fio() {
-    fio_randread "$1/read/random.bin" "$fio_secs" "$WORK/logs/fio.json" || return 1
+    fio_randread "$1/$RF" "$fio_secs" "$WORK/logs/fio.json" || return 1
     jq -r '.jobs[0].read | "\(.iops) \(.total_ios) - -"' "$WORK/logs/fio.json"
 }
 # measure_copy MOUNT REL: prints MB/s and seconds; verified after the mount is gone.
@@ -230,8 +261,8 @@ measure_copy() {
     t1=$(date +%s.%N)
     awk -v b="$bytes" -v a="$t0" -v z="$t1" 'BEGIN { printf "%.1f %.2f - -\n", b / (z - a) / 1e6, z - a }'
 }
-measure_cp() { measure_copy "$1" cp/random.bin; }
-measure_cp1g() { measure_copy "$1" read/random.bin; }
+measure_cp() { measure_copy "$1" "$CF"; }
+measure_cp1g() { measure_copy "$1" "$RF"; }
 measure_restore() {
     local t0 t1
     t0=$(date +%s.%N)
@@ -259,8 +290,8 @@ prepare() {  # before the page cache is dropped
 }
 verify() {  # after the mount is gone
     case "$1" in
-        cp) cmp -s "$DATA/cp/random.bin" "$WORK/dst/copy" || die "cp: the copy of cp/random.bin differs from the source" ;;
-        cp1g) cmp -s "$DATA/read/random.bin" "$WORK/dst/copy" || die "cp1g: the copy of read/random.bin differs from the source" ;;
+        cp) cmp -s "$DATA/$CF" "$WORK/dst/copy" || die "cp: the copy of $CF differs from the source" ;;
+        cp1g) cmp -s "$DATA/$RF" "$WORK/dst/copy" || die "cp1g: the copy of $RF differs from the source" ;;
         restore)
             local n want=$((pg_scale * 100000))
             n=$(pg psql -tA -d bench -c 'select count(*) from pgbench_accounts')
@@ -410,21 +441,23 @@ base_mirror() {  # the mirror-alone median of LINK in the --baseline TSV
     gib=$(awk -v b="$total_bytes" 'BEGIN { printf "%.1f", b / 1073741824 }')
     dump=""
     [ -n "$DUMP" ] && dump=", $DUMP ($(du -m "$DATA/$DUMP" | cut -f1) MiB: \`pgbench -i -s $pg_scale\`, \`pg_dump -Fc -Z0\`)"
+    reads_are=" (random bytes)"
+    [ "$reads" = pg ] && reads_are=" (a real PostgreSQL datafile, pgbench_accounts after \`pgbench -i -s 110\`)"
     if [ "$bulk" = random ]; then
         bulk_is="bulk/ ($bulk_files × $bulk_mib MiB of random data)"
     else
         bulk_is="bulk/pgdata ($(du -sm "$DATA/bulk/pgdata" | cut -f1) MiB: a PostgreSQL 15 data directory, \`pgbench -i -s $bulk_pg_scale\`; the mirror's MB/s are decoded bytes)"
     fi
     cat <<EOF
-- The export, the same for every link ($gib GiB): read/random.bin ($read_mib MiB), cp/random.bin
-  ($cp_mib MiB), $bulk_is$dump.
+- The export, the same for every link ($gib GiB): $RF ($read_mib MiB), $CF
+  ($cp_mib MiB)$reads_are, $bulk_is$dump.
 - **Alone**: through a plain mount. **During**: through a mount with \`--cache-dir DIR --mirror\`
   (a fresh DIR every run) whose mirror started $warmup s before. The page cache is dropped before
   every run; the pairs alternate which goes first. Figures are medians of $repeat runs; ratios are
   of the medians.
-- pread: 4 KiB random \`pread\`s of read/random.bin, posix_fadvise RANDOM, each block once, for
+- pread: 4 KiB random \`pread\`s of $RF, posix_fadvise RANDOM, each block once, for
   $seconds s (bench/pread_lat.py). fio: 16 KiB random reads of it, 4 jobs, $fio_secs s. cp: \`cp\` of
-  cp/random.bin out of the mount to local disk (cp1g: of read/random.bin), verified with cmp.
+  $CF out of the mount to local disk (cp1g: of $RF), verified with cmp.
   pg_restore: \`pg_restore -d\` of the dump on the mount into a throwaway PostgreSQL 15 cluster
   (database dropped and created before every run, row count checked).
 - Mirror MB/s meanwhile: \`bytes_fetched\` of \`ferry status --json\` over the measurement. From the
