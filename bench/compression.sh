@@ -23,7 +23,8 @@
 # data set read the disk about twice, not once each), which the copies of one case, a few
 # seconds apart on a cache the benchmark empties, would otherwise pay for (0.4-0.6 s of
 # ferryd's system time per GiB in two runs of three: database pages over 100 Mbit/s took
-# 2.2-2.8 s instead of 2.0-2.2). Every copy is checked with cmp. 100mbit: tbf at 100 Mbit/s; the other links as in bench/run.sh.
+# 2.2-2.8 s instead of 2.0-2.2). Every copy is checked with cmp. 100mbit: tbf at
+# 100 Mbit/s; the other links as in bench/run.sh.
 #
 # Output: a markdown table (default bench/out/compression.md): seconds, MB/s of file bytes,
 # and for auto the codec it ended on (from `ferry status`); beside it (*-decisions.log) each

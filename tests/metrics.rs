@@ -169,6 +169,17 @@ fn ferry_mirror_draws_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
 /// its small files together: one ReadDirData per small directory, not a listing and then
 /// runs (on a WAN every round trip on the walk's path counts), as ferryd's request counter
 /// shows.
+/// `ferry mirror` of `src` from a ferryd serving metrics (the copy must equal the source),
+/// then ferryd's metrics.
+fn mirror_and_scrape(src: &std::path::Path) -> HashMap<String, f64> {
+    let server = TestServer::start_with(src, &["--metrics", "127.0.0.1:0"]);
+    let dst = tempfile::tempdir().unwrap();
+    let m = dst.path().join("m");
+    ferry_tests::mirror(&server.addr, &m, &[]);
+    run(Command::new("diff").arg("-r").arg(src).arg(&m));
+    scrape(&metrics_addr(&server.log_text()).expect("ferryd metrics address"))
+}
+
 #[test]
 fn a_fresh_mirror_takes_each_small_directory_with_its_files_in_one_request() {
     const DIRS: usize = 40;
@@ -191,12 +202,7 @@ fn a_fresh_mirror_takes_each_small_directory_with_its_files_in_one_request() {
     for f in 0..100 {
         write_random(&big.join(format!("b{f:03}")), 8 << 10, f);
     }
-    let server = TestServer::start_with(src.path(), &["--metrics", "127.0.0.1:0"]);
-    let dst = tempfile::tempdir().unwrap();
-    let m = dst.path().join("m");
-    ferry_tests::mirror(&server.addr, &m, &[]);
-    run(Command::new("diff").arg("-r").arg(src.path()).arg(&m));
-    let s = scrape(&metrics_addr(&server.log_text()).expect("ferryd metrics address"));
+    let s = mirror_and_scrape(src.path());
     let requests = s["ferry_server_requests_total"];
     eprintln!("figures: {requests} requests for {} directories", DIRS + 2);
     // Per directory (and the root and big/): its listing with contents, and its extended
@@ -239,12 +245,7 @@ fn directories_past_a_tree_page_with_no_subdirectory_come_with_their_files_not_a
         eprintln!("skipped: this file system does not count subdirectories in link counts");
         return;
     }
-    let server = TestServer::start_with(src.path(), &["--metrics", "127.0.0.1:0"]);
-    let dst = tempfile::tempdir().unwrap();
-    let m = dst.path().join("m");
-    ferry_tests::mirror(&server.addr, &m, &[]);
-    run(Command::new("diff").arg("-r").arg(src.path()).arg(&m));
-    let s = scrape(&metrics_addr(&server.log_text()).expect("ferryd metrics address"));
+    let s = mirror_and_scrape(src.path());
     let kind = |k: &str| s[&format!("ferry_server_listings_total{{kind=\"{k}\"}}")];
     eprintln!(
         "figures: read_tree {}, read_dir_data {}, read_dir {}",

@@ -121,10 +121,10 @@ pub const LINK_LIMITED: f64 = 0.5;
 pub const LINK_IDLE: f64 = 0.05;
 /// Windows with traffic in a row whose readings must say the link idle ([`LINK_IDLE`])
 /// before that counts. One reading alone is not enough: the first of a copy speaks of its
-/// first quarter second, when the reader's requests were still growing and TCP had them
-/// all out (database pages over 100 Mbit/s read 0.00 there, then 0.62-1.0 with the link
-/// full; taking the 0.00 stepped down to lz4's 15:1 and cost half a second of a 2 s copy
-/// in most runs).
+/// first quarter second, the reader's requests still growing and the server's reads of a
+/// cold file starting (database pages over 100 Mbit/s read 0.00 there, then 0.62-1.0 with
+/// the link full; taking the 0.00 stepped down to lz4's 15:1 and cost half a second of a
+/// 2 s copy, in 4 runs of 4 in one spell).
 const LINK_IDLE_WINDOWS: u32 = 2;
 /// Sampled ratios at or under this for every candidate: nothing packs the data (random,
 /// encrypted or already compressed bytes), and any codec only costs the server its attempt.
@@ -875,10 +875,11 @@ impl Chooser {
         // while the server reads its last windows as not limited). Judged on the highest decoded
         // rate of the last two seconds: a window the reader left idle, or one of a stall,
         // understates what lz4 would have to carry. Unless the network set the pace for
-        // hardly any of the time, in two readings running ([`LINK_IDLE_WINDOWS`]): the link is then far from full, not near
-        // it (database pages over 1 Gbit/s on zstd 1 send a sixth of what it carries, and
-        // lz4, which the CPUs feed faster, was refused for needing three times that); a step
-        // that makes the link the limit goes back at once (above). But not while the server
+        // hardly any of the time, in two readings running ([`LINK_IDLE_WINDOWS`]): the link
+        // is then far from full, not near it (database pages over 1 Gbit/s on zstd 1 send a
+        // sixth of what it carries, and lz4, which the CPUs feed faster, was refused for
+        // needing three times that); a step that makes the link the limit goes back at once
+        // (above). But not while the server
         // said within the last two seconds that the network did set the pace: a link that
         // full is not far from full, and a reading of none is a stall of the disk or the
         // reader (database pages over 100 Mbit/s, the link carrying zstd 1's 43:1 in full,
@@ -1876,6 +1877,23 @@ mod tests {
         assert!(!asked.contains(&Compression::Lz4), "{asked:?}");
     }
 
+    /// One quarter second of database pages (42:1 here) on `c`: its wire (MB/s) and the
+    /// server's reading (`None`: not yet); busy when it moved anything.
+    fn pages_window(c: &mut Chooser, wire: f64, share: Option<f64>) -> Compression {
+        sample_table(c, &PAGES);
+        c.set_link_share(share);
+        let wire = (wire * 1e6 * 0.25) as u64;
+        let decoded = (wire as f64 * 42.0) as u64;
+        c.window(Window {
+            elapsed: Duration::from_millis(250),
+            wire,
+            decoded,
+            fresh: decoded,
+            busy: wire > 0,
+            link: share.map_or(LinkSignal::Pending, LinkSignal::from_share),
+        })
+    }
+
     #[test]
     fn a_copy_s_first_reading_of_an_idle_link_alone_is_no_reason_to_step_down() {
         // Database pages over 100 Mbit/s on zstd 1, as measured (bench/compression.sh
@@ -1885,19 +1903,18 @@ mod tests {
         // three times the wire the link carries; stepping down on that one reading cost half
         // a second of a 2 s copy. After a mount sat idle, the first reading of a copy speaks
         // of the quiet before it (Load's own answers): not taken either.
-        let window = |c: &mut Chooser, wire: f64, share: Option<f64>| {
-            sample_table(c, &PAGES);
-            c.set_link_share(share);
-            let wire = (wire * 1e6 * 0.25) as u64;
-            let decoded = (wire as f64 * 42.0) as u64;
-            c.window(Window {
-                elapsed: Duration::from_millis(250),
-                wire,
-                decoded,
-                fresh: decoded,
-                busy: wire > 0,
-                link: share.map_or(LinkSignal::Pending, LinkSignal::from_share),
-            })
+        // A chooser after `idle` windows of a mount with no traffic (Load's answers read
+        // 0.00), then `copy`'s windows: the codec asked for in each, and why.
+        let run = |idle: usize, copy: &[(f64, Option<f64>)]| {
+            let mut c = Chooser::new(true, Some(6), 2);
+            for _ in 0..idle {
+                pages_window(&mut c, 0.0, Some(0.0));
+            }
+            let asked: Vec<_> = copy
+                .iter()
+                .map(|&(w, s)| pages_window(&mut c, w, s))
+                .collect();
+            (asked, c.explain())
         };
         let copy = [
             (5.6, None),
@@ -1906,41 +1923,16 @@ mod tests {
             (12.6, Some(0.88)),
             (12.3, Some(0.62)),
         ];
-        let mut c = Chooser::new(true, Some(6), 2);
-        let asked: Vec<_> = copy.iter().map(|&(w, s)| window(&mut c, w, s)).collect();
-        assert!(
-            !asked.contains(&Compression::Lz4),
-            "{asked:?}; {}",
-            c.explain()
-        );
-        // A mount idle for seconds (Load's answers read 0.00), then the same copy.
-        let mut c = Chooser::new(true, Some(6), 2);
-        for _ in 0..8 {
-            window(&mut c, 0.0, Some(0.0));
-        }
-        let asked: Vec<_> = [(5.6, Some(0.0))]
-            .iter()
-            .chain(&copy[1..])
-            .map(|&(w, s)| window(&mut c, w, s))
-            .collect();
-        assert!(
-            !asked.contains(&Compression::Lz4),
-            "{asked:?}; {}",
-            c.explain()
-        );
-        // Two readings running, with the link carrying a sixth of what lz4 would need
-        // beside it, are: the step is taken.
-        let mut c = Chooser::new(true, Some(6), 2);
-        let asked: Vec<_> = [(5.6, None), (12.1, Some(0.0)), (12.1, Some(0.0))]
-            .iter()
-            .map(|&(w, s)| window(&mut c, w, s))
-            .collect();
-        assert_eq!(
-            asked.last(),
-            Some(&Compression::Lz4),
-            "{asked:?}; {}",
-            c.explain()
-        );
+        let (asked, why) = run(0, &copy);
+        assert!(!asked.contains(&Compression::Lz4), "{asked:?}; {why}");
+        // A mount idle for seconds, then the same copy, its first reading of the quiet.
+        let mut after_quiet = copy;
+        after_quiet[0].1 = Some(0.0);
+        let (asked, why) = run(8, &after_quiet);
+        assert!(!asked.contains(&Compression::Lz4), "{asked:?}; {why}");
+        // Two readings running that say so: the step is taken.
+        let (asked, why) = run(0, &[(5.6, None), (12.1, Some(0.0)), (12.1, Some(0.0))]);
+        assert_eq!(asked.last(), Some(&Compression::Lz4), "{asked:?}; {why}");
     }
 
     #[test]
@@ -1951,21 +1943,6 @@ mod tests {
         // it did for only part of it (0.25-0.5), and after a quarter second in which the copy
         // stalled (the disk, the reader), for none of it. lz4 (15:1) would need three times
         // the wire the link carries: no step down on that reading.
-        // One quarter second: its wire (MB/s) and the server's reading (none: not yet).
-        let window = |c: &mut Chooser, wire: f64, share: Option<f64>| {
-            sample_table(c, &PAGES);
-            c.set_link_share(share);
-            let wire = (wire * 1e6 * 0.25) as u64;
-            let decoded = (wire as f64 * 42.0) as u64;
-            c.window(Window {
-                elapsed: Duration::from_millis(250),
-                wire,
-                decoded,
-                fresh: decoded,
-                busy: true,
-                link: share.map_or(LinkSignal::Pending, LinkSignal::from_share),
-            })
-        };
         let mut c = Chooser::new(true, Some(6), 2);
         assert_eq!(c.current(), Compression::Zstd(1));
         let readings = [
@@ -1980,7 +1957,7 @@ mod tests {
         ];
         let mut asked: Vec<_> = readings
             .iter()
-            .map(|&(wire, share)| window(&mut c, wire, share))
+            .map(|&(wire, share)| pages_window(&mut c, wire, share))
             .collect();
         assert!(
             asked.iter().all(|&x| x == Compression::Zstd(1)),
@@ -1989,7 +1966,7 @@ mod tests {
         );
         // Readings of none for two seconds running: the link is far from full after all,
         // and lz4 is tried (a step that makes the link the limit comes straight back).
-        asked.extend((0..8).map(|_| window(&mut c, 9.2, Some(0.0))));
+        asked.extend((0..8).map(|_| pages_window(&mut c, 9.2, Some(0.0))));
         assert!(
             asked.contains(&Compression::Lz4),
             "{asked:?}; {}",

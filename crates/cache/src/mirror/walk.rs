@@ -253,8 +253,8 @@ impl Asker {
 /// of the directories left are such leaves (499 of the 919), and a ReadTree apiece held a
 /// tree page's worth of the server's memory budget (512 KiB of its 48 MiB) while it waited
 /// for a turn, and brought their small files only in runs a round trip later; a
-/// ReadDirData brings them with the listing. A wrong guess costs no correctness: subdirectories a listing shows are
-/// listed in turn.
+/// ReadDirData brings them with the listing. A wrong guess costs no correctness: the
+/// subdirectories a listing shows are listed in turn.
 fn is_leaf(attr: &Attr) -> bool {
     attr.kind == FileKind::Directory && attr.nlink == 2
 }
