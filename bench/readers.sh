@@ -6,7 +6,7 @@
 #   bench/readers.sh [--smoke] [--links 1gbit,wan,loopback] [--only LIST] [--repeat N]
 #                    [--seconds S] [--fio-seconds S] [--warmup S] [--read-mib N] [--cp-mib N]
 #                    [--bulk-files N] [--bulk-mib N] [--bulk random|pgdata] [--bulk-pg-scale N]
-#                    [--reads random|pg]
+#                    [--reads random|pg] [--cache-fs disk|ram]
 #                    [--pg-scale N] [--timeout SECS]
 #                    [--data DIR] [--out FILE] [--baseline FILE] [--fresh-ferryd]
 #   FERRY_ARGS=...               extra options for every ferry mount
@@ -49,6 +49,11 @@
 # (its segments end to end; made once, the cluster then removed), cp/pg.bin the --cp-mib MiB
 # after them. Database pages compress (zstd 1 about 40:1), so their reads move fewer wire
 # bytes than random ones: what a database opening its datafiles on the mount reads.
+# --cache-fs ram: the mirror's local copy (--cache-dir) on a fresh ext4 of its own, on a loop
+# device over a file in RAM (tmpfs), instead of on the disk the export is on. On this one
+# machine ferryd reads the export and the mirror writes its copy through one virtual disk;
+# a real client writes its copy to its own disk, and the readers' reads from ferryd's disk
+# do not queue behind it. Default disk (both on the one disk, as before).
 # --smoke: a check that every step works (small files, --repeat 1, short windows).
 # --fresh-ferryd: ferryd is started afresh before every run (alone and during alike), so its
 # cache of whole-file hashes is cold, as at a first mirror of the data: otherwise from the
@@ -65,7 +70,7 @@ ROOT=$PWD
 args_given="$*"
 
 smoke=0 links="" only="" only_given=0 repeat="" seconds="" fio_secs="" warmup="" read_mib="" cp_mib=""
-bulk_files="" bulk_mib="" bulk=random bulk_pg_scale=400 reads=random pg_scale="" timeout_secs=1800 data="" out="" baseline="" fresh_ferryd=0
+bulk_files="" bulk_mib="" bulk=random bulk_pg_scale=400 reads=random cache_fs=disk pg_scale="" timeout_secs=1800 data="" out="" baseline="" fresh_ferryd=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --smoke) smoke=1; shift ;;
@@ -83,12 +88,13 @@ while [ $# -gt 0 ]; do
         --bulk) bulk=$2; shift 2 ;;
         --bulk-pg-scale) bulk_pg_scale=$2; shift 2 ;;
         --reads) reads=$2; shift 2 ;;
+        --cache-fs) cache_fs=$2; shift 2 ;;
         --pg-scale) pg_scale=$2; shift 2 ;;
         --timeout) timeout_secs=$2; shift 2 ;;
         --data) data=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --baseline) baseline=$2; shift 2 ;;
-        -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,61p' "$0"; exit 0 ;;
         *) echo "bench/readers.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -130,6 +136,7 @@ measures_for() {
 }
 case "$bulk" in random|pgdata) ;; *) die "unknown --bulk '$bulk' (random or pgdata)" ;; esac
 case "$reads" in random|pg) ;; *) die "unknown --reads '$reads' (random or pg)" ;; esac
+case "$cache_fs" in disk|ram) ;; *) die "unknown --cache-fs '$cache_fs' (disk or ram)" ;; esac
 # What the readers read (paths in the export).
 RF=read/$reads.bin CF=cp/$reads.bin
 need_pg=0
@@ -200,6 +207,10 @@ done
 PGWORK=""
 PGPORT=5499
 bench_extra_cleanup() {
+    # --cache-fs ram: the copy's ext4 (its loop device goes with it), then the tmpfs under it;
+    # lazily, as the mount using the copy may not have exited yet.
+    mountpoint -q "$WORK/cache" 2>/dev/null && umount -l "$WORK/cache"
+    mountpoint -q "$WORK/cache-ram" 2>/dev/null && umount -l "$WORK/cache-ram"
     [ -n "$PGWORK" ] || return 0
     if [ -f "$PGWORK/data/postmaster.pid" ]; then
         runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGWORK/data" stop -m immediate -w -t 20 >/dev/null 2>&1
@@ -309,6 +320,28 @@ RES=$WORK/results
 # reads that found their chunk in the local copy taken as free).
 printf 'link\tmeasure\tmode\trun\tv1\tv2\tv3\tv4\tmirror_MBps\tstate_before\tstate_after\tlocal_chunks\tnet\n' > "$RES"
 
+# The mirror's local copy: $WORK/cache, emptied (with --cache-fs ram, a fresh ext4 on a loop
+# device over a file in a tmpfs, made at the first run; the cleanup unmounts both).
+fresh_cache() {
+    if [ "$cache_fs" = disk ]; then
+        rm -rf "$WORK/cache"; mkdir -p "$WORK/cache"
+        return
+    fi
+    if ! mountpoint -q "$WORK/cache"; then
+        mkdir -p "$WORK/cache-ram" "$WORK/cache"
+        mount -t tmpfs -o size=12g tmpfs "$WORK/cache-ram"
+        truncate -s 11G "$WORK/cache-ram/fs.img"
+        mkfs.ext4 -q -F "$WORK/cache-ram/fs.img" >/dev/null
+        mount -o loop,discard "$WORK/cache-ram/fs.img" "$WORK/cache"
+    fi
+    empty_cache
+}
+empty_cache() {
+    if [ "$cache_fs" = disk ]; then rm -rf "$WORK/cache"; return; fi
+    find "$WORK/cache" -mindepth 1 -delete 2>/dev/null || true
+    fstrim "$WORK/cache" 2>/dev/null || true
+}
+
 # run_one LINK MEASURE alone|during RUN: one measurement, one row of $RES.
 run_one() {
     local link=$1 m=$2 mode=$3 run=$4 mnt s0="{}" s1="{}" t0=0 t1=0 r
@@ -327,7 +360,7 @@ run_one() {
         sleep "$warmup"
     else
         mnt=$WORK/mnt/mirror
-        rm -rf "$WORK/cache"; mkdir -p "$WORK/cache"
+        fresh_cache
         # shellcheck disable=SC2086 # FERRY_MIRROR_MOUNT_ARGS: extra options, split on purpose
         ferry_mount_at "$mnt" --cache-dir "$WORK/cache" --mirror ${FERRY_MIRROR_MOUNT_ARGS:-} \
             || die "ferry mount --mirror failed: $(tail -3 "$WORK/logs/ferry-mirror-$link.log" 2>/dev/null)"
@@ -344,7 +377,7 @@ run_one() {
         t1=$(date +%s.%N); s1=$(status_json "$mnt")
     fi
     ferry_unmount "$mnt" || log "  the mount at $mnt did not exit within 30 s"
-    rm -rf "$WORK/cache"
+    empty_cache
     [ "$r" = failed ] && { log "  $m $mode run $run failed"; printf '%s\t%s\t%s\t%s\tfailed\t-\t-\t-\t-\t-\t-\t-\t-\n' "$link" "$m" "$mode" "$run" >> "$RES"; return 0; }
     verify "$m"
     local mbps="-" st0="-" st1="-" loc="-"
@@ -441,6 +474,8 @@ base_mirror() {  # the mirror-alone median of LINK in the --baseline TSV
     gib=$(awk -v b="$total_bytes" 'BEGIN { printf "%.1f", b / 1073741824 }')
     dump=""
     [ -n "$DUMP" ] && dump=", $DUMP ($(du -m "$DATA/$DUMP" | cut -f1) MiB: \`pgbench -i -s $pg_scale\`, \`pg_dump -Fc -Z0\`)"
+    cache_is=" (\`--cache-dir\` on the disk the export is on)"
+    [ "$cache_fs" = ram ] && cache_is=" (\`--cache-dir\` on a fresh ext4 of its own, a loop device over a file in RAM: the copy written apart from the disk ferryd reads, as on a client of its own)"
     reads_are=" (random bytes)"
     [ "$reads" = pg ] && reads_are=" (a real PostgreSQL datafile, pgbench_accounts after \`pgbench -i -s 110\`)"
     if [ "$bulk" = random ]; then
@@ -452,7 +487,7 @@ base_mirror() {  # the mirror-alone median of LINK in the --baseline TSV
 - The export, the same for every link ($gib GiB): $RF ($read_mib MiB), $CF
   ($cp_mib MiB)$reads_are, $bulk_is$dump.
 - **Alone**: through a plain mount. **During**: through a mount with \`--cache-dir DIR --mirror\`
-  (a fresh DIR every run) whose mirror started $warmup s before. The page cache is dropped before
+  (a fresh DIR every run$cache_is) whose mirror started $warmup s before. The page cache is dropped before
   every run; the pairs alternate which goes first. Figures are medians of $repeat runs; ratios are
   of the medians.
 - pread: 4 KiB random \`pread\`s of $RF, posix_fadvise RANDOM, each block once, for
