@@ -562,23 +562,22 @@ impl ChunkStore {
         slot: Arc<Slot>,
         given: Option<oneshot::Receiver<Bytes>>,
     ) {
-        self.fill_in_task(key, index, slot, given, true);
+        self.fill_in_task(key, index, slot, given, self.predict.clone());
     }
 
-    /// Fills `slot`, chunk `index` of `key`, in a task of its own (from `given` first, when
-    /// there is one): as a prediction, or with the client's own class.
+    /// Fills `slot`, chunk `index` of `key`, in a task of its own through `client` (the
+    /// store's own, or its prediction handle), from `given` first when there is one.
     fn fill_in_task(
         self: &Arc<Self>,
         key: &FileKey,
         index: u64,
         slot: Arc<Slot>,
         given: Option<oneshot::Receiver<Bytes>>,
-        prediction: bool,
+        client: Client,
     ) {
         let (me, key) = (self.clone(), key.clone());
         tokio::spawn(async move {
-            let client = if prediction { &me.predict } else { &me.client };
-            let _ = me.fill_from(client, &key, index, &slot, given).await;
+            let _ = me.fill_from(&client, &key, index, &slot, given).await;
         });
     }
 
@@ -697,7 +696,7 @@ impl ChunkStore {
     /// flight before it waits for the first). A no-op when present or in flight.
     pub fn start(self: &Arc<Self>, key: &FileKey, index: u64) {
         if let Some((slot, false)) = self.slot(key, index, false) {
-            self.fill_in_task(key, index, slot, None, false);
+            self.fill_in_task(key, index, slot, None, self.client.clone());
         }
     }
 
