@@ -19,8 +19,18 @@
 //! connection is closed once it has sat on its bytes for a while with the budget in demand
 //! (`conn.rs`, [`Account::over_share`], [`Account::stalled_holder`]).
 //!
-//! Waiters are served by client in turn (round robin), each client's in arrival order,
-//! skipping those held back by their own share (which do not block the others); the client
+//! Readers first: a background response (a mirror's, [`ferry_proto::Class::Background`])
+//! is measured against its shares with everything its connection and client hold, a demand
+//! or prediction response only with what they hold for such responses. The background bytes
+//! of a connection never make a reader's read wait for a share, only the budget's total
+//! (which still bounds everything). With one share for all classes a mount's 8 connections
+//! of 3 MiB each (48 MiB over one client and one more, over 8) held one 1 MiB mirror read
+//! each (2 MiB reserved), and the readahead of a `cp` of the mount waited for them to be
+//! written: up to 0.5 s per read on loopback.
+//!
+//! Waiters are served by client in turn (round robin), each client's demand and prediction
+//! requests before its background ones and each kind in arrival order, skipping those held
+//! back by their own share (which do not block the others); the client
 //! whose turn it is and whose request the budget cannot hold yet stops the round and keeps
 //! its turn, so a large request is not starved by a stream of small ones. In turn, not in
 //! arrival order: with the budget full of one group of clients' large reads, a newcomer's
@@ -78,6 +88,8 @@ struct Inner {
 struct Client {
     active: usize,
     held: u64,
+    /// Of `held`, for background responses.
+    background: u64,
 }
 
 #[derive(Default, Clone)]
@@ -86,6 +98,8 @@ struct Use {
     client: u64,
     /// Bytes held, outside the small requests' reserve.
     held: u64,
+    /// Of `held`, for background responses.
+    background: u64,
     /// Bytes held in the small requests' reserve.
     small: u64,
     waiting: usize,
@@ -98,6 +112,7 @@ impl std::fmt::Debug for Use {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Use")
             .field("held", &self.held)
+            .field("background", &self.background)
             .field("small", &self.small)
             .field("waiting", &self.waiting)
             .finish()
@@ -108,12 +123,27 @@ impl Use {
     fn active(&self) -> bool {
         self.held > 0 || self.waiting > 0
     }
+
+    fn hold(&mut self, bytes: u64, background: bool) {
+        self.held += bytes;
+        if background {
+            self.background += bytes;
+        }
+    }
+
+    fn give_back(&mut self, bytes: u64, background: bool) {
+        self.held -= bytes;
+        if background {
+            self.background -= bytes;
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Waiter {
     account: u64,
     bytes: u64,
+    background: bool,
     tx: oneshot::Sender<()>,
 }
 
@@ -131,6 +161,8 @@ pub(crate) struct Hold {
     bytes: u64,
     /// Held in the small requests' reserve.
     small: bool,
+    /// For a background response.
+    background: bool,
 }
 
 impl Budget {
@@ -213,21 +245,30 @@ impl Budget {
         (of_client / conns as u64, of_client)
     }
 
-    /// Whether `bytes` more fit for `account`: `Err(true)` when its share holds it back,
-    /// `Err(false)` when the budget does.
-    fn fits(&self, g: &Inner, account: u64, bytes: u64) -> Result<(), bool> {
+    /// Whether `bytes` more fit for `account`, for a `background` response or not (see the
+    /// module docs): `Err(true)` when its share holds it back, `Err(false)` when the budget
+    /// does.
+    fn fits(&self, g: &Inner, account: u64, bytes: u64, background: bool) -> Result<(), bool> {
         // What it holds in the small requests' reserve counts here too: a connection whose
-        // client is not reading gets nothing more while it holds anything.
+        // client is not reading gets nothing more while it holds anything. A reader's
+        // response does not count the background's bytes.
         let (held, stalled, client) = g.accounts.get(&account).map_or((0, false, 0), |u| {
+            let bg = if background { 0 } else { u.background };
             (
-                u.held + u.small,
+                u.held - bg + u.small,
                 u.stalled.as_ref().is_some_and(|f| f()),
                 u.client,
             )
         });
         if held > 0 {
             let (mine, clients) = self.shares(g, account);
-            let client_held = g.clients.get(&client).map_or(0, |c| c.held);
+            let client_held = g.clients.get(&client).map_or(0, |c| {
+                if background {
+                    c.held
+                } else {
+                    c.held - c.background
+                }
+            });
             if stalled || held + bytes > mine || client_held + bytes > clients {
                 return Err(true);
             }
@@ -242,11 +283,12 @@ impl Budget {
         let Some(u) = g.accounts.get_mut(&account) else {
             return;
         };
-        let (before, held_before) = (u.active(), u.held);
+        let (before, held_before, bg_before) = (u.active(), u.held, u.background);
         f(u);
-        let (after, held_after, client) = (u.active(), u.held, u.client);
+        let (after, held_after, bg_after, client) = (u.active(), u.held, u.background, u.client);
         let c = g.clients.entry(client).or_default();
         c.held = c.held + held_after - held_before;
+        c.background = c.background + bg_after - bg_before;
         match (before, after) {
             (false, true) => {
                 g.active += 1;
@@ -281,26 +323,32 @@ impl Budget {
                 continue;
             };
             let mut pick = None;
-            held_back.clear();
-            for (i, w) in queue.iter().enumerate() {
-                let known = held_back.iter().find(|(a, _)| *a == w.account);
-                if known.is_some_and(|(_, bytes)| w.bytes >= *bytes) {
-                    continue;
-                }
-                match self.fits(g, w.account, w.bytes) {
-                    Ok(()) => {
-                        pick = Some(i);
-                        break;
+            // Readers' requests first, then the background's.
+            'scan: for background in [false, true] {
+                held_back.clear();
+                for (i, w) in queue.iter().enumerate() {
+                    if w.background != background {
+                        continue;
                     }
-                    // The budget cannot hold it yet: the round ends, the turn stays.
-                    Err(false) => return,
-                    Err(true) => {
-                        if let Some((_, bytes)) =
-                            held_back.iter_mut().find(|(a, _)| *a == w.account)
-                        {
-                            *bytes = (*bytes).min(w.bytes);
-                        } else if held_back.len() < HELD_BACK_KEPT {
-                            held_back.push((w.account, w.bytes));
+                    let known = held_back.iter().find(|(a, _)| *a == w.account);
+                    if known.is_some_and(|(_, bytes)| w.bytes >= *bytes) {
+                        continue;
+                    }
+                    match self.fits(g, w.account, w.bytes, background) {
+                        Ok(()) => {
+                            pick = Some(i);
+                            break 'scan;
+                        }
+                        // The budget cannot hold it yet: the round ends, the turn stays.
+                        Err(false) => return,
+                        Err(true) => {
+                            if let Some((_, bytes)) =
+                                held_back.iter_mut().find(|(a, _)| *a == w.account)
+                            {
+                                *bytes = (*bytes).min(w.bytes);
+                            } else if held_back.len() < HELD_BACK_KEPT {
+                                held_back.push((w.account, w.bytes));
+                            }
                         }
                     }
                 }
@@ -322,12 +370,12 @@ impl Budget {
             Self::change(g, w.account, |u| u.waiting -= 1);
             if w.tx.send(()).is_ok() {
                 g.used += w.bytes;
-                Self::change(g, w.account, |u| u.held += w.bytes);
+                Self::change(g, w.account, |u| u.hold(w.bytes, w.background));
             }
         }
     }
 
-    fn release(&self, account: u64, bytes: u64, small: bool) {
+    fn release(&self, account: u64, bytes: u64, small: bool, background: bool) {
         if bytes == 0 {
             return;
         }
@@ -339,15 +387,16 @@ impl Budget {
                 u.small -= bytes;
             }
         } else {
-            Self::change(&mut g, account, |u| u.held -= bytes);
+            Self::change(&mut g, account, |u| u.give_back(bytes, background));
         }
         self.dispatch(&mut g);
     }
 }
 
 impl Account {
-    /// Reserves `bytes` for one response, waiting for room (see the module docs).
-    pub(crate) async fn take(self: &Arc<Self>, bytes: u64) -> Hold {
+    /// Reserves `bytes` for one response (a `background` one or a reader's), waiting for
+    /// room (see the module docs).
+    pub(crate) async fn take(self: &Arc<Self>, bytes: u64, background: bool) -> Hold {
         let b = &self.budget;
         let rx = {
             let mut g = b.lock();
@@ -361,15 +410,17 @@ impl Account {
                     account: self.clone(),
                     bytes,
                     small: true,
+                    background,
                 };
             }
-            if g.turns.is_empty() && b.fits(&g, self.id, bytes).is_ok() {
+            if g.turns.is_empty() && b.fits(&g, self.id, bytes, background).is_ok() {
                 g.used += bytes;
-                Budget::change(&mut g, self.id, |u| u.held += bytes);
+                Budget::change(&mut g, self.id, |u| u.hold(bytes, background));
                 return Hold {
                     account: self.clone(),
                     bytes,
                     small: false,
+                    background,
                 };
             }
             let (tx, rx) = oneshot::channel();
@@ -378,6 +429,7 @@ impl Account {
             queue.push_back(Waiter {
                 account: self.id,
                 bytes,
+                background,
                 tx,
             });
             if queue.len() == 1 {
@@ -392,6 +444,7 @@ impl Account {
         let mut wait = Wait {
             account: self,
             bytes,
+            background,
             rx: Some(rx),
         };
         // The sender is only dropped with the budget, which outlives every account.
@@ -403,6 +456,7 @@ impl Account {
             account: self.clone(),
             bytes,
             small: false,
+            background,
         }
     }
 
@@ -462,9 +516,12 @@ impl Hold {
     /// (the bytes exist already; the count stays true).
     pub(crate) fn settle(&mut self, bytes: u64) {
         if bytes < self.bytes {
-            self.account
-                .budget
-                .release(self.account.id, self.bytes - bytes, self.small);
+            self.account.budget.release(
+                self.account.id,
+                self.bytes - bytes,
+                self.small,
+                self.background,
+            );
         } else if bytes > self.bytes {
             let extra = bytes - self.bytes;
             let mut g = self.account.budget.lock();
@@ -475,7 +532,7 @@ impl Hold {
                     u.small += extra;
                 }
             } else {
-                Budget::change(&mut g, self.account.id, |u| u.held += extra);
+                Budget::change(&mut g, self.account.id, |u| u.hold(extra, self.background));
             }
         }
         self.bytes = bytes;
@@ -486,6 +543,7 @@ impl Hold {
 struct Wait<'a> {
     account: &'a Arc<Account>,
     bytes: u64,
+    background: bool,
     rx: Option<oneshot::Receiver<()>>,
 }
 
@@ -496,7 +554,7 @@ impl Drop for Wait<'_> {
             if rx.try_recv().is_ok() {
                 self.account
                     .budget
-                    .release(self.account.id, self.bytes, false);
+                    .release(self.account.id, self.bytes, false, self.background);
             }
         }
     }
@@ -506,7 +564,7 @@ impl Drop for Hold {
     fn drop(&mut self) {
         self.account
             .budget
-            .release(self.account.id, self.bytes, self.small);
+            .release(self.account.id, self.bytes, self.small, self.background);
     }
 }
 
@@ -526,14 +584,14 @@ mod tests {
     async fn bytes_granted_to_a_request_cancelled_before_it_saw_them_come_back() {
         let b = Budget::new(1000);
         let (a, c) = (b.account(), b.account());
-        let all = a.take(1000).await;
-        let mut waiting = Box::pin(c.take(1000));
+        let all = a.take(1000, false).await;
+        let mut waiting = Box::pin(c.take(1000, false));
         assert!(pending(&mut waiting).await, "the budget is full");
         // The bytes go to the waiter, whose request is then cancelled (its connection
         // ended) before it looked.
         drop(all);
         drop(waiting);
-        let again = tokio::time::timeout(Duration::from_secs(1), a.take(1000)).await;
+        let again = tokio::time::timeout(Duration::from_secs(1), a.take(1000, false)).await;
         assert!(
             again.is_ok(),
             "the cancelled request's bytes were never given back"
@@ -544,15 +602,15 @@ mod tests {
     async fn a_connection_that_holds_its_share_cannot_take_the_others() {
         let b = Budget::new(1200);
         let (stuck, honest) = (b.account(), b.account());
-        let h0 = honest.take(100).await;
+        let h0 = honest.take(100, false).await;
         // Two connections active: a share is 1200 / 3 = 400.
-        let s1 = stuck.take(400).await;
-        let mut s2 = Box::pin(stuck.take(100));
+        let s1 = stuck.take(400, false).await;
+        let mut s2 = Box::pin(stuck.take(100, false));
         assert!(pending(&mut s2).await, "over its share");
         // The honest one passes the stuck waiter: it is within its share and there is room.
-        let h1 = honest.take(300).await;
+        let h1 = honest.take(300, false).await;
         assert_eq!(b.used(), 800);
-        let mut h2 = Box::pin(honest.take(100));
+        let mut h2 = Box::pin(honest.take(100, false));
         assert!(pending(&mut h2).await, "over its own share now");
         drop(h0);
         let _h2 = h2.await;
@@ -566,11 +624,58 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_connection_s_background_bytes_never_hold_back_its_readers() {
+        let b = Budget::new(1200);
+        let a = b.account();
+        // One connection of one client: its share is 1200 / 2 = 600.
+        let bg = a.take(600, true).await;
+        let mut more_bg = Box::pin(a.take(100, true));
+        assert!(
+            pending(&mut more_bg).await,
+            "the background is at its share"
+        );
+        // A reader's read is measured without the background's bytes: it goes at once.
+        let r1 = tokio::time::timeout(Duration::from_secs(1), a.take(500, false))
+            .await
+            .expect("a reader's read is not held back by the background's bytes");
+        assert_eq!(b.used(), 1100);
+        // Readers among themselves keep to the share, and the total bounds everything.
+        let mut r2 = Box::pin(a.take(200, false));
+        assert!(pending(&mut r2).await, "the readers are at their share");
+        drop(r1);
+        let _r2 = r2.await;
+        drop(bg);
+        let _more_bg = more_bg.await;
+        assert_eq!(b.used(), 300);
+    }
+
+    #[tokio::test]
+    async fn a_client_s_readers_waiting_go_before_its_background_waiting() {
+        let b = Budget::new(1000);
+        let (a, c) = (
+            b.account_draining(1, || false),
+            b.account_draining(1, || false),
+        );
+        let all = a.take(1000, false).await;
+        // The background's request came first; both wait for the budget.
+        let mut bg = Box::pin(c.take(600, true));
+        assert!(pending(&mut bg).await);
+        let mut reader = Box::pin(c.take(600, false));
+        assert!(pending(&mut reader).await);
+        drop(all);
+        let _reader = tokio::time::timeout(Duration::from_secs(1), reader)
+            .await
+            .expect("the reader's request goes first");
+        assert!(pending(&mut bg).await, "no room for both");
+        assert_eq!(b.used(), 600);
+    }
+
+    #[tokio::test]
     async fn an_idle_connection_may_always_take_one_request_and_shrinks_give_back() {
         let b = Budget::new(100);
         let a = b.account();
         // Larger than the whole budget: allowed when nothing else is held.
-        let mut big = a.take(300).await;
+        let mut big = a.take(300, false).await;
         assert_eq!(b.used(), 300);
         big.settle(40);
         assert_eq!((b.used(), big.bytes()), (40, 40));
@@ -579,7 +684,7 @@ mod tests {
         assert_eq!((b.used(), big.bytes()), (70, 70));
         big.settle(40);
         let other = b.account();
-        let c = other.take(60).await;
+        let c = other.take(60, false).await;
         assert_eq!(b.used(), 100);
         drop((big, c));
         assert_eq!(b.used(), 0);
@@ -590,8 +695,8 @@ mod tests {
     async fn waiters_of_a_closed_connection_are_forgotten() {
         let b = Budget::new(100);
         let (a, c) = (b.account(), b.account());
-        let h = a.take(100).await;
-        let mut w = Box::pin(c.take(50));
+        let h = a.take(100, false).await;
+        let mut w = Box::pin(c.take(50, false));
         assert!(pending(&mut w).await);
         drop(w);
         drop(c);
@@ -605,14 +710,14 @@ mod tests {
     async fn a_connection_whose_client_does_not_read_gets_nothing_more() {
         let b = Budget::new(1000);
         let (a, stalled) = stallable(&b, 7);
-        let first = a.take(100).await;
+        let first = a.take(100, false).await;
         stalled.store(true, Ordering::Relaxed);
-        let mut more = Box::pin(a.take(100));
+        let mut more = Box::pin(a.take(100, false));
         assert!(pending(&mut more).await, "not reading: nothing more");
         // Its client reads again; the next release anywhere lets it go on.
         stalled.store(false, Ordering::Relaxed);
         let other = b.account();
-        drop(other.take(10).await);
+        drop(other.take(10, false).await);
         let _more = more.await;
         drop(first);
         assert_eq!(b.used(), 100);
@@ -623,13 +728,13 @@ mod tests {
         let b = Budget::new(1000);
         let early = b.account();
         // Alone, its share is 500.
-        let _held = [early.take(250).await, early.take(250).await];
+        let _held = [early.take(250, false).await, early.take(250, false).await];
         assert!(!early.over_share());
         // Three more wait for room: shares are 1000 / 5 = 200 now, and the budget is in
         // demand.
         let others: Vec<_> = (0..3).map(|_| b.account()).collect();
         let _h: Vec<_> = futures_take(&others).await;
-        let mut w = Box::pin(others[0].take(400));
+        let mut w = Box::pin(others[0].take(400, false));
         assert!(pending(&mut w).await);
         assert!(early.over_share());
     }
@@ -637,7 +742,7 @@ mod tests {
     async fn futures_take(accounts: &[Arc<Account>]) -> Vec<Hold> {
         let mut out = Vec::new();
         for a in accounts {
-            out.push(a.take(100).await);
+            out.push(a.take(100, false).await);
         }
         out
     }
@@ -647,16 +752,16 @@ mod tests {
         const MIB: u64 = 1 << 20;
         let b = Budget::new(12 * MIB);
         let (a, other) = (b.account(), b.account());
-        let _o = other.take(MIB).await;
+        let _o = other.take(MIB, false).await;
         // Two clients active: a share is 12 / 3 = 4 MiB.
-        let _held = a.take(3 * MIB).await;
-        let mut large = Box::pin(a.take(2 * MIB));
+        let _held = a.take(3 * MIB, false).await;
+        let mut large = Box::pin(a.take(2 * MIB, false));
         assert!(pending(&mut large).await, "3 + 2 MiB is over its share");
-        let mut larger = Box::pin(a.take(3 * MIB));
+        let mut larger = Box::pin(a.take(3 * MIB, false));
         assert!(pending(&mut larger).await);
         // Held back in the scan above at 2 MiB, the connection still gets half a MiB (more
         // than the small requests' reserve takes).
-        let small = tokio::time::timeout(Duration::from_secs(1), a.take(MIB / 2)).await;
+        let small = tokio::time::timeout(Duration::from_secs(1), a.take(MIB / 2, false)).await;
         assert!(small.is_ok(), "3.5 MiB is within its share");
         assert!(pending(&mut large).await && pending(&mut larger).await);
         assert_eq!(b.used(), 4 * MIB + MIB / 2);
@@ -671,14 +776,14 @@ mod tests {
         let one = b.account_draining(2, || false);
         let mut held: Vec<_> = Vec::new();
         for a in &many {
-            held.push(a.take(100).await);
+            held.push(a.take(100, false).await);
         }
-        held.push(one.take(100).await);
+        held.push(one.take(100, false).await);
         // 100 + 100 > 400 / 3 for a connection of client 1: it waits...
-        let mut more = Box::pin(many[0].take(100));
+        let mut more = Box::pin(many[0].take(100, false));
         assert!(pending(&mut more).await);
         // ...while client 2's one connection may hold up to 400.
-        held.push(one.take(250).await);
+        held.push(one.take(250, false).await);
         assert_eq!(b.used(), 650);
     }
 
@@ -689,15 +794,18 @@ mod tests {
         // Client 1 (a mirror of a large file) fills the budget on two connections, and three
         // more of its connections wait for room.
         let c: Vec<_> = (0..5).map(|_| b.account_draining(1, || false)).collect();
-        let mut h1 = Some(c[0].take(2 * MIB).await);
-        let mut h2 = Some(c[1].take(2 * MIB).await);
-        let mut queued: Vec<_> = c[2..].iter().map(|a| Box::pin(a.take(2 * MIB))).collect();
+        let mut h1 = Some(c[0].take(2 * MIB, false).await);
+        let mut h2 = Some(c[1].take(2 * MIB, false).await);
+        let mut queued: Vec<_> = c[2..]
+            .iter()
+            .map(|a| Box::pin(a.take(2 * MIB, false)))
+            .collect();
         for q in &mut queued {
             assert!(pending(q).await);
         }
         // Client 2 turns up with a listing's reservation (too large for the small reserve).
         let newcomer = b.account_draining(2, || false);
-        let mut listing = Box::pin(newcomer.take(MIB));
+        let mut listing = Box::pin(newcomer.take(MIB, false));
         assert!(pending(&mut listing).await);
         // The first room goes to client 1, whose turn it was...
         h1.take();
@@ -716,16 +824,16 @@ mod tests {
         let big: Vec<_> = (0..9).map(|_| b.account_draining(1, || false)).collect();
         let mut held = Vec::new();
         for a in &big[..8] {
-            held.push(a.take(2 * MIB).await);
+            held.push(a.take(2 * MIB, false).await);
         }
-        let mut waiting = Box::pin(big[8].take(2 * MIB));
+        let mut waiting = Box::pin(big[8].take(2 * MIB, false));
         assert!(pending(&mut waiting).await, "the budget is full");
         // A Stat of another client goes at once: the small reserve is 1 MiB here.
         let other = b.account_draining(2, || false);
         let stats: Vec<_> = granted(&mut Box::pin(futures_take_n(&other, 8192, 16))).await;
         assert_eq!(b.used(), 16 * MIB + 16 * 8192);
         // Past SMALL bytes on one connection, the next waits like any request.
-        let mut more = Box::pin(other.take(8192));
+        let mut more = Box::pin(other.take(8192, false));
         assert!(pending(&mut more).await);
         // Then it is served in its client's turn, after client 1's waiting request.
         drop(stats);
@@ -736,9 +844,9 @@ mod tests {
         // A connection whose client is not reading gets nothing from the reserve while it
         // holds anything.
         let (stuck, stalled) = stallable(&b, 3);
-        let _first = stuck.take(8192).await;
+        let _first = stuck.take(8192, false).await;
         stalled.store(true, Ordering::Relaxed);
-        let mut second = Box::pin(stuck.take(8192));
+        let mut second = Box::pin(stuck.take(8192, false));
         assert!(pending(&mut second).await);
     }
 
@@ -762,7 +870,7 @@ mod tests {
     async fn futures_take_n(a: &Arc<Account>, bytes: u64, n: usize) -> Vec<Hold> {
         let mut out = Vec::new();
         for _ in 0..n {
-            out.push(a.take(bytes).await);
+            out.push(a.take(bytes, false).await);
         }
         out
     }

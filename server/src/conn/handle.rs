@@ -285,7 +285,15 @@ async fn take_permits(
                 .map_err(|_| busy())?,
         );
     }
-    held.bytes = Some(session.account.take(response_bound(request, session)).await);
+    // Hashes too: only mirrors and local copies ask, nobody waits on them.
+    let background = request_class(request) == Class::Background
+        || matches!(request, Request::Hash { .. } | Request::HashSparse { .. });
+    held.bytes = Some(
+        session
+            .account
+            .take(response_bound(request, session), background)
+            .await,
+    );
     Ok(())
 }
 
