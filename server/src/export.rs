@@ -818,17 +818,11 @@ fn read_once(file: &File, offset: u64, want: usize, uncached: bool) -> Result<By
 /// none of a chunk is cached, [`ferry_util::direct::read_cold`]; else uncached,
 /// [`ferry_util::direct::pread_uncached`]). The version must be the same
 /// before and after (else the file is hashed again, up to three times), so the hash belongs
-/// to exactly the version it is reported with. `pause` is called before each piece: where
-/// the hash yields to readers.
+/// to exactly the version it is reported with.
 ///
 /// # Errors
 /// I/O errors, or a file that keeps changing.
-pub fn hash_file(
-    file: &File,
-    attr: Attr,
-    buf_len: usize,
-    pause: &dyn Fn(),
-) -> Result<(Version, [u8; 32]), OpError> {
+pub fn hash_file(file: &File, attr: Attr, buf_len: usize) -> Result<(Version, [u8; 32]), OpError> {
     let mut before = attr;
     // Pieces read through the page cache (allocated at the first such piece).
     let mut buf: Vec<u8> = Vec::new();
@@ -838,7 +832,6 @@ pub fn hash_file(
         let mut hasher = blake3::Hasher::new();
         let mut offset = 0u64;
         loop {
-            pause();
             buf.clear();
             // A piece none of which is cached: past the page cache.
             match ferry_util::direct::read_cold_into(file, offset, buf_len, false, &mut cold) {
@@ -1016,23 +1009,6 @@ mod tests {
             e.read_tree(b"../", 1000, 1 << 20).unwrap_err().status,
             Status::Ok
         );
-    }
-
-    #[test]
-    fn a_whole_file_hash_pauses_before_every_piece_and_hashes_every_byte() {
-        let (t, e) = setup();
-        let data: Vec<u8> = (0..(3 << 20) + 100).map(|i| (i % 251) as u8).collect();
-        std::fs::write(t.path().join("export/big"), &data).unwrap();
-        let (file, attr) = e.open_file(b"big").unwrap();
-        let pauses = std::sync::atomic::AtomicU32::new(0);
-        let (version, hash) = hash_file(&file, attr, 1 << 20, &|| {
-            pauses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        })
-        .unwrap();
-        assert_eq!(version, attr.version());
-        assert_eq!(hash, *blake3::hash(&data).as_bytes());
-        // Four pieces and the look past the end: where readers come first.
-        assert_eq!(pauses.load(std::sync::atomic::Ordering::Relaxed), 5);
     }
 
     #[test]

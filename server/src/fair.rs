@@ -12,68 +12,9 @@
 //! another client.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
-
-/// How long after a reader's read was served the server still counts readers as active
-/// ([`Readers::active`]): a `cp` of the mount keeps a read in service most of the time,
-/// not all of it (the client's next requests are on their way while ferryd waits).
-pub(crate) const READERS_RECENT: Duration = Duration::from_millis(5);
-
-/// Demand and prediction reads being served (their bytes reserved, not yet answered), over
-/// every client, and when the last one ended: whether background disk work (a mirror's
-/// whole-file hash) yields now. Reads waiting for the memory budget are not counted: a
-/// hash's reservation is part of what they wait for.
-#[derive(Debug)]
-pub(crate) struct Readers {
-    base: Instant,
-    in_service: AtomicU64,
-    /// When the last read in service ended, in nanoseconds since `base`.
-    last: AtomicU64,
-}
-
-/// A reader's read in service; counted until dropped.
-#[derive(Debug)]
-pub(crate) struct Serving<'a>(&'a Readers);
-
-impl Drop for Serving<'_> {
-    fn drop(&mut self) {
-        self.0.last.store(self.0.now(), Relaxed);
-        self.0.in_service.fetch_sub(1, Relaxed);
-    }
-}
-
-impl Default for Readers {
-    fn default() -> Self {
-        Readers {
-            base: Instant::now(),
-            in_service: AtomicU64::new(0),
-            last: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Readers {
-    fn now(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// Counts a reader's read as in service until the guard is dropped.
-    pub(crate) fn serving(&self) -> Serving<'_> {
-        self.in_service.fetch_add(1, Relaxed);
-        Serving(self)
-    }
-
-    /// Whether a reader's read is in service, or one ended within [`READERS_RECENT`].
-    pub(crate) fn active(&self) -> bool {
-        let last = self.last.load(Relaxed);
-        self.in_service.load(Relaxed) > 0
-            || (last > 0 && self.now().saturating_sub(last) < READERS_RECENT.as_nanos() as u64)
-    }
-}
 
 /// Bytes a client's deficit grows by each round.
 const QUANTUM: u64 = 1 << 20;
@@ -276,18 +217,6 @@ impl FairPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn readers_are_active_while_served_and_a_moment_after() {
-        let r = Readers::default();
-        assert!(!r.active(), "no read served yet");
-        let serving = r.serving();
-        assert!(r.active());
-        drop(serving);
-        assert!(r.active(), "just ended");
-        std::thread::sleep(READERS_RECENT * 2);
-        assert!(!r.active());
-    }
     use std::time::Duration;
 
     /// Starts a task waiting for a turn for `who` (client, connection, cost, whether a

@@ -121,9 +121,6 @@ pub(crate) struct Shared {
     /// Turns at reading file data for demand and prediction reads, shared fairly between
     /// clients and their connections ([`fair`]).
     pub(crate) reads: Arc<fair::FairPool>,
-    /// Readers' reads being served: while there are any, a mirror's whole-file hash
-    /// yields to them piece by piece.
-    pub(crate) readers: fair::Readers,
     /// Per client, how long its connections were sending and the network set the pace.
     pub(crate) link_limits: Arc<conn::writer::LinkLimits>,
     pub(crate) stats: Stats,
@@ -151,10 +148,6 @@ pub(crate) struct Stats {
     pub(crate) encoded: [AtomicU64; 3],
     /// Listing requests received, by kind (ReadDir, ReadDirData, ReadTree).
     pub(crate) listings: [AtomicU64; 3],
-    /// Bytes of files hashed whole (Hash requests not answered from the cache).
-    pub(crate) hashed_bytes: AtomicU64,
-    /// Pieces of whole-file hashes that waited for readers' reads first.
-    pub(crate) hash_deferrals: AtomicU64,
 }
 
 impl Shared {
@@ -269,16 +262,6 @@ impl Shared {
                 ("read_tree", g(&s.listings[2])),
             ],
         )
-        .counter(
-            "server_hashed_bytes_total",
-            "Bytes of files read for whole-file hashes (a mirror's verification).",
-            g(&s.hashed_bytes),
-        )
-        .counter(
-            "server_hash_deferrals_total",
-            "Pieces of whole-file hashes that first waited (up to 10 ms) for readers' reads being served.",
-            g(&s.hash_deferrals),
-        )
         .counter_by(
             "server_written_bytes_total",
             "Response bytes written to clients (whole frames), by the class they were written at: a read's class; every other response is demand.",
@@ -330,7 +313,6 @@ impl Shared {
             cpu: std::sync::Mutex::new((ferry_util::cpu::CpuMeter::new(), None)),
             hash_slots: Arc::new(Semaphore::new(2)),
             reads: fair::FairPool::new(READS_AT_ONCE),
-            readers: fair::Readers::default(),
             link_limits: Arc::default(),
             stats: Stats::default(),
         }))

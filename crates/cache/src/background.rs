@@ -22,6 +22,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ferry_client::Client;
 
@@ -31,7 +32,12 @@ use ferry_client::Client;
 pub const THREADS: usize = 4;
 /// Jobs queued in front of the threads, at most.
 pub const QUEUE: usize = 64;
-pub use ferry_util::background::{BackgroundError, DEFER_POLL, MAX_DEFERRAL};
+/// How often a deferred job looks again whether demand reads are still in flight.
+pub const DEFER_POLL: Duration = Duration::from_millis(1);
+/// Longest a job waits for demand reads to finish before it runs anyway.
+pub const MAX_DEFERRAL: Duration = Duration::from_millis(50);
+
+pub use ferry_util::background::BackgroundError;
 
 /// The mirror's threads (`ferry-bg-N`), shared by every mirror and syncer of the process.
 static POOL: ferry_util::background::Pool =
@@ -129,23 +135,6 @@ impl DemandGate {
         }
         true
     }
-
-    /// [`DemandGate::wait`] for a background thread, between the pieces of a long read
-    /// (reading a complete file back for its hash): blocks the thread instead of yielding,
-    /// and at most [`ferry_util::background::PIECE_DEFERRAL`] per piece.
-    pub fn wait_blocking(&self) -> bool {
-        let Some(probe) = &self.probe else {
-            return false;
-        };
-        let waited = ferry_util::background::defer_while(
-            || probe() > 0,
-            ferry_util::background::PIECE_DEFERRAL,
-        );
-        if waited {
-            DEFERRALS.fetch_add(1, Ordering::Relaxed);
-        }
-        waited
-    }
 }
 
 #[cfg(test)]
@@ -153,7 +142,6 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::sync::Mutex;
-    use std::time::Duration;
 
     #[tokio::test]
     async fn jobs_run_on_the_mirror_threads() {
@@ -183,19 +171,6 @@ mod tests {
         for h in long {
             h.await.expect("task").expect("job");
         }
-    }
-
-    #[test]
-    fn a_blocking_wait_defers_while_demand_is_in_flight_and_counts() {
-        assert!(!DemandGate::open().wait_blocking());
-        assert!(!DemandGate::probe(|| 0).wait_blocking());
-        let polls = Arc::new(AtomicUsize::new(0));
-        let p = polls.clone();
-        let gate = DemandGate::probe(move || usize::from(p.fetch_add(1, Ordering::SeqCst) < 3));
-        let before = deferrals();
-        assert!(gate.wait_blocking());
-        assert_eq!(polls.load(Ordering::SeqCst), 5);
-        assert!(deferrals() > before);
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,13 +10,8 @@
 //!
 //! Invariant: a job that panics does not take its thread with it; its caller gets
 //! [`BackgroundError::Panicked`]. A job whose caller stops waiting still runs to its end.
-//!
-//! [`defer_while`] is the rule by which a long background job (hashing a whole file) yields
-//! to readers between its pieces, on whichever thread it runs: a lowered priority alone does
-//! not keep its disk reads from filling the device's queue between a reader's requests.
 
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -120,38 +115,6 @@ impl Pool {
 }
 
 /// One thread: runs jobs in the order queued, for the life of the process.
-/// How often [`defer_while`] looks again.
-pub const DEFER_POLL: Duration = Duration::from_millis(1);
-/// Longest a discrete piece of background work (a sync batch, a journal compaction, the
-/// start of a file's hash) waits for readers before it runs anyway.
-pub const MAX_DEFERRAL: Duration = Duration::from_millis(50);
-/// Longest each piece (a megabyte or so) of a long background read — a whole-file hash on
-/// either end — waits for readers: beside a reader that keeps the disk busy, a hash then
-/// reads about 100 MB/s instead of all the disk gives. On the 2-core VM at 1 Gbit/s, fio's
-/// 16 KiB random reads of a datafile beside the mirror kept 0.81-0.87 of alone with 10 ms,
-/// 0.63-0.80 with none; with 50 ms the mirror waited on its hashes and fell to 4-7 MB/s
-/// beside 4 KiB reads.
-pub const PIECE_DEFERRAL: Duration = Duration::from_millis(10);
-
-/// Blocks the calling (background) thread while `busy()` says readers are being served:
-/// returns at once when it says no; else once it said no on two looks in a row
-/// [`DEFER_POLL`] apart, and after `max` at the latest, so background work is delayed,
-/// never starved. Returns whether it waited. A job calls it before each piece (a megabyte
-/// or so) of a long read: beside a reader that keeps the disk busy, a whole-file hash then
-/// moves about a piece per `max` instead of all the disk will give it.
-pub fn defer_while(busy: impl Fn() -> bool, max: Duration) -> bool {
-    if !busy() {
-        return false;
-    }
-    let until = Instant::now() + max;
-    let mut quiet = 0;
-    while quiet < 2 && Instant::now() < until {
-        std::thread::sleep(DEFER_POLL);
-        quiet = if busy() { 0 } else { quiet + 1 };
-    }
-    true
-}
-
 fn worker(rx: &Mutex<mpsc::Receiver<Job>>) {
     loop {
         // One thread waits in the channel at a time; the others wait for the lock.
@@ -198,19 +161,5 @@ mod tests {
         for (i, h) in all.into_iter().enumerate() {
             assert_eq!(h.await.expect("task").expect("job"), i * 2);
         }
-    }
-
-    #[test]
-    fn a_deferral_waits_for_two_quiet_looks_and_never_past_its_bound() {
-        assert!(!defer_while(|| false, MAX_DEFERRAL));
-        // Busy for the first four looks: waits until two quiet ones followed.
-        let looks = std::sync::atomic::AtomicU32::new(0);
-        let busy = || looks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 4;
-        assert!(defer_while(busy, MAX_DEFERRAL));
-        assert_eq!(looks.load(std::sync::atomic::Ordering::SeqCst), 6);
-        // Always busy: gives up at the bound.
-        let t = Instant::now();
-        assert!(defer_while(|| true, MAX_DEFERRAL));
-        assert!(t.elapsed() >= MAX_DEFERRAL);
     }
 }

@@ -20,7 +20,6 @@
 //! machine (a fast LAN, loopback), a mirror's reads, checksums and compression then take
 //! only the CPU and disk time readers leave.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use ferry_proto::{
@@ -188,19 +187,7 @@ fn hash_now(
     let (version, blake3) = if sparse {
         export::hash_file_sparse(&file, attr)?
     } else {
-        // Piece by piece behind the demand and prediction reads of every client: a
-        // mirror's hash of a datafile is gigabytes off the disk they read from, and its
-        // lowered I/O priority alone does not keep it out of the device's queue.
-        let hashed = export::hash_file(&file, attr, chunk_size as usize, &|| {
-            if ferry_util::background::defer_while(
-                || sh.readers.active(),
-                ferry_util::background::PIECE_DEFERRAL,
-            ) {
-                sh.stats.hash_deferrals.fetch_add(1, Relaxed);
-            }
-        })?;
-        sh.stats.hashed_bytes.fetch_add(attr.size, Relaxed);
-        hashed
+        export::hash_file(&file, attr, chunk_size as usize)?
     };
     sh.hashes
         .lock()
@@ -436,8 +423,6 @@ pub(crate) async fn handle(
         } => {
             let compression = effective(session, &sh.config, compression);
             let read_hash = session.features & features::READ_HASH != 0;
-            // A reader's read being served (its bytes reserved): the mirror's hashes yield.
-            let _reading = (class != Class::Background).then(|| shared.readers.serving());
             let _turn = fair_turn(&sh, session, class, u64::from(len)).await;
             let work = session.work.clone();
             blocking_as(class, move || {

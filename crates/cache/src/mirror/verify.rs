@@ -20,7 +20,6 @@ use tracing::debug;
 
 use super::file::FileOutcome;
 use super::Ctx;
-use crate::background::DemandGate;
 
 /// What a verification found.
 pub(super) enum Verdict {
@@ -66,10 +65,6 @@ struct Prefix {
     path: std::path::PathBuf,
     chunk: u64,
     size: u64,
-    /// Waited at before each piece read back: the read-back yields to readers piece by
-    /// piece, not only before it starts (a read-back of a datafile's prefix is hundreds of
-    /// megabytes off the disk readers read from).
-    gate: DemandGate,
     state: Mutex<PrefixState>,
 }
 
@@ -108,7 +103,7 @@ impl Alongside {
             server: ferry_util::AbortOnDrop(tokio::spawn(async move {
                 client.remote_digest(remote, false).await
             })),
-            local: Prefix::new(local, size, chunk, ctx.gate.clone()),
+            local: Prefix::new(local, size, chunk),
         }
     }
 
@@ -132,12 +127,11 @@ impl Written {
 
 impl Prefix {
     /// The hash of the file at `path`, `size` bytes in chunks of `chunk`, none written yet.
-    fn new(path: std::path::PathBuf, size: u64, chunk: u64, gate: DemandGate) -> Arc<Prefix> {
+    fn new(path: std::path::PathBuf, size: u64, chunk: u64) -> Arc<Prefix> {
         Arc::new(Prefix {
             path,
             chunk,
             size,
-            gate,
             state: Mutex::new(PrefixState {
                 hasher: Some(blake3::Hasher::new()),
                 hashed: 0,
@@ -174,11 +168,10 @@ impl Prefix {
         };
         let p = me.clone();
         s.job = Some(tokio::spawn(async move {
-            let (path, gate) = (p.path.clone(), p.gate.clone());
+            let path = p.path.clone();
             let read = crate::background::run_long(move || {
                 ferry_util::direct::read_range(&path, from, to, |b| {
                     hasher.update(b);
-                    gate.wait_blocking();
                 })
                 .map(|()| hasher)
             })
@@ -223,11 +216,10 @@ impl Prefix {
                 .ok_or_else(|| std::io::Error::other("reading back the local copy failed"))?;
             (h, s.hashed)
         };
-        let (path, size, gate) = (me.path.clone(), me.size, me.gate.clone());
+        let (path, size) = (me.path.clone(), me.size);
         crate::background::run_long(move || {
             ferry_util::direct::read_range(&path, from, size, |b| {
                 hasher.update(b);
-                gate.wait_blocking();
             })
             .map(|()| *hasher.finalize().as_bytes())
         })
@@ -367,7 +359,7 @@ mod tests {
         std::fs::write(&path, &data).unwrap();
         let chunk = 1u64 << 20;
         let n = (size as u64).div_ceil(chunk);
-        let p = Prefix::new(path, size as u64, chunk, DemandGate::open());
+        let p = Prefix::new(path, size as u64, chunk);
         let w = Written(p.clone());
         // Out of order, as chunks land: a stride through all of them, some twice.
         for k in 0..n {
@@ -390,12 +382,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_local_copy_that_cannot_be_read_back_is_an_error_not_a_hash() {
         let dir = tempfile::tempdir().unwrap();
-        let p = Prefix::new(
-            dir.path().join("missing"),
-            32 << 20,
-            1 << 20,
-            DemandGate::open(),
-        );
+        let p = Prefix::new(dir.path().join("missing"), 32 << 20, 1 << 20);
         Written(p.clone()).chunks(0, 32);
         assert!(Prefix::finish(p).await.is_err());
     }
