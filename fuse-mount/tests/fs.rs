@@ -906,3 +906,97 @@ async fn a_tree_listed_before_its_first_read_has_its_first_directories_files_fet
     assert_eq!(next.pages.as_deref(), Some(&data(2_000, 1)[..]));
     fs.release(next.fh);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_files_ahead_go_a_bounded_amount_at_a_time_nearest_directories_first() {
+    // Five directories of 40 small files (60,000 bytes each, 12 MB in all) are listed before
+    // any file is opened, so their files wait for a read to start. The first open sends
+    // runs for them nearest first, only while less than 8 MiB of them are on their way:
+    // the first directory's files come, the last one's wait for a later open. (Before,
+    // the first open asked for every listing's files at once, and a directory the walker
+    // reached next waited behind all of them.)
+    let src = tempfile::tempdir().unwrap();
+    let dirs: Vec<String> = (0..5).map(|i| format!("d{i}")).collect();
+    for (d, name) in dirs.iter().enumerate() {
+        std::fs::create_dir(src.path().join(name)).unwrap();
+        for f in 0..40 {
+            let seed = (d * 40 + f) as u64;
+            std::fs::write(
+                src.path().join(name).join(format!("f{f:02}")),
+                data(60_000, seed),
+            )
+            .unwrap();
+        }
+    }
+    let ttl = Duration::from_secs(30);
+    let cfg = FsConfig {
+        attr_ttl: ttl,
+        open_ttl: ttl,
+        ..FsConfig::default()
+    };
+    let fs = fs_over(src.path(), cfg, 64 << 10).await;
+    let root = fs.opendir(ROOT_INO).await.unwrap();
+    let mut files: Vec<Vec<u64>> = Vec::new();
+    for d in &dirs {
+        let (ino, _) = fs.lookup(ROOT_INO, d.as_bytes()).await.unwrap();
+        let h = fs.opendir(ino).await.unwrap();
+        let mut inos = Vec::new();
+        for f in 0..40 {
+            inos.push(
+                fs.lookup(ino, format!("f{f:02}").as_bytes())
+                    .await
+                    .unwrap()
+                    .0,
+            );
+        }
+        files.push(inos);
+        fs.releasedir(h);
+    }
+    fs.releasedir(root);
+    let held = |fs: &Fs| -> usize {
+        files
+            .iter()
+            .flatten()
+            .filter(|&&i| fs.held_whole(i))
+            .count()
+    };
+    assert_eq!(held(&fs), 0, "nothing is fetched while the walk only lists");
+    let first = fs.open(files[0][0], false).await.unwrap();
+    assert!(read_at(&fs, first.fh, 0, 1 << 20).await == data(60_000, 0));
+    fs.release(first.fh);
+    // Everything sent by that open arrives (the server is on this machine).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !files[0][1..].iter().all(|&i| fs.held_whole(i)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first directory's other files were not fetched ahead"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Runs answered while the open still sent others made room for more, so a little over
+    // 8 MiB may have come; not the 12 MB of all five directories.
+    let after_first = held(&fs);
+    assert!(
+        after_first * 60_000 <= 10 << 20,
+        "the first open asked for {after_first} files of 60,000 bytes (at most 8 MiB on their way at once)"
+    );
+    assert!(
+        files[4].iter().all(|&i| !fs.held_whole(i)),
+        "the furthest directory's files came with the first open, before nearer ones"
+    );
+    // The next opens take up the rest.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut next = 1;
+    while !files[4].iter().all(|&i| fs.held_whole(i)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the last directory's files never came ahead ({} of 200 held)",
+            held(&fs)
+        );
+        let o = fs.open(files[0][next % 40], false).await.unwrap();
+        fs.release(o.fh);
+        next += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
