@@ -1000,3 +1000,67 @@ async fn small_files_ahead_go_a_bounded_amount_at_a_time_nearest_directories_fir
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directories_listed_well_before_their_files_are_opened_are_listed_again_ahead_of_the_opens()
+{
+    // `rsync` lists directories one to two seconds before it opens their files; an open
+    // takes a version the server gave within the open TTL, so the first open in each would
+    // wait a round trip for a new listing. An open in the first directory lists the ones
+    // after it again, those none of whose files was opened yet, once past half the TTL.
+    let src = tempfile::tempdir().unwrap();
+    let dirs: Vec<String> = (0..5).map(|i| format!("d{i}")).collect();
+    for (d, name) in dirs.iter().enumerate() {
+        std::fs::create_dir(src.path().join(name)).unwrap();
+        for f in 0..3 {
+            let seed = (d * 3 + f) as u64;
+            std::fs::write(
+                src.path().join(name).join(format!("f{f}")),
+                data(1_000, seed),
+            )
+            .unwrap();
+        }
+    }
+    let open_ttl = Duration::from_secs(1);
+    let cfg = FsConfig {
+        attr_ttl: Duration::from_secs(30),
+        open_ttl,
+        ..FsConfig::default()
+    };
+    let fs = fs_over(src.path(), cfg, 64 << 10).await;
+    let root = fs.opendir(ROOT_INO).await.unwrap();
+    let mut dir_inos = Vec::new();
+    let mut first_files = Vec::new();
+    for d in &dirs {
+        let (ino, _) = fs.lookup(ROOT_INO, d.as_bytes()).await.unwrap();
+        let h = fs.opendir(ino).await.unwrap();
+        first_files.push(fs.lookup(ino, b"f0").await.unwrap().0);
+        fs.releasedir(h);
+        dir_inos.push(ino);
+    }
+    fs.releasedir(root);
+    tokio::time::sleep(open_ttl * 6 / 10).await;
+    let o = fs.open(first_files[0], false).await.unwrap();
+    fs.release(o.fh);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let ages: Vec<Duration> = dir_inos[1..]
+            .iter()
+            .map(|&d| fs.listing_age(d).expect("a kept listing"))
+            .collect();
+        if ages.iter().all(|&a| a < open_ttl / 2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listings after the first directory were not listed again: ages {ages:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Their opens now take the new listings' versions: the files read as they are.
+    for (d, &f) in first_files.iter().enumerate().skip(1) {
+        let o = fs.open(f, false).await.unwrap();
+        assert!(read_at(&fs, o.fh, 0, 1 << 20).await == data(1_000, (d * 3) as u64));
+        fs.release(o.fh);
+    }
+}

@@ -131,6 +131,10 @@ struct Listing {
     listed: Instant,
     /// A new listing of it is on its way ([`Lister::refresh`]).
     refreshing: bool,
+    /// A file of it was opened since it was first kept ([`refresh_unopened_ahead`]).
+    opened: bool,
+    /// It has regular files.
+    has_files: bool,
     /// Positions in name order, made when first needed ([`Fs::stat_ahead`]): each entry's
     /// rank, and the entries by rank.
     by_name: std::sync::OnceLock<(Vec<u32>, Vec<u32>)>,
@@ -139,6 +143,7 @@ struct Listing {
 impl Listing {
     /// A listing of directory `path`: `entries`, which the server gave at `listed`.
     fn new(path: Bytes, entries: Vec<DirEntry>, listed: Instant) -> Listing {
+        let has_files = entries.iter().any(|e| e.attr.kind == FileKind::File);
         let items: Vec<DirItem> = entries
             .into_iter()
             .map(|e| DirItem {
@@ -159,6 +164,8 @@ impl Listing {
             pipelined_until: 0,
             listed,
             refreshing: false,
+            opened: false,
+            has_files,
             by_name: std::sync::OnceLock::new(),
         }
     }
@@ -220,6 +227,41 @@ fn refresh_following(ls: &mut Listings, dir: u64, max_age: Duration, lister: &Li
         {
             lister.refresh(d, path);
             started += 1;
+        }
+    }
+}
+
+/// How many kept listings after the one a file is opened in are looked at by
+/// [`refresh_unopened_ahead`].
+const REFRESH_AHEAD_SCAN: usize = 64;
+
+/// At an open of a file in `dir`: lists again, in the background, the kept listings that
+/// follow `dir`'s in `ls.order` (among the next [`REFRESH_AHEAD_SCAN`]), have files none of
+/// which was opened yet, and are older than half of `max_age` (the open TTL), at most
+/// [`REFRESH_FOLLOWING`] at a time. A walker that lists its directories well before it opens
+/// their files (`rsync`'s incremental recursion: one to two seconds over the WAN) then finds
+/// them young enough for its opens; otherwise the first open in each such directory waited
+/// a round trip for a new listing (12-21 per WAN `rsync -a` of a source tree). A walker that
+/// opens a directory's files right after listing it (`cp -r`, `tar`) has opened files in
+/// the listings after its own, or is in them: nothing to list again. Not for an S3 source.
+fn refresh_unopened_ahead(ls: &mut Listings, dir: u64, max_age: Duration, lister: &Lister) {
+    let Some(at) = ls.order.iter().position(|&d| d == dir) else {
+        return;
+    };
+    let mut started = 0;
+    for i in at + 1..(at + 1 + REFRESH_AHEAD_SCAN).min(ls.order.len()) {
+        let d = ls.order[i];
+        let due = ls
+            .by_dir
+            .get_mut(&d)
+            .filter(|l| l.has_files && !l.opened)
+            .and_then(|l| l.due_for_refresh(max_age));
+        if let Some(path) = due {
+            lister.refresh(d, path);
+            started += 1;
+            if started >= REFRESH_FOLLOWING {
+                break;
+            }
         }
     }
 }
@@ -998,8 +1040,9 @@ impl Lister {
                 let Some(l) = ls.by_dir.get_mut(&parent) else {
                     return;
                 };
-                // Where pipelining got to stays.
+                // Where pipelining got to stays, and whether its files were opened.
                 new.pipelined_until = l.pipelined_until;
+                new.opened = l.opened;
                 std::mem::replace(l, new)
             };
         });
@@ -1512,7 +1555,8 @@ impl Fs {
             return;
         };
         let (parent_path, name) = ferry_proto::name::split(&path);
-        self.lister().top_up(&parent_path);
+        let lister = self.lister();
+        lister.top_up(&parent_path);
         if by_name {
             return; // a walker in name order in a large directory: see Fs::stat_ahead
         }
@@ -1551,6 +1595,15 @@ impl Fs {
                 at
             }
         };
+        // Not from S3, where a listing is a LIST that scans its prefix.
+        let max_age = open_max_age(&self.cfg);
+        if !max_age.is_zero() && self.client.s3().is_none() {
+            let mut ls = lock(&self.dirs.listings);
+            if let Some(l) = ls.by_dir.get_mut(&parent) {
+                l.opened = true;
+            }
+            refresh_unopened_ahead(&mut ls, parent, max_age, &lister);
+        }
         self.pipeline_files(parent, &parent_path, at + 1);
     }
 
