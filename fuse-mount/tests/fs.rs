@@ -389,12 +389,7 @@ async fn opens_in_listing_order_in_a_large_directory_ask_for_pages_not_a_stat_ea
     let src = large_dir(FILES, |_| Vec::new());
     let metrics = free_addr();
     let ttl = Duration::from_millis(500);
-    let cfg = FsConfig {
-        attr_ttl: ttl,
-        open_ttl: ttl,
-        ..FsConfig::default()
-    };
-    let fs = fs_over_with_metrics(src.path(), cfg, 64 << 10, Some(metrics)).await;
+    let fs = fs_over_with_metrics(src.path(), with_ttl(ttl), 64 << 10, Some(metrics)).await;
     let (dir, fh, listed) = open_big(&fs).await;
     assert_eq!(listed.len(), FILES + 2, "with . and ..");
     // Past the open TTL: each open needs a version younger than the listing's.
@@ -744,12 +739,7 @@ async fn a_copy_that_enters_a_subdirectory_keeps_the_listings_above_it_fresh() {
     std::fs::create_dir_all(src.path().join("sub/deeper")).unwrap();
     std::fs::write(src.path().join("sub/f"), data(7_000, 3)).unwrap();
     let ttl = Duration::from_secs(4);
-    let cfg = FsConfig {
-        attr_ttl: ttl,
-        open_ttl: ttl,
-        ..FsConfig::default()
-    };
-    let fs = fs_over(src.path(), cfg, 64 << 10).await;
+    let fs = fs_over(src.path(), with_ttl(ttl), 64 << 10).await;
     let listed = std::time::Instant::now();
     let root = fs.opendir(ROOT_INO).await.unwrap();
     let (a, _) = fs.lookup(ROOT_INO, b"a").await.unwrap();
@@ -872,12 +862,7 @@ async fn a_tree_listed_before_its_first_read_has_its_first_directories_files_fet
         std::fs::write(src.path().join(d).join("f"), data(2_000, i as u64)).unwrap();
     }
     let ttl = Duration::from_secs(30);
-    let cfg = FsConfig {
-        attr_ttl: ttl,
-        open_ttl: ttl,
-        ..FsConfig::default()
-    };
-    let fs = fs_over(src.path(), cfg, 64 << 10).await;
+    let fs = fs_over(src.path(), with_ttl(ttl), 64 << 10).await;
     let root = fs.opendir(ROOT_INO).await.unwrap();
     let mut files = Vec::new();
     for d in &dirs {
@@ -907,6 +892,54 @@ async fn a_tree_listed_before_its_first_read_has_its_first_directories_files_fet
     fs.release(next.fh);
 }
 
+/// The default settings with attributes and opens both valid for `ttl`.
+fn with_ttl(ttl: Duration) -> FsConfig {
+    FsConfig {
+        attr_ttl: ttl,
+        open_ttl: ttl,
+        ..FsConfig::default()
+    }
+}
+
+/// A tree of directories `d0`, `d1`… of `files` files each, `f00`, `f01`…, file `f` of
+/// directory `d` holding `size` bytes of `data(size, d × files + f)`.
+fn dirs_of_files(dirs: usize, files: usize, size: usize) -> tempfile::TempDir {
+    let src = tempfile::tempdir().unwrap();
+    for d in 0..dirs {
+        let dir = src.path().join(format!("d{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..files {
+            let seed = (d * files + f) as u64;
+            std::fs::write(dir.join(format!("f{f:02}")), data(size, seed)).unwrap();
+        }
+    }
+    src
+}
+
+/// Walks a tree made by [`dirs_of_files`] as a walker that lists it before reading
+/// (`rsync`): the root and each directory opened, each name looked up, nothing opened.
+/// Returns each directory's inode and its files' inodes.
+async fn list_dirs_of_files(fs: &Fs, dirs: usize, files: usize) -> Vec<(u64, Vec<u64>)> {
+    let root = fs.opendir(ROOT_INO).await.unwrap();
+    let mut listed = Vec::new();
+    for d in 0..dirs {
+        let (ino, _) = fs
+            .lookup(ROOT_INO, format!("d{d}").as_bytes())
+            .await
+            .unwrap();
+        let h = fs.opendir(ino).await.unwrap();
+        let mut inos = Vec::new();
+        for f in 0..files {
+            let name = format!("f{f:02}");
+            inos.push(fs.lookup(ino, name.as_bytes()).await.unwrap().0);
+        }
+        fs.releasedir(h);
+        listed.push((ino, inos));
+    }
+    fs.releasedir(root);
+    listed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_files_ahead_go_a_bounded_amount_at_a_time_nearest_directories_first() {
     // Five directories of 40 small files (60,000 bytes each, 12 MB in all) are listed before
@@ -915,44 +948,14 @@ async fn small_files_ahead_go_a_bounded_amount_at_a_time_nearest_directories_fir
     // the first directory's files come, the last one's wait for a later open. (Before,
     // the first open asked for every listing's files at once, and a directory the walker
     // reached next waited behind all of them.)
-    let src = tempfile::tempdir().unwrap();
-    let dirs: Vec<String> = (0..5).map(|i| format!("d{i}")).collect();
-    for (d, name) in dirs.iter().enumerate() {
-        std::fs::create_dir(src.path().join(name)).unwrap();
-        for f in 0..40 {
-            let seed = (d * 40 + f) as u64;
-            std::fs::write(
-                src.path().join(name).join(format!("f{f:02}")),
-                data(60_000, seed),
-            )
-            .unwrap();
-        }
-    }
+    let src = dirs_of_files(5, 40, 60_000);
     let ttl = Duration::from_secs(30);
-    let cfg = FsConfig {
-        attr_ttl: ttl,
-        open_ttl: ttl,
-        ..FsConfig::default()
-    };
-    let fs = fs_over(src.path(), cfg, 64 << 10).await;
-    let root = fs.opendir(ROOT_INO).await.unwrap();
-    let mut files: Vec<Vec<u64>> = Vec::new();
-    for d in &dirs {
-        let (ino, _) = fs.lookup(ROOT_INO, d.as_bytes()).await.unwrap();
-        let h = fs.opendir(ino).await.unwrap();
-        let mut inos = Vec::new();
-        for f in 0..40 {
-            inos.push(
-                fs.lookup(ino, format!("f{f:02}").as_bytes())
-                    .await
-                    .unwrap()
-                    .0,
-            );
-        }
-        files.push(inos);
-        fs.releasedir(h);
-    }
-    fs.releasedir(root);
+    let fs = fs_over(src.path(), with_ttl(ttl), 64 << 10).await;
+    let files: Vec<Vec<u64>> = list_dirs_of_files(&fs, 5, 40)
+        .await
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
     let held = |fs: &Fs| -> usize {
         files
             .iter()
@@ -1008,19 +1011,7 @@ async fn directories_listed_well_before_their_files_are_opened_are_listed_again_
     // takes a version the server gave within the open TTL, so the first open in each would
     // wait a round trip for a new listing. An open in the first directory lists the ones
     // after it again, those none of whose files was opened yet, once past half the TTL.
-    let src = tempfile::tempdir().unwrap();
-    let dirs: Vec<String> = (0..5).map(|i| format!("d{i}")).collect();
-    for (d, name) in dirs.iter().enumerate() {
-        std::fs::create_dir(src.path().join(name)).unwrap();
-        for f in 0..3 {
-            let seed = (d * 3 + f) as u64;
-            std::fs::write(
-                src.path().join(name).join(format!("f{f}")),
-                data(1_000, seed),
-            )
-            .unwrap();
-        }
-    }
+    let src = dirs_of_files(5, 3, 1_000);
     let open_ttl = Duration::from_secs(1);
     let cfg = FsConfig {
         attr_ttl: Duration::from_secs(30),
@@ -1028,17 +1019,9 @@ async fn directories_listed_well_before_their_files_are_opened_are_listed_again_
         ..FsConfig::default()
     };
     let fs = fs_over(src.path(), cfg, 64 << 10).await;
-    let root = fs.opendir(ROOT_INO).await.unwrap();
-    let mut dir_inos = Vec::new();
-    let mut first_files = Vec::new();
-    for d in &dirs {
-        let (ino, _) = fs.lookup(ROOT_INO, d.as_bytes()).await.unwrap();
-        let h = fs.opendir(ino).await.unwrap();
-        first_files.push(fs.lookup(ino, b"f0").await.unwrap().0);
-        fs.releasedir(h);
-        dir_inos.push(ino);
-    }
-    fs.releasedir(root);
+    let listed = list_dirs_of_files(&fs, 5, 3).await;
+    let dir_inos: Vec<u64> = listed.iter().map(|(d, _)| *d).collect();
+    let first_files: Vec<u64> = listed.iter().map(|(_, f)| f[0]).collect();
     tokio::time::sleep(open_ttl * 6 / 10).await;
     let o = fs.open(first_files[0], false).await.unwrap();
     fs.release(o.fh);
