@@ -211,24 +211,7 @@ const REFRESH_FOLLOWING: usize = 32;
 /// `dir`'s in `ls.order` (the order they were first listed: a walk's) and are older than
 /// half of `max_age`.
 fn refresh_following(ls: &mut Listings, dir: u64, max_age: Duration, lister: &Lister) {
-    let Some(at) = ls.order.iter().position(|&d| d == dir) else {
-        return;
-    };
-    let next: Vec<u64> = ls.order.iter().skip(at + 1).copied().collect();
-    let mut started = 0;
-    for d in next {
-        if started >= REFRESH_FOLLOWING {
-            break;
-        }
-        if let Some(path) = ls
-            .by_dir
-            .get_mut(&d)
-            .and_then(|l| l.due_for_refresh(max_age))
-        {
-            lister.refresh(d, path);
-            started += 1;
-        }
-    }
+    refresh_after(ls, dir, max_age, lister, usize::MAX, |_| true);
 }
 
 /// How many kept listings after the one a file is opened in are looked at by
@@ -245,16 +228,31 @@ const REFRESH_AHEAD_SCAN: usize = 64;
 /// opens a directory's files right after listing it (`cp -r`, `tar`) has opened files in
 /// the listings after its own, or is in them: nothing to list again. Not for an S3 source.
 fn refresh_unopened_ahead(ls: &mut Listings, dir: u64, max_age: Duration, lister: &Lister) {
+    refresh_after(ls, dir, max_age, lister, REFRESH_AHEAD_SCAN, |l| {
+        l.has_files && !l.opened
+    });
+}
+
+/// Lists again, in the background, up to [`REFRESH_FOLLOWING`] of the `scan` kept listings
+/// that follow `dir`'s in `ls.order`, those `wanted` and older than half of `max_age`.
+fn refresh_after(
+    ls: &mut Listings,
+    dir: u64,
+    max_age: Duration,
+    lister: &Lister,
+    scan: usize,
+    wanted: impl Fn(&Listing) -> bool,
+) {
     let Some(at) = ls.order.iter().position(|&d| d == dir) else {
         return;
     };
     let mut started = 0;
-    for i in at + 1..(at + 1 + REFRESH_AHEAD_SCAN).min(ls.order.len()) {
+    for i in at + 1..ls.order.len().min((at + 1).saturating_add(scan)) {
         let d = ls.order[i];
         let due = ls
             .by_dir
             .get_mut(&d)
-            .filter(|l| l.has_files && !l.opened)
+            .filter(|l| wanted(l))
             .and_then(|l| l.due_for_refresh(max_age));
         if let Some(path) = due {
             lister.refresh(d, path);
