@@ -19,7 +19,8 @@
 //! chunks in flight are never evicted). Chunks a sequential reader has read to their end
 //! leave at once (the kernel page cache holds them now); for a minute the store remembers
 //! which files' first chunks left so ([`ChunkStore::read_lately`]), so that a tree walk's
-//! predictions do not fetch them again. Every operation takes one short
+//! predictions do not fetch them again (until the mount finds the kernel dropped such pages:
+//! [`ChunkStore::forget_read_lately`]). Every operation takes one short
 //! lock and is O(1) (`chunks/table.rs`); the counters are atomics.
 //!
 //! Runs: from a source that answers long reads best (an S3 store, where every GET costs a
@@ -751,6 +752,15 @@ impl ChunkStore {
         let f = self.first_read.lock().unwrap_or_else(|e| e.into_inner());
         f.peek(&key.id)
             .is_some_and(|(v, at)| *v == key.version && at.elapsed() < FIRST_READ_FOR)
+    }
+
+    /// Forgets which files were read lately ([`ChunkStore::read_lately`]): the kernel was
+    /// found not to hold the pages of one of them, so walks over them fetch them ahead again.
+    pub fn forget_read_lately(&self) {
+        self.first_read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// Drops every chunk of file `id`.

@@ -50,6 +50,9 @@ pub(super) struct Handle {
     /// Bytes a sequential reader has read of chunks it read in parts, by chunk index
     /// (see [`Fs::read`]).
     pub(super) parts_read: Mutex<HashMap<u64, u64>>,
+    /// Reads of this handle go through the kernel's page cache (neither direct I/O nor
+    /// passthrough): the kernel asks for what it does not hold.
+    pub(super) page_cache: AtomicBool,
 }
 
 /// Chunks read in parts held in [`Handle::parts_read`] at most (a reader that seeks away
@@ -218,6 +221,7 @@ impl Fs {
             passthrough: AtomicBool::new(false),
             changed: AtomicBool::new(false),
             parts_read: Mutex::new(HashMap::new()),
+            page_cache: AtomicBool::new(false),
         };
         // Passthrough when the local copy holds this version complete and verified.
         let mut local = match self.store.backing() {
@@ -251,8 +255,12 @@ impl Fs {
                 local = None;
             }
             handle.passthrough.store(local.is_some(), Ordering::Relaxed);
+            let direct_io = passthrough && local.is_none();
+            handle
+                .page_cache
+                .store(local.is_none() && !direct_io, Ordering::Relaxed);
             handles.insert(fh, Arc::new(handle));
-            (passthrough && local.is_none(), alone)
+            (direct_io, alone)
         };
         // A first open (the kernel holds no pages of the file, nor attributes of another
         // version) of a small file held whole in memory, which no other handle has open:

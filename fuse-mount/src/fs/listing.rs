@@ -21,7 +21,8 @@
 //!   [`RUNS_IN_FLIGHT`] of small files are on their way;
 //!   what did not fit is taken up as the copy frees room, nearest to the walker first
 //!   ([`PendingData`]); files read
-//!   within the last minute are not fetched again. Opening a file also fetches the files
+//!   within the last minute are not fetched again, until the kernel is found to have
+//!   dropped their pages ([`Fs::pages_dropped`]). Opening a file also fetches the files
 //!   after it in its directory's kept listing, and those before it not fetched yet
 //!   ([`PIPELINE_FILES`]); a directory whose listing is no longer kept is listed
 //!   again for that (rsync opens every file long after its file list). In a directory too
@@ -1077,6 +1078,19 @@ impl Lister {
 }
 
 impl Fs {
+    /// The kernel no longer holds the pages of files read lately (see [`Fs::read`]): they
+    /// are fetched ahead again for a walk over them. The store forgets which were read
+    /// ([`ChunkStore::read_lately`]), and the kept listings hand their files to the
+    /// prefetcher afresh as the walker opens them (files held or on their way are not
+    /// asked for twice).
+    pub(super) fn pages_dropped(&self) {
+        tracing::debug!("the kernel dropped pages of files read lately: fetching them ahead again");
+        self.store.forget_read_lately();
+        for l in lock(&self.dirs.listings).by_dir.values_mut() {
+            l.pipelined_until = 0;
+        }
+    }
+
     /// Opens directory `ino`: the whole listing is fetched now (paged on the wire) and
     /// served from memory to the kernel's readdir calls on this handle.
     ///

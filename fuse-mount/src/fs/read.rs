@@ -60,6 +60,16 @@ impl Fs {
         let cs = self.store.chunk_size();
         let first = offset / cs;
         let last = (end - 1) / cs;
+        if first == 0
+            && h.page_cache.load(std::sync::atomic::Ordering::Relaxed)
+            && self.store.read_lately(&h.key)
+        {
+            // The kernel asks for the start of a file read to its end within the minute:
+            // it no longer holds its pages (dropped, or evicted under memory pressure),
+            // nor, likely, those of the files read about then. A walk over them again (a second copy, a `diff -r` of the first) has
+            // them fetched ahead again rather than read one request each.
+            self.pages_dropped();
+        }
         let cached = (first..=last).all(|i| self.store.held(&h.key, i));
         let exact = !plan.sequential && !cached && !self.random_reads_whole_chunks();
         {
