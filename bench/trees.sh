@@ -20,7 +20,9 @@
 #   discarded), cp2 (cp -r out of the mount a second time, timed, after a first cp -r in the
 #   same mount a moment before with the copy removed and the page cache dropped between: the
 #   kernel's pages of the tree gone, as a `diff -r` after a copy of a tree larger than the
-#   memory finds them; not in the default list). Each mount method gets a fresh mount; the page cache is dropped before each
+#   memory finds them; not in the default list), cppar (four `cp -r` at once over the tree's
+#   second-level directories, after the files above them, as fpart + parallel rsync split a
+#   tree; not in the default list). Each mount method gets a fresh mount; the page cache is dropped before each
 #   run; every copy is checked with diff -r. The mount's peak resident memory (VmHWM) is
 #   reported per run. Copies land on a fresh ext4 made for the run (fresh_fs in bench/lib.sh:
 #   this VM's root file system creates files slower after every tree deleted on it).
@@ -82,7 +84,7 @@ run_once() {
     local t=$1 m=$2 mnt=$3 status=0 t0 t1 rss="" c0 d0
     rm -rf "${WORK:?}/dst/$t"
     drop_caches
-    case "$m" in cp|cp2|rsync|tar|find|lsR) ferry_mount_at "$mnt" || { echo "failed (mount)"; return 0; } ;; esac
+    case "$m" in cp|cp2|cppar|rsync|tar|find|lsR) ferry_mount_at "$mnt" || { echo "failed (mount)"; return 0; } ;; esac
     if [ "$m" = cp2 ]; then
         cp -r "$mnt/$t" "$WORK/dst/$t" || { ferry_unmount "$mnt" || true; echo "failed (first cp)"; return 0; }
         rm -rf "${WORK:?}/dst/$t"
@@ -100,6 +102,14 @@ run_once() {
                 wait $r ;;
             cp|cp2) cp -r "$mnt/$t" "$WORK/dst/$t" ;;
             rsync) rsync -a "$mnt/$t/" "$WORK/dst/$t/" ;;
+            cppar)
+                # Four walkers at once over the tree's second-level directories (as fpart +
+                # parallel rsync split a tree), the files above them copied first.
+                mkdir -p "$WORK/dst/$t"
+                cd "$mnt/$t"
+                find . -mindepth 1 -maxdepth 1 -type d -print0 | (cd "$WORK/dst/$t" && xargs -0 -r mkdir -p)
+                find . -mindepth 1 -maxdepth 2 ! -type d -print0 | xargs -0 -r cp -P --parents -t "$WORK/dst/$t"
+                find . -mindepth 2 -maxdepth 2 -type d -print0 | xargs -0 -r -P 4 -n 8 cp -r --parents -t "$WORK/dst/$t" ;;
             tar) mkdir -p "$WORK/dst/$t"; tar -cf - -C "$mnt/$t" . | tar -xf - -C "$WORK/dst/$t" ;;
             mirror) in_ns "${FERRY_BIN:-$ROOT/target/release/ferry}" mirror "127.0.0.1:$P_FERRY:/$t" "$WORK/dst/$t" --quiet ;;
             find) find "$mnt/$t" > /dev/null ;;
@@ -117,7 +127,7 @@ run_once() {
     fcpu=$(awk -v a="$d0" -v z="$(cpu_of "$ferryd_pid")" 'BEGIN { printf "%.2f", z - a }')
     # The nc pipeline's 0.2 s for the listener to start is not counted.
     [ "$m" = nc-lz4 ] && t1=$(echo "$t1 - 0.2" | bc)
-    case "$m" in cp|cp2|rsync|tar|find|lsR)
+    case "$m" in cp|cp2|cppar|rsync|tar|find|lsR)
         local pid; pid=$(pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $mnt" | head -1)
         [ -n "$pid" ] && rss=$(awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status" 2>/dev/null)
         ferry_unmount "$mnt" || true ;;
