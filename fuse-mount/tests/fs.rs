@@ -1095,8 +1095,11 @@ async fn a_walk_over_files_whose_pages_the_kernel_dropped_has_them_fetched_ahead
     while !files[2..].iter().all(|&i| fs.held_whole(i)) {
         assert!(
             std::time::Instant::now() < deadline,
-            "the walk's next files were not fetched ahead again ({} of 38 held)",
-            held(&fs)
+            "the walk's next files were not fetched ahead again ({} of 38 held; not: {:?})",
+            held(&fs),
+            (2..40)
+                .filter(|&f| !fs.held_whole(files[f]))
+                .collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -44,8 +44,9 @@
 //! TTL of when it was started (its entries then count as fetched at that time); one that
 //! failed is fetched again by the `opendir` that wanted it. File contents fetched ahead are
 //! held for the version their listing showed, so a file changed since is fetched afresh,
-//! never served from them. `pipelined_until` only grows, so no file's first chunk is asked
-//! for twice from one listing.
+//! never served from them. `pipelined_until` only grows (but when the kernel dropped pages
+//! of files read lately: [`Fs::pages_dropped`]), so no file's first chunk is asked for twice
+//! from one listing while the kernel holds what was read.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -128,6 +129,9 @@ struct Listing {
     index: HashMap<Bytes, usize>,
     /// Entries before this index have been handed to the prefetcher already.
     pipelined_until: usize,
+    /// The kernel dropped pages of files read lately ([`Fs::pages_dropped`]): the next open
+    /// in this directory hands the files from it on to the prefetcher again.
+    rewound: bool,
     /// When the server listed it.
     listed: Instant,
     /// A new listing of it is on its way ([`Lister::refresh`]).
@@ -163,6 +167,7 @@ impl Listing {
                 .collect(),
             items: Arc::new(items),
             pipelined_until: 0,
+            rewound: false,
             listed,
             refreshing: false,
             opened: false,
@@ -1041,6 +1046,7 @@ impl Lister {
                 };
                 // Where pipelining got to stays, and whether its files were opened.
                 new.pipelined_until = l.pipelined_until;
+                new.rewound = l.rewound;
                 new.opened = l.opened;
                 std::mem::replace(l, new)
             };
@@ -1080,14 +1086,14 @@ impl Lister {
 impl Fs {
     /// The kernel no longer holds the pages of files read lately (see [`Fs::read`]): they
     /// are fetched ahead again for a walk over them. The store forgets which were read
-    /// ([`ChunkStore::read_lately`]), and the kept listings hand their files to the
-    /// prefetcher afresh as the walker opens them (files held or on their way are not
-    /// asked for twice).
+    /// ([`ChunkStore::read_lately`]), and each kept listing hands its files near the next
+    /// one opened to the prefetcher afresh (files held or on their way are not asked for
+    /// twice).
     pub(super) fn pages_dropped(&self) {
         tracing::debug!("the kernel dropped pages of files read lately: fetching them ahead again");
         self.store.forget_read_lately();
         for l in lock(&self.dirs.listings).by_dir.values_mut() {
-            l.pipelined_until = 0;
+            l.rewound = true;
         }
     }
 
@@ -1626,10 +1632,18 @@ impl Fs {
     /// there).
     fn pipeline_files(&self, parent: u64, parent_path: &Bytes, from: usize) {
         let (start, end, all) = {
-            let ls = lock(&self.dirs.listings);
-            let Some(l) = ls.by_dir.get(&parent) else {
+            let mut ls = lock(&self.dirs.listings);
+            let Some(l) = ls.by_dir.get_mut(&parent) else {
                 return;
             };
+            if l.rewound {
+                // Handed on again from near the walker (see Fs::pages_dropped): those
+                // before it too, as a walker in name order may not have opened them yet;
+                // not all, or in a directory of 100,000 files those it passed long ago
+                // would take the memory meant for those ahead.
+                l.rewound = false;
+                l.pipelined_until = from.saturating_sub(PIPELINE_FILES);
+            }
             let start = l.pipelined_until;
             let end = (from + PIPELINE_FILES).min(l.items.len());
             // Topped up once the lead is down to half, so the walker's opens ask for runs
