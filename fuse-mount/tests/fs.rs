@@ -1107,3 +1107,55 @@ async fn a_walk_over_files_whose_pages_the_kernel_dropped_has_them_fetched_ahead
         copy_one(f).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_kernel_dropped_pages_a_large_directory_is_fetched_again_near_the_walker_only() {
+    // A copy in listing order is at file 1,000 of a directory of 1,200 when the kernel asks
+    // again for the start of the first file (its pages evicted). The files near the walker
+    // and after it are handed to the prefetcher again; those it passed long ago are not (in
+    // a directory of 100,000 files they would take the memory meant for those ahead).
+    let src = dirs_of_files(1, 1_200, 1_000);
+    let fs = fs_over(src.path(), with_ttl(Duration::from_secs(30)), 64 << 10).await;
+    let (dir, _) = fs.lookup(ROOT_INO, b"d0").await.unwrap();
+    let h = fs.opendir(dir).await.unwrap();
+    let files: Vec<u64> = read_all(&fs, dir, h, 512, true)
+        .into_iter()
+        .filter(|e| e.kind == FileKind::File)
+        .map(|e| e.ino)
+        .collect();
+    assert_eq!(files.len(), 1_200);
+    for &f in &files[..1_000] {
+        let o = fs.open(f, false).await.unwrap();
+        if o.pages.is_none() {
+            assert_eq!(read_at(&fs, o.fh, 0, 1 << 20).await.len(), 1_000);
+        }
+        fs.release(o.fh);
+    }
+    let held = |r: std::ops::Range<usize>| r.filter(|&i| fs.held_whole(files[i])).count();
+    // What the walker read left the store; a second reader reads the first file again,
+    // through the mount: the kernel's pages of it are gone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while held(0..1_000) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "read files stayed held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let again = fs.open(files[0], false).await.unwrap();
+    assert_eq!(read_at(&fs, again.fh, 0, 1 << 20).await.len(), 1_000);
+    fs.release(again.fh);
+    let o = fs.open(files[1_000], false).await.unwrap();
+    fs.release(o.fh);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while held(1_001..1_200) < 199 || held(489..1_000) < 511 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the files near the walker were not fetched again: {} of 199 after it, {} of 511 before",
+            held(1_001..1_200),
+            held(489..1_000)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(held(1..489), 0, "files passed long ago were fetched again");
+}
