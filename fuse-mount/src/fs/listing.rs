@@ -130,7 +130,8 @@ struct Listing {
     /// Entries before this index have been handed to the prefetcher already.
     pipelined_until: usize,
     /// The kernel dropped pages of files read lately ([`Fs::pages_dropped`]): the next open
-    /// in this directory hands the files from it on to the prefetcher again.
+    /// in this directory hands its files from [`PIPELINE_FILES`] entries before it on to
+    /// the prefetcher again.
     rewound: bool,
     /// When the server listed it.
     listed: Instant,

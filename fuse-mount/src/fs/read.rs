@@ -66,8 +66,9 @@ impl Fs {
         {
             // The kernel asks for the start of a file read to its end within the minute:
             // it no longer holds its pages (dropped, or evicted under memory pressure),
-            // nor, likely, those of the files read about then. A walk over them again (a second copy, a `diff -r` of the first) has
-            // them fetched ahead again rather than read one request each.
+            // nor, likely, those of the files read about then. A walk over them again (a
+            // second copy, a `diff -r` of the first) has them fetched ahead again rather
+            // than read one request each.
             self.pages_dropped();
         }
         let cached = (first..=last).all(|i| self.store.held(&h.key, i));
