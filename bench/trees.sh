@@ -22,7 +22,9 @@
 #   kernel's pages of the tree gone, as a `diff -r` after a copy of a tree larger than the
 #   memory finds them; not in the default list), cppar (four `cp -r` at once over the tree's
 #   second-level directories, after the files above them, as fpart + parallel rsync split a
-#   tree; not in the default list). Each mount method gets a fresh mount; the page cache is dropped before each
+#   tree; not in the default list), cpcache and cpmirror (cp -r out of a mount with
+#   --cache-dir, and with --cache-dir --mirror: the local copy on the same fresh ext4 as the
+#   copies, made afresh for each run; not in the default list). Each mount method gets a fresh mount; the page cache is dropped before each
 #   run; every copy is checked with diff -r. The mount's peak resident memory (VmHWM) is
 #   reported per run. Copies land on a fresh ext4 made for the run (fresh_fs in bench/lib.sh:
 #   this VM's root file system creates files slower after every tree deleted on it).
@@ -82,9 +84,13 @@ ROWS=$WORK/rows   # link|tree|method|seconds|MB/s|peak RSS MiB|CPU s|ferryd CPU 
 # "failed (why)".
 run_once() {
     local t=$1 m=$2 mnt=$3 status=0 t0 t1 rss="" c0 d0
-    rm -rf "${WORK:?}/dst/$t"
+    rm -rf "${WORK:?}/dst/$t" "${WORK:?}/dst/.cache"
     drop_caches
-    case "$m" in cp|cp2|cppar|rsync|tar|find|lsR) ferry_mount_at "$mnt" || { echo "failed (mount)"; return 0; } ;; esac
+    case "$m" in
+        cp|cp2|cppar|rsync|tar|find|lsR) ferry_mount_at "$mnt" || { echo "failed (mount)"; return 0; } ;;
+        cpcache) ferry_mount_at "$mnt" --cache-dir "$WORK/dst/.cache" || { echo "failed (mount)"; return 0; } ;;
+        cpmirror) ferry_mount_at "$mnt" --cache-dir "$WORK/dst/.cache" --mirror || { echo "failed (mount)"; return 0; } ;;
+    esac
     if [ "$m" = cp2 ]; then
         cp -r "$mnt/$t" "$WORK/dst/$t" || { ferry_unmount "$mnt" || true; echo "failed (first cp)"; return 0; }
         rm -rf "${WORK:?}/dst/$t"
@@ -100,7 +106,7 @@ run_once() {
                 r=$!; sleep 0.2
                 tar -c -C "$DATA/$t" . | lz4 -1 | in_ns nc -N 127.0.0.1 "$P_NC"
                 wait $r ;;
-            cp|cp2) cp -r "$mnt/$t" "$WORK/dst/$t" ;;
+            cp|cp2|cpcache|cpmirror) cp -r "$mnt/$t" "$WORK/dst/$t" ;;
             rsync) rsync -a "$mnt/$t/" "$WORK/dst/$t/" ;;
             cppar)
                 # Four walkers at once over the tree's second-level directories (as fpart +
@@ -127,7 +133,7 @@ run_once() {
     fcpu=$(awk -v a="$d0" -v z="$(cpu_of "$ferryd_pid")" 'BEGIN { printf "%.2f", z - a }')
     # The nc pipeline's 0.2 s for the listener to start is not counted.
     [ "$m" = nc-lz4 ] && t1=$(echo "$t1 - 0.2" | bc)
-    case "$m" in cp|cp2|cppar|rsync|tar|find|lsR)
+    case "$m" in cp|cp2|cppar|cpcache|cpmirror|rsync|tar|find|lsR)
         local pid; pid=$(pgrep -f -- "ferry mount 127.0.0.1:$P_FERRY $mnt" | head -1)
         [ -n "$pid" ] && rss=$(awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status" 2>/dev/null)
         ferry_unmount "$mnt" || true ;;
