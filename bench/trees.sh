@@ -24,10 +24,11 @@
 #   second-level directories, after the files above them, as fpart + parallel rsync split a
 #   tree; not in the default list), cpcache and cpmirror (cp -r out of a mount with
 #   --cache-dir, and with --cache-dir --mirror: the local copy on the same fresh ext4 as the
-#   copies, made afresh for each run; not in the default list). Each mount method gets a fresh mount; the page cache is dropped before each
-#   run; every copy is checked with diff -r. The mount's peak resident memory (VmHWM) is
-#   reported per run. Copies land on a fresh ext4 made for the run (fresh_fs in bench/lib.sh:
-#   this VM's root file system creates files slower after every tree deleted on it).
+#   copies, made afresh for each run; not in the default list). Each mount method gets a
+#   fresh mount; the page cache is dropped before each run; every copy is checked with
+#   diff -r. The mount's peak resident memory (VmHWM) is reported per run. Copies land on a
+#   fresh ext4 made for the run (fresh_fs in bench/lib.sh: this VM's root file system creates
+#   files slower after every tree deleted on it).
 #
 # Output: a markdown report (default bench/out/trees.md) with the date, commit and a table per
 # link: seconds (median of --repeat runs), MB/s, the ratio to nc-lz4 (for find and lsR,
