@@ -52,7 +52,7 @@ pub(super) struct Handle {
     pub(super) parts_read: Mutex<HashMap<u64, u64>>,
     /// Reads of this handle go through the kernel's page cache (neither direct I/O nor
     /// passthrough): the kernel asks for what it does not hold.
-    pub(super) page_cache: AtomicBool,
+    pub(super) page_cache: bool,
 }
 
 /// Chunks read in parts held in [`Handle::parts_read`] at most (a reader that seeks away
@@ -213,7 +213,7 @@ impl Fs {
         if changed {
             self.store.invalidate(file_id(&path));
         }
-        let handle = Handle {
+        let mut handle = Handle {
             key: key_at(path, version),
             prefetcher: Mutex::new(Prefetcher::new(self.cfg.prefetch)),
             stats: Mutex::new(HandleStats::default()),
@@ -221,7 +221,7 @@ impl Fs {
             passthrough: AtomicBool::new(false),
             changed: AtomicBool::new(false),
             parts_read: Mutex::new(HashMap::new()),
-            page_cache: AtomicBool::new(false),
+            page_cache: false,
         };
         // Passthrough when the local copy holds this version complete and verified.
         let mut local = match self.store.backing() {
@@ -256,9 +256,7 @@ impl Fs {
             }
             handle.passthrough.store(local.is_some(), Ordering::Relaxed);
             let direct_io = passthrough && local.is_none();
-            handle
-                .page_cache
-                .store(local.is_none() && !direct_io, Ordering::Relaxed);
+            handle.page_cache = local.is_none() && !direct_io;
             handles.insert(fh, Arc::new(handle));
             (direct_io, alone)
         };

@@ -60,10 +60,7 @@ impl Fs {
         let cs = self.store.chunk_size();
         let first = offset / cs;
         let last = (end - 1) / cs;
-        if first == 0
-            && h.page_cache.load(std::sync::atomic::Ordering::Relaxed)
-            && self.store.read_lately(&h.key)
-        {
+        if first == 0 && h.page_cache && self.store.read_lately(&h.key) {
             // The kernel asks for the start of a file read to its end within the minute:
             // it no longer holds its pages (dropped, or evicted under memory pressure),
             // nor, likely, those of the files read about then. A walk over them again (a
