@@ -301,6 +301,17 @@ impl Fs {
             .is_some()
     }
 
+    /// How many of file `ino`'s chunks (as last listed or stat'ed) are in memory now.
+    pub fn chunks_in_memory(&self, ino: u64) -> u64 {
+        let Ok((path, attr, _)) = self.inodes.path_and_attr(ino) else {
+            return 0;
+        };
+        let key = key_at(path, attr.version());
+        (0..attr.size.div_ceil(self.store.chunk_size()))
+            .filter(|&c| self.store.contains(&key, c))
+            .count() as u64
+    }
+
     /// The whole of `key`'s file when it fits one chunk and that chunk is in memory now.
     fn whole_in_memory(&self, key: &FileKey) -> Option<Bytes> {
         let size = key.version.size;

@@ -17,7 +17,8 @@
 //! - Symlink targets: read ahead with every listing (small, and `ls -l` asks for each).
 //! - Files ahead, only while files are being read (one opened within [`READING`]): with each
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
-//!   the others ([`fetch_files_ahead`]), within the chunk memory and while less than
+//!   the others ([`fetch_files_ahead`]; the whole of those of at most a quarter of the chunk
+//!   memory among the walker's next files), within the chunk memory and while less than
 //!   [`RUNS_IN_FLIGHT`] of small files are on their way;
 //!   what did not fit is taken up as the copy frees room, nearest to the walker first
 //!   ([`PendingData`]); files read
@@ -559,7 +560,7 @@ async fn fetch_listing(
             &path,
             &entries,
             0..entries.len(),
-            true,
+            Ahead::Listing,
         )
     } else {
         0
@@ -630,13 +631,14 @@ const PENDING_ENTRIES: usize = 1 << 16;
 /// Fetches the files among `entries[range]` of directory `dir` ahead of a copy, while the
 /// chunk memory has room: the contents of the small ones in runs of ReadDirData, all at
 /// once ([`ferry_client::small_file_runs`]), each into a place the chunk store keeps for
-/// it ([`ChunkStore::expect`]), and the first chunk of the others. A copy opening them
-/// then finds them here or on their way: one round trip per run instead of one per file.
-/// Files held already, or read lately ([`ChunkStore::read_lately`]: a listing taken again
-/// while the copy goes on lists them afresh), are skipped; a file whose contents do not
-/// come (changed, or left out by the server) is fetched as usual. Without the server's
-/// DIR_DATA feature, or when `entries` are not `consecutive` in the listing (a walker's
-/// order by name), every file's first chunk is fetched, one Read each. Small files wait
+/// it ([`ChunkStore::expect`]), and of the others the first chunk, or the whole file for
+/// the walker's next ones (see [`Ahead`]). A copy opening them then finds them here or on
+/// their way: one round trip per run instead of one per file. Files held already, or read
+/// lately ([`ChunkStore::read_lately`]: a listing taken again while the copy goes on lists
+/// them afresh), are skipped; a file whose contents do not come (changed, or left out by
+/// the server) is fetched as usual. Without the server's DIR_DATA feature, or when
+/// `entries` are not consecutive in the listing ([`Ahead::NextByName`]), small files too
+/// come by Read, a Read each. Small files wait
 /// while [`RUNS_IN_FLIGHT`] bytes of them are on their way (`in_flight`). Returns where it
 /// stopped for want of room (`range.end` when it did not).
 fn fetch_files_ahead<E: ListedEntry + Named>(
@@ -646,9 +648,9 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
     dir: &Bytes,
     entries: &[E],
     range: std::ops::Range<usize>,
-    consecutive: bool,
+    ahead: Ahead,
 ) -> usize {
-    let runs = consecutive && client.session().features & features::DIR_DATA != 0;
+    let runs = ahead != Ahead::NextByName && client.session().features & features::DIR_DATA != 0;
     let mut stopped = range.end;
     let mut places: HashMap<usize, (FileKey, oneshot::Sender<Bytes>)> = HashMap::new();
     let on_the_way = in_flight.load(Ordering::Relaxed);
@@ -663,8 +665,14 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
             continue; // read already (the walker's copy has it)
         }
         if !runs || !is_small_file(a.kind, a.size) {
-            // Larger files (or no ReadDirData): their first chunk, one Read each.
-            if !store.prefetch(&key, 0) {
+            // Larger files (or no ReadDirData): their first chunk, one Read each; those the
+            // walker opens next, of at most a quarter of the chunk memory, whole.
+            let chunks = if ahead != Ahead::Listing && a.size <= store.budget() as u64 / 4 {
+                a.size.div_ceil(store.chunk_size())
+            } else {
+                1
+            };
+            if !(0..chunks).all(|c| store.prefetch(&key, c)) {
                 stopped = i;
                 break;
             }
@@ -726,6 +734,21 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
         });
     }
     stopped
+}
+
+/// Which files [`fetch_files_ahead`] is given, and so what it fetches of the larger ones.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    /// A listing in its order, as it arrives or taken up from [`PendingData`]: perhaps far
+    /// ahead of the walker, whose order is not known yet. The larger files' first chunk.
+    Listing,
+    /// The files after the walker's last open in its directory's listing, the next it
+    /// opens (`cp -r`, `tar`): the larger files whole, within a quarter of the chunk memory
+    /// each, so the link carries the next files while the walker copies this one.
+    Next,
+    /// The files after the walker in name order (`rsync`): not consecutive in the listing,
+    /// so a Read each, the larger files whole as for [`Ahead::Next`].
+    NextByName,
 }
 
 /// A run's bytes counted in [`Lister::runs`] until it is answered (or dropped).
@@ -851,7 +874,7 @@ impl Lister {
                 &dir,
                 &entries,
                 from..n,
-                true,
+                Ahead::Listing,
             );
             if stopped < n {
                 p.push_front((dir, listed, entries, stopped));
@@ -1468,7 +1491,7 @@ impl Fs {
                 parent_path,
                 &next,
                 0..n,
-                false,
+                Ahead::NextByName,
             );
             lock(&self.dirs.stats)
                 .fetched_by_name
@@ -1663,7 +1686,7 @@ impl Fs {
             parent_path,
             &all,
             start..end,
-            true,
+            Ahead::Next,
         );
         if let Some(l) = lock(&self.dirs.listings).by_dir.get_mut(&parent) {
             l.pipelined_until = l.pipelined_until.max(done);
