@@ -1230,3 +1230,67 @@ async fn a_walker_s_next_larger_files_are_fetched_whole_within_a_quarter_of_the_
         copy(f).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn larger_files_fetched_whole_ahead_then_rewritten_on_the_server_are_read_at_their_new_bytes()
+{
+    // The walker's next files came whole (4 chunks each) for the version the listing
+    // showed; then each is rewritten in place on the server, same size, before the walker
+    // opens it (a WAL segment recycled during a copy). Past the open timeout, each open
+    // finds the new version and reads its bytes, never the ones fetched ahead.
+    let chunk = 64 << 10;
+    let src = tempfile::tempdir().unwrap();
+    let dir = src.path().join("d0");
+    std::fs::create_dir(&dir).unwrap();
+    for f in 0..6u64 {
+        std::fs::write(dir.join(format!("f{f:02}")), data(4 * chunk, f)).unwrap();
+    }
+    let cfg = FsConfig {
+        open_ttl: Duration::from_millis(300),
+        ..with_ttl(Duration::from_secs(30))
+    };
+    let fs = fs_over(src.path(), cfg, chunk as u32).await;
+    let (d, _) = fs.lookup(ROOT_INO, b"d0").await.unwrap();
+    let h = fs.opendir(d).await.unwrap();
+    let files: Vec<(u64, u64)> = read_all(&fs, d, h, 512, true)
+        .into_iter()
+        .filter(|e| e.kind == FileKind::File)
+        .map(|e| (e.ino, e.name[1..].parse().unwrap()))
+        .collect();
+    assert_eq!(files.len(), 6);
+    let read_whole = |f: usize| {
+        let fs = fs.clone();
+        let (ino, _) = files[f];
+        async move {
+            let o = fs.open(ino, false).await.unwrap();
+            let got = read_at(&fs, o.fh, 0, (4 * chunk) as u32).await;
+            fs.release(o.fh);
+            got
+        }
+    };
+    assert!(read_whole(0).await == data(4 * chunk, files[0].1));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while (1..6).any(|f| fs.chunks_in_memory(files[f].0) < 4) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the walker's next files were not fetched whole"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let later = std::time::SystemTime::now() + Duration::from_secs(10);
+    for &(_, seed) in &files[1..] {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(format!("f{seed:02}")))
+            .unwrap();
+        std::io::Write::write_all(&mut &f, &data(4 * chunk, seed + 100)).unwrap();
+        f.set_modified(later).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for (f, &(_, seed)) in files.iter().enumerate().skip(1) {
+        assert!(
+            read_whole(f).await == data(4 * chunk, seed + 100),
+            "file {f}: bytes fetched ahead of the old version were read"
+        );
+    }
+}
