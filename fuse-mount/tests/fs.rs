@@ -1160,6 +1160,18 @@ async fn after_the_kernel_dropped_pages_a_large_directory_is_fetched_again_near_
     assert_eq!(held(1..489), 0, "files passed long ago were fetched again");
 }
 
+/// Looks directory `d0` up and opens it, as a walker entering it: its files as (inode, the
+/// number in its name `fNN`), in listing order.
+async fn walk_into_d0(fs: &Fs) -> Vec<(u64, u64)> {
+    let (d, _) = fs.lookup(ROOT_INO, b"d0").await.unwrap();
+    let h = fs.opendir(d).await.unwrap();
+    read_all(fs, d, h, 512, true)
+        .into_iter()
+        .filter(|e| e.kind == FileKind::File)
+        .map(|e| (e.ino, e.name[1..].parse().unwrap()))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_walker_s_next_larger_files_are_fetched_whole_within_a_quarter_of_the_chunk_memory() {
     // A copy in listing order opens the first file of a directory of files larger than
@@ -1181,14 +1193,7 @@ async fn a_walker_s_next_larger_files_are_fetched_whole_within_a_quarter_of_the_
         ..with_ttl(Duration::from_secs(30))
     };
     let fs = fs_over(src.path(), cfg, chunk as u32).await;
-    let (d, _) = fs.lookup(ROOT_INO, b"d0").await.unwrap();
-    let h = fs.opendir(d).await.unwrap();
-    // (inode, seed) in listing order.
-    let files: Vec<(u64, u64)> = read_all(&fs, d, h, 512, true)
-        .into_iter()
-        .filter(|e| e.kind == FileKind::File)
-        .map(|e| (e.ino, e.name[1..].parse().unwrap()))
-        .collect();
+    let files = walk_into_d0(&fs).await;
     assert_eq!(files.len(), 12);
     let copy = |f: usize| {
         let fs = fs.clone();
@@ -1250,13 +1255,7 @@ async fn larger_files_fetched_whole_ahead_then_rewritten_on_the_server_are_read_
         ..with_ttl(Duration::from_secs(30))
     };
     let fs = fs_over(src.path(), cfg, chunk as u32).await;
-    let (d, _) = fs.lookup(ROOT_INO, b"d0").await.unwrap();
-    let h = fs.opendir(d).await.unwrap();
-    let files: Vec<(u64, u64)> = read_all(&fs, d, h, 512, true)
-        .into_iter()
-        .filter(|e| e.kind == FileKind::File)
-        .map(|e| (e.ino, e.name[1..].parse().unwrap()))
-        .collect();
+    let files = walk_into_d0(&fs).await;
     assert_eq!(files.len(), 6);
     let read_whole = |f: usize| {
         let fs = fs.clone();
