@@ -1293,3 +1293,41 @@ async fn larger_files_fetched_whole_ahead_then_rewritten_on_the_server_are_read_
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_opened_and_read_at_random_is_not_fetched_whole_ahead_but_the_files_after_it_are() {
+    // A database opens a datafile of a few chunks and reads a page in its middle: the
+    // files after it in the listing come whole (the walker's rule), the file itself does
+    // not — its handle's reads decide how much of it is fetched. (Fetched whole, a bucket's
+    // datafile read at random served every read from bytes fetched as a prediction.)
+    // Files of 12 chunks of 1 MiB (under a quarter of the default 64 MiB of chunk memory);
+    // the page read lies past where a first read still counts as the file's start.
+    let (chunk, size) = (1 << 20, 12 << 20);
+    let src = tempfile::tempdir().unwrap();
+    let dir = src.path().join("d0");
+    std::fs::create_dir(&dir).unwrap();
+    for f in 0..3u64 {
+        std::fs::write(dir.join(format!("f{f:02}")), data(size, f)).unwrap();
+    }
+    let fs = fs_over(src.path(), with_ttl(Duration::from_secs(30)), chunk as u32).await;
+    let files = walk_into_d0(&fs).await;
+    let (ino, seed) = files[0];
+    let o = fs.open(ino, false).await.unwrap();
+    let at = 10 * chunk + 4096;
+    let page = read_at(&fs, o.fh, at as u64, 4096).await;
+    assert!(page == data(size, seed)[at..at + 4096]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while files[1..].iter().any(|&(i, _)| fs.chunks_in_memory(i) < 12) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the files after the one opened were not fetched whole"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        fs.chunks_in_memory(ino) <= 1,
+        "the file read at random was fetched whole ahead ({} chunks of 12)",
+        fs.chunks_in_memory(ino)
+    );
+    fs.release(o.fh);
+}

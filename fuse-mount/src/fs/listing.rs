@@ -667,7 +667,12 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
         if !runs || !is_small_file(a.kind, a.size) {
             // Larger files (or no ReadDirData): their first chunk, one Read each; those the
             // walker opens next, of at most a quarter of the chunk memory, whole.
-            let chunks = if ahead != Ahead::Listing && a.size <= store.budget() as u64 / 4 {
+            let next = match ahead {
+                Ahead::Listing => false,
+                Ahead::Next { from } => i >= from,
+                Ahead::NextByName => true,
+            };
+            let chunks = if next && a.size <= store.budget() as u64 / 4 {
                 a.size.div_ceil(store.chunk_size())
             } else {
                 1
@@ -742,10 +747,13 @@ enum Ahead {
     /// A listing in its order, as it arrives or taken up from [`PendingData`]: perhaps far
     /// ahead of the walker, whose order is not known yet. The larger files' first chunk.
     Listing,
-    /// The files after the walker's last open in its directory's listing, the next it
-    /// opens (`cp -r`, `tar`): the larger files whole, within a quarter of the chunk memory
-    /// each, so the link carries the next files while the walker copies this one.
-    Next,
+    /// Files of the walker's directory's listing, those from entry `from` on after its last
+    /// open (or all, as it enters the directory), the next it opens (`cp -r`, `tar`): the
+    /// larger of those whole, within a quarter of the chunk memory each, so the link
+    /// carries the next files while the walker copies this one. Not the file it opened
+    /// nor those it skipped (its handle's reads decide how much of it is fetched: a
+    /// database reading pages at random wants no whole file).
+    Next { from: usize },
     /// The files after the walker in name order (`rsync`): not consecutive in the listing,
     /// so a Read each, the larger files whole as for [`Ahead::Next`].
     NextByName,
@@ -1686,7 +1694,7 @@ impl Fs {
             parent_path,
             &all,
             start..end,
-            Ahead::Next,
+            Ahead::Next { from },
         );
         if let Some(l) = lock(&self.dirs.listings).by_dir.get_mut(&parent) {
             l.pipelined_until = l.pipelined_until.max(done);
