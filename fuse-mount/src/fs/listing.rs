@@ -18,7 +18,8 @@
 //! - Files ahead, only while files are being read (one opened within [`READING`]): with each
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
 //!   the others ([`fetch_files_ahead`]; the whole of those of at most a quarter of the chunk
-//!   memory among the walker's next files), within the chunk memory and while less than
+//!   memory among the walker's next files in its own order: [`Ahead`]), within the chunk
+//!   memory and while less than
 //!   [`RUNS_IN_FLIGHT`] of small files are on their way;
 //!   what did not fit is taken up as the copy frees room, nearest to the walker first
 //!   ([`PendingData`]); files read
@@ -744,8 +745,9 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
 /// Which files [`fetch_files_ahead`] is given, and so what it fetches of the larger ones.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Ahead {
-    /// A listing in its order, as it arrives or taken up from [`PendingData`]: perhaps far
-    /// ahead of the walker, whose order is not known yet. The larger files' first chunk.
+    /// A listing in its order, as it arrives or taken up from [`PendingData`] (perhaps far
+    /// ahead of the walker), or near a walker that goes in name order: not the walker's
+    /// order. The larger files' first chunk.
     Listing,
     /// Files of the walker's directory's listing, those from entry `from` on after its last
     /// open (or all, as it enters the directory), the next it opens (`cp -r`, `tar`): the
@@ -1686,7 +1688,15 @@ impl Fs {
             }
             (start, end, l.items.clone())
         };
-        // Those already on their way are skipped.
+        // Those already on their way are skipped. The larger files whole only for a walk in
+        // listing order: for one in name order (rsync) the listing's order is not the
+        // walker's, and files it reaches last would take the memory its next file's reads
+        // need (a WAN `rsync -a` of the pgdata tree a tenth slower).
+        let ahead = if lock(&self.dirs.ahead).by_name {
+            Ahead::Listing
+        } else {
+            Ahead::Next { from }
+        };
         let done = fetch_files_ahead(
             &self.client,
             &self.store,
@@ -1694,7 +1704,7 @@ impl Fs {
             parent_path,
             &all,
             start..end,
-            Ahead::Next { from },
+            ahead,
         );
         if let Some(l) = lock(&self.dirs.listings).by_dir.get_mut(&parent) {
             l.pipelined_until = l.pipelined_until.max(done);
