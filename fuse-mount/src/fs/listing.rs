@@ -19,8 +19,7 @@
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
 //!   the others ([`fetch_files_ahead`]; the whole of those of at most a quarter of the chunk
 //!   memory among the walker's next files in its own order: [`Ahead`]), within the chunk
-//!   memory and while less than
-//!   [`RUNS_IN_FLIGHT`] of small files are on their way;
+//!   memory and while less than [`RUNS_IN_FLIGHT`] of small files are on their way;
 //!   what did not fit is taken up as the copy frees room, nearest to the walker first
 //!   ([`PendingData`]); files read
 //!   within the last minute are not fetched again, until the kernel is found to have
@@ -1659,11 +1658,12 @@ impl Fs {
         self.pipeline_files(parent, &parent_path, at + 1);
     }
 
-    /// Fetches chunk 0 of the regular files of `parent`'s listing up to position
-    /// `from + PIPELINE_FILES`, from the first not handed out yet (so a walker that does
-    /// not open files in listing order — rsync sorts by name — finds the ones it skipped
-    /// on their way too), stopping when the chunk budget is spent (a later call resumes
-    /// there).
+    /// Fetches the regular files of `parent`'s listing ahead ([`fetch_files_ahead`]: the
+    /// small ones in runs, of the larger ones the first chunk, or the whole file from entry
+    /// `from` on for a walk in listing order, [`Ahead::Next`]) up to position `from +
+    /// PIPELINE_FILES`, from the first not handed out yet (so a walker that does not open
+    /// files in listing order — rsync sorts by name — finds the ones it skipped on their
+    /// way too), stopping when the chunk budget is spent (a later call resumes there).
     fn pipeline_files(&self, parent: u64, parent_path: &Bytes, from: usize) {
         let (start, end, all) = {
             let mut ls = lock(&self.dirs.listings);
