@@ -672,12 +672,14 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
                 Ahead::Next { from } => i >= from,
                 Ahead::NextByName => true,
             };
-            let chunks = if next && a.size <= store.budget() as u64 / 4 {
-                a.size.div_ceil(store.chunk_size())
+            let last = if next && a.size <= store.budget() as u64 / 4 {
+                (a.size - 1) / store.chunk_size()
             } else {
-                1
+                0
             };
-            if !(0..chunks).all(|c| store.prefetch(&key, c)) {
+            // As a reader's window: from a source that prefers long reads (S3), the
+            // chunks go in long reads, not one request each.
+            if !store.prefetch_range(&key, 0, 0, last) {
                 stopped = i;
                 break;
             }
