@@ -87,10 +87,13 @@ run_once() {
     local t=$1 m=$2 mnt=$3 status=0 t0 t1 rss="" c0 d0
     rm -rf "${WORK:?}/dst/$t" "${WORK:?}/dst/.cache"
     drop_caches
+    local margs=()
     case "$m" in
-        cp|cp2|cppar|rsync|tar|find|lsR) ferry_mount_at "$mnt" || { echo "failed (mount)"; return 0; } ;;
-        cpcache) ferry_mount_at "$mnt" --cache-dir "$WORK/dst/.cache" || { echo "failed (mount)"; return 0; } ;;
-        cpmirror) ferry_mount_at "$mnt" --cache-dir "$WORK/dst/.cache" --mirror || { echo "failed (mount)"; return 0; } ;;
+        cpcache) margs=(--cache-dir "$WORK/dst/.cache") ;;
+        cpmirror) margs=(--cache-dir "$WORK/dst/.cache" --mirror) ;;
+    esac
+    case "$m" in cp|cp2|cppar|cpcache|cpmirror|rsync|tar|find|lsR)
+        ferry_mount_at "$mnt" "${margs[@]}" || { echo "failed (mount)"; return 0; } ;;
     esac
     if [ "$m" = cp2 ]; then
         cp -r "$mnt/$t" "$WORK/dst/$t" || { ferry_unmount "$mnt" || true; echo "failed (first cp)"; return 0; }
