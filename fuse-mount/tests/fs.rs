@@ -1237,13 +1237,14 @@ async fn a_walker_s_next_larger_files_are_fetched_whole_within_a_quarter_of_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_walker_in_name_order_has_the_next_larger_files_fetched_only_their_first_chunk() {
-    // rsync walks a tree in name order, which is not the listing's: the files after the one
-    // it opens, in listing order, are not the ones it reads next, and fetched whole they
-    // took the memory its next file's reads needed (a WAN `rsync -a` of a PostgreSQL data
-    // directory a tenth slower). A walker whose moves between directories went forward in
-    // name order and back in listing order opens a file of a directory of larger files (4
-    // chunks each): the files after it come, but only their first chunk.
+async fn a_walker_in_name_order_has_its_next_larger_files_in_name_order_fetched_whole() {
+    // rsync walks a tree in name order, which is not the listing's. A walker whose moves
+    // between directories went forward in name order and back in listing order opens the
+    // second file by name of a directory of larger files (4 chunks each): the files after
+    // it in name order come whole (the next it reads: a WAN `rsync -a` of a PostgreSQL data
+    // directory a tenth faster), the one it passed only its first chunk, as the listing's
+    // files all get — not whole in the listing's order, where the files it reaches last
+    // would take the memory its next file's reads need.
     let chunk = 64 << 10;
     let src = tempfile::tempdir().unwrap();
     // Made out of name order, so that no file system lists them in it (some list in the
@@ -1251,14 +1252,13 @@ async fn a_walker_in_name_order_has_the_next_larger_files_fetched_only_their_fir
     for d in [5, 2, 7, 0, 3, 6, 1, 4] {
         let dir = src.path().join(format!("d{d}"));
         std::fs::create_dir(&dir).unwrap();
-        for f in 0..4u64 {
+        for f in [2, 0, 3, 1u64] {
             std::fs::write(dir.join(format!("f{f:02}")), data(4 * chunk, 10 * d + f)).unwrap();
         }
     }
     let fs = fs_over(src.path(), with_ttl(Duration::from_secs(30)), chunk as u32).await;
     let root = fs.opendir(ROOT_INO).await.unwrap();
-    let listed: Vec<Entry> = read_all(&fs, ROOT_INO, root, 512, true);
-    let listed: Vec<Vec<u8>> = listed
+    let listed: Vec<Vec<u8>> = read_all(&fs, ROOT_INO, root, 512, true)
         .into_iter()
         .filter(|e| e.kind == FileKind::Directory && e.name.starts_with('d'))
         .map(|e| e.name.into_bytes())
@@ -1277,33 +1277,43 @@ async fn a_walker_in_name_order_has_the_next_larger_files_fetched_only_their_fir
         last = read_all(&fs, d, h, 512, true)
             .into_iter()
             .filter(|e| e.kind == FileKind::File)
-            .map(|e| e.ino)
+            .map(|e| (e.name, e.ino))
             .collect();
     }
+    last.sort();
+    let ino = |f: usize| last[f].1;
     assert_eq!(last.len(), 4);
-    // The first file in the last directory's listing: the other three come after it there.
-    let o = fs.open(last[0], false).await.unwrap();
-    assert_eq!(
-        read_at(&fs, o.fh, 0, (4 * chunk) as u32).await.len(),
-        4 * chunk
-    );
+    // The second by name, as after the first.
+    let o = fs.open(ino(1), false).await.unwrap();
+    let size = 4 * chunk;
+    assert!(read_at(&fs, o.fh, 0, size as u32).await == data(size, 71));
     fs.release(o.fh);
-    let next = &last[1..];
+    let want = |f: usize| if f == 0 { 1 } else { 4 };
+    let others = [0, 2, 3];
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while next.iter().any(|&i| fs.chunks_in_memory(i) < 1) {
+    while others
+        .iter()
+        .any(|&f| fs.chunks_in_memory(ino(f)) < want(f))
+    {
         assert!(
             std::time::Instant::now() < deadline,
-            "the files after the one opened were not fetched ahead"
+            "the files after the one opened in name order were not fetched whole: chunks {:?}",
+            others.map(|f| fs.chunks_in_memory(ino(f)))
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let held: Vec<u64> = next.iter().map(|&i| fs.chunks_in_memory(i)).collect();
     assert_eq!(
-        held,
-        [1, 1, 1],
-        "a walker in name order had its next larger files fetched whole (chunks of 4 each)"
+        fs.chunks_in_memory(ino(0)),
+        1,
+        "the file the walker passed in name order was fetched whole"
     );
+    // What came ahead is the files' bytes.
+    for f in [2, 3] {
+        let o = fs.open(ino(f), false).await.unwrap();
+        assert!(read_at(&fs, o.fh, 0, size as u32).await == data(size, 70 + f as u64));
+        fs.release(o.fh);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1667,6 +1667,9 @@ impl Fs {
     /// files in listing order — rsync sorts by name — finds the ones it skipped on their
     /// way too), stopping when the chunk budget is spent (a later call resumes there).
     fn pipeline_files(&self, parent: u64, parent_path: &Bytes, from: usize) {
+        if lock(&self.dirs.ahead).by_name {
+            self.fetch_next_by_name(parent, parent_path, from);
+        }
         let (start, end, all) = {
             let mut ls = lock(&self.dirs.listings);
             let Some(l) = ls.by_dir.get_mut(&parent) else {
@@ -1693,7 +1696,8 @@ impl Fs {
         // Those already on their way are skipped. The larger files whole only for a walk in
         // listing order: for one in name order (rsync) the listing's order is not the
         // walker's, and files it reaches last would take the memory its next file's reads
-        // need (a WAN `rsync -a` of the pgdata tree a tenth slower).
+        // need (a WAN `rsync -a` of the pgdata tree a tenth slower); its next ones in name
+        // order came whole above.
         let ahead = if lock(&self.dirs.ahead).by_name {
             Ahead::Listing
         } else {
@@ -1710,6 +1714,50 @@ impl Fs {
         );
         if let Some(l) = lock(&self.dirs.listings).by_dir.get_mut(&parent) {
             l.pipelined_until = l.pipelined_until.max(done);
+        }
+    }
+
+    /// For a walker in name order (rsync): the larger files of `parent`'s kept listing that
+    /// follow the one it opened (entry `from - 1`; from the first when `from` is 0, as it
+    /// enters the directory) in name order, up to [`PIPELINE_FILES`] entries on, whole
+    /// within a quarter of the chunk memory each ([`Ahead::NextByName`]): the files it reads
+    /// next, carried by the link while it copies this one. Its small files come in runs in
+    /// the listing's order ([`Fs::pipeline_files`]).
+    fn fetch_next_by_name(&self, parent: u64, parent_path: &Bytes, from: usize) {
+        let next: Vec<DirItem> = {
+            let ls = lock(&self.dirs.listings);
+            let Some(l) = ls.by_dir.get(&parent) else {
+                return;
+            };
+            let (rank, order) = l.by_name();
+            let first = match from.checked_sub(1) {
+                None => 0,
+                Some(opened) => match rank.get(opened) {
+                    Some(&r) => r as usize + 1,
+                    None => return,
+                },
+            };
+            order
+                .iter()
+                .skip(first)
+                .take(PIPELINE_FILES)
+                .map(|&i| &l.items[i as usize])
+                .filter(|it| {
+                    it.attr.kind == FileKind::File && !is_small_file(it.attr.kind, it.attr.size)
+                })
+                .cloned()
+                .collect()
+        };
+        if !next.is_empty() {
+            fetch_files_ahead(
+                &self.client,
+                &self.store,
+                &self.dirs.runs,
+                parent_path,
+                &next,
+                0..next.len(),
+                Ahead::NextByName,
+            );
         }
     }
 }
