@@ -13,10 +13,7 @@
 //!   walk only lists, the furthest makes way for a nearer one (while it reads files, none
 //!   does: it would be listed again). One is used by its `opendir` if younger than the TTL,
 //!   and listed again while a walk goes on if it grew older. Directories larger than
-//!   [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Where a walk starts, the listings under
-//!   it come in one page from a ferryd that sends them ([`fetch_tree_below`]; not counted
-//!   against what may be held: [`DirsAhead::held_alone`]). Off when the attribute TTL is
-//!   zero.
+//!   [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Off when the attribute TTL is zero.
 //! - Symlink targets: read ahead with every listing (small, and `ls -l` asks for each).
 //! - Files ahead, only while files are being read (one opened within [`READING`]): with each
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
@@ -52,7 +49,7 @@
 //! of files read lately: [`Fs::pages_dropped`]), so no file's first chunk is asked for twice
 //! from one listing while the kernel holds what was read.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -108,10 +105,6 @@ const READING: Duration = Duration::from_secs(3);
 /// once, and a WAN copy's first subdirectory, listed a moment later, waited 130-220 ms for
 /// its first file behind the rest of the tree's first level.
 const RUNS_IN_FLIGHT: u64 = 8 << 20;
-/// Entries of the page of a tree's listings asked for when a walk starts ([`fetch_tree_below`]):
-/// a small tree is known at once rather than a round trip per level, a large one's first
-/// levels.
-const TREE_AHEAD_ENTRIES: u32 = 1024;
 /// Larger directories (by their size on the server) are not listed ahead.
 pub(super) const DIR_AHEAD_MAX_SIZE: u64 = 256 << 10;
 
@@ -306,9 +299,6 @@ struct DirsAhead {
     pos: HashMap<Bytes, Pos>,
     /// The positions in the other order.
     other: HashMap<Bytes, Pos>,
-    /// Listings held that came in a tree page with their parent's (some may be gone from
-    /// `by_path` since): not counted against what may be held while files are read.
-    from_pages: HashSet<Bytes>,
     by_name: bool,
     /// Moves of the walker from one directory to the next that went forward in listing
     /// order only, and in name order only.
@@ -376,20 +366,6 @@ impl DirsAhead {
     /// minutes, 66 s with this cap.
     fn held_while_reading(&self, min: usize) -> usize {
         (2 * self.walked.len()).clamp(min, DIRS_AHEAD)
-    }
-
-    /// Listings held that count against [`DirsAhead::held_while_reading`]: those listed
-    /// ahead each on its own. Those that came in a tree page with their parent's do not:
-    /// a page is small, and its listings the nearest to the walker after their parent.
-    fn held_alone(&mut self) -> usize {
-        self.forget_gone_pages();
-        self.by_path.len() - self.from_pages.len()
-    }
-
-    /// Forgets the listings of tree pages no longer held (so `from_pages` stays within
-    /// `by_path`).
-    fn forget_gone_pages(&mut self) {
-        self.from_pages.retain(|p| self.by_path.contains_key(p));
     }
 
     /// How far `pos` is from the walker, for ordering: ahead of it, nearest first, then
@@ -558,7 +534,7 @@ async fn fetch_listing(
     path: Bytes,
     reading: bool,
 ) -> Result<Vec<DirEntry>, ClientError> {
-    let client = &l.client;
+    let (client, store) = (&l.client, &l.store);
     // The extended attributes of the directory's entries come beside its listing, so
     // `ls -l` or `cp -a` does not wait a round trip for them.
     l.xattrs.ahead(client, &path, l.ttl);
@@ -567,52 +543,6 @@ async fn fetch_listing(
         // Owners not met yet are named before the listing is used (one request).
         ids.learn(client, entries.iter().map(|e| &e.attr)).await;
     }
-    Ok(listed(l, path, entries, reading, true))
-}
-
-/// The listings of the directories under `path` that one page of the server's tree
-/// listings holds whole (ReadTree, at most [`TREE_AHEAD_ENTRIES`] entries, `path`'s own
-/// listing, taken already, first), by path, breadth first, each taken as [`fetch_listing`]
-/// takes one but for its files, which wait in the pending queue to be fetched in the walk's
-/// order rather than the page's ([`Lister::top_up`]).
-async fn fetch_tree_below(
-    l: &Lister,
-    path: Bytes,
-    reading: bool,
-) -> Result<Vec<(Bytes, Vec<DirEntry>)>, ClientError> {
-    let client = &l.client;
-    let below: Vec<(Bytes, Vec<DirEntry>)> = client
-        .read_tree_whole(path.clone(), TREE_AHEAD_ENTRIES)
-        .await?
-        .into_iter()
-        .skip(1)
-        .map(|(rel, e)| (Bytes::from(join(&path, &rel)), e))
-        .collect();
-    if let Some(ids) = &l.ids {
-        let all = below.iter().flat_map(|(_, e)| e);
-        ids.learn(client, all.map(|e| &e.attr)).await;
-    }
-    Ok(below
-        .into_iter()
-        .map(|(p, e)| {
-            l.xattrs.ahead(client, &p, l.ttl);
-            let e = listed(l, p.clone(), e, reading, false);
-            (p, e)
-        })
-        .collect())
-}
-
-/// What follows a listing of directory `path` (see [`fetch_listing`]): its symlinks'
-/// targets read ahead, and its small files fetched now (`now`, when files are being read)
-/// or queued for later. Returns the entries.
-fn listed(
-    l: &Lister,
-    path: Bytes,
-    entries: Vec<DirEntry>,
-    reading: bool,
-    now: bool,
-) -> Vec<DirEntry> {
-    let (client, store) = (&l.client, &l.store);
     // Symlink targets are read ahead for every walk: `ls -l`, `find -printf %l` and the
     // copies all ask for them, one round trip each in turn otherwise.
     l.read_links_ahead(&path, &entries);
@@ -622,7 +552,7 @@ fn listed(
     // open and arriving after it (the first subdirectories') would otherwise wait for the
     // next open to be taken up, and the walker arrived there before its files (a WAN
     // copy's first subdirectory waited 60-195 ms on its first file).
-    let stopped = if now && (reading || l.reading()) {
+    let stopped = if reading || l.reading() {
         fetch_files_ahead(
             client,
             store,
@@ -640,7 +570,7 @@ fn listed(
         // first (its opens fetch the rest from their kept listings).
         lock(&l.pending).push_back((path, Instant::now(), Arc::new(entries.clone()), stopped));
     }
-    entries
+    Ok(entries)
 }
 
 /// Symlink targets read ahead, by path: the version of the link they were read for, and
@@ -868,12 +798,6 @@ impl ListedEntry for DirItem {
 }
 
 impl Lister {
-    /// Whether a walk's start brings the listings under it in a page
-    /// ([`fetch_tree_below`]): from a ferryd that sends a tree's listings (not from S3).
-    fn tree_ahead(&self) -> bool {
-        self.client.s3().is_none() && self.client.session().features & features::TREE != 0
-    }
-
     /// Whether files are being read: one was opened within [`READING`]. Only then do
     /// listings bring the contents of small files, and listings fetched ahead the first
     /// bytes of their files; a walk that only lists (`find`, `ls -lR`, `du`) moves no
@@ -988,12 +912,10 @@ impl Lister {
             self.ttl
         };
         a.expire(ttl);
-        let mut new_walk = false;
         let (base, base_other) = match (a.pos.get(path), a.other.get(path)) {
             (Some(p), Some(o)) => (p.clone(), o.clone()),
             _ => {
                 // A directory outside the walk so far: a new walk starts here.
-                new_walk = true;
                 a.todo.clear();
                 a.pos.clear();
                 a.other.clear();
@@ -1041,48 +963,6 @@ impl Lister {
             a.pos.clear();
             a.other.clear();
         }
-        if new_walk && !dirs.is_empty() && self.tree_ahead() {
-            // A walk's start: the listings under it come in one page (a round trip for a
-            // small tree's, rather than one per level), then the rest as usual.
-            a.in_flight += 1;
-            drop(a);
-            let me = self.clone();
-            let path = path.clone();
-            let started = Instant::now();
-            tokio::spawn(async move {
-                let reading = me.reading();
-                let below = fetch_tree_below(&me, path, reading)
-                    .await
-                    .unwrap_or_default();
-                {
-                    let mut a = lock(&me.ahead);
-                    a.in_flight -= 1;
-                    a.forget_gone_pages();
-                    // Held as if each had been listed ahead when the page was asked for,
-                    // before its parent's turn below finds it to list.
-                    for (path, entries) in &below {
-                        if a.walked.contains_key(path) || a.by_path.contains_key(path) {
-                            continue;
-                        }
-                        let cell = tokio::sync::OnceCell::new_with(Some(Ok(entries.clone())));
-                        a.by_path.insert(path.clone(), (started, Arc::new(cell)));
-                        a.order.push_back(path.clone());
-                        a.from_pages.insert(path.clone());
-                    }
-                }
-                // Breadth first: each parent's turn gives its subdirectories their places
-                // in the walk before theirs come; the last turn launches what is left.
-                for (path, entries) in &below {
-                    // Not one the walk no longer knows (another walk started since): its
-                    // turn would start a walk there.
-                    if lock(&me.ahead).pos.contains_key(path) {
-                        me.list_subdirs_ahead(path, entries);
-                    }
-                }
-                me.launch(&mut lock(&me.ahead));
-            });
-            return;
-        }
         self.launch(&mut a);
     }
 
@@ -1104,7 +984,7 @@ impl Lister {
             } else {
                 HELD_WHILE_READING_MIN
             };
-            if self.reading() && a.held_alone() >= a.held_while_reading(min) {
+            if self.reading() && a.by_path.len() >= a.held_while_reading(min) {
                 // Full while files are read: the walker moves at the pace of its copies and
                 // reaches the listings held before they expire; one that made way would be
                 // listed again soon (a `cp -r` of a 919-directory source tree listed them
