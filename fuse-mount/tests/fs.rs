@@ -352,6 +352,80 @@ async fn requests_served(metrics: std::net::SocketAddr) -> u64 {
         .unwrap_or_else(|| panic!("no request count in {text}"))
 }
 
+/// Listing requests of kind `kind` (`read_dir`, `read_dir_data`, `read_tree`) a server
+/// serving its metrics on `metrics` has received.
+async fn listings_served(metrics: std::net::SocketAddr, kind: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(metrics).await.unwrap();
+    c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).await.unwrap();
+    let prefix = format!("ferry_server_listings_total{{kind=\"{kind}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {kind} count in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_s_start_brings_the_listings_under_it_in_one_page() {
+    // A narrow tree eight levels deep (a git checkout's `.git/refs/remotes/origin`, a
+    // source tree's `archs/*/asm/providers/common/include/prov`): listed ahead a level per
+    // round trip, a walker on a WAN outran the listings (`find` over a git tree 0.38 s,
+    // 0.26 s with the page). As the walk starts, one ReadTree brings the listings under
+    // it, and the walker's every level is then served from them, none listed again.
+    let src = tempfile::tempdir().unwrap();
+    let mut deep = src.path().join("t");
+    for level in 0..8 {
+        deep = deep.join(format!("l{level}"));
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("f"), b"x").unwrap();
+    }
+    let metrics = free_addr();
+    let fs = fs_over_with_metrics(
+        src.path(),
+        with_ttl(Duration::from_secs(30)),
+        64 << 10,
+        Some(metrics),
+    )
+    .await;
+    let subdir = |fs: &Fs, ino: u64, fh: u64| {
+        read_all(fs, ino, fh, 512, true)
+            .into_iter()
+            .find(|e| e.kind == FileKind::Directory && !e.name.starts_with('.'))
+            .map(|e| e.ino)
+    };
+    let root = fs.opendir(ROOT_INO).await.unwrap();
+    let mut dir = subdir(&fs, ROOT_INO, root).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while listings_served(metrics, "read_tree").await < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the walk's start asked for no page of the tree's listings"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let listed_before = listings_served(metrics, "read_dir").await;
+    // Down the tree, each directory's listing read, as `find` or `cp -r` would.
+    let mut levels = 0;
+    while levels < 20 {
+        let fh = fs.opendir(dir).await.unwrap();
+        levels += 1;
+        match subdir(&fs, dir, fh) {
+            Some(d) => dir = d,
+            None => break,
+        }
+    }
+    assert_eq!(levels, 9, "t and its eight levels");
+    assert_eq!(
+        listings_served(metrics, "read_dir").await - listed_before,
+        0,
+        "directories of the page were listed again for the walker"
+    );
+    assert_eq!(listings_served(metrics, "read_tree").await, 1);
+}
+
 /// A directory `big` of `files` files, file `i` holding `content(i)`, too large to list
 /// ahead (over 256 KiB on the server: names of 126 bytes, `00042-nnn…`).
 fn large_dir(files: usize, content: impl Fn(usize) -> Vec<u8>) -> tempfile::TempDir {
@@ -944,10 +1018,9 @@ async fn list_dirs_of_files(fs: &Fs, dirs: usize, files: usize) -> Vec<(u64, Vec
 async fn small_files_ahead_go_a_bounded_amount_at_a_time_nearest_directories_first() {
     // Five directories of 40 small files (60,000 bytes each, 12 MB in all) are listed before
     // any file is opened, so their files wait for a read to start. The first open sends
-    // runs for them nearest first, only while less than 8 MiB of them are on their way:
-    // the first directory's files come, the last one's wait for a later open. (Before,
-    // the first open asked for every listing's files at once, and a directory the walker
-    // reached next waited behind all of them.)
+    // runs for them nearest first, only while less than 8 MiB of them are on their way.
+    // (Before, the first open asked for every listing's files at once, and a directory the
+    // walker reached next waited behind all of them.)
     let src = dirs_of_files(5, 40, 60_000);
     let ttl = Duration::from_secs(30);
     let fs = fs_over(src.path(), with_ttl(ttl), 64 << 10).await;
@@ -956,14 +1029,17 @@ async fn small_files_ahead_go_a_bounded_amount_at_a_time_nearest_directories_fir
         .into_iter()
         .map(|(_, f)| f)
         .collect();
-    let held = |fs: &Fs| -> usize {
+    let held_per_dir = |fs: &Fs| -> Vec<usize> {
         files
             .iter()
-            .flatten()
-            .filter(|&&i| fs.held_whole(i))
-            .count()
+            .map(|d| d.iter().filter(|&&i| fs.held_whole(i)).count())
+            .collect()
     };
-    assert_eq!(held(&fs), 0, "nothing is fetched while the walk only lists");
+    assert_eq!(
+        held_per_dir(&fs),
+        [0; 5],
+        "nothing is fetched while the walk only lists"
+    );
     let first = fs.open(files[0][0], false).await.unwrap();
     assert!(read_at(&fs, first.fh, 0, 1 << 20).await == data(60_000, 0));
     fs.release(first.fh);
@@ -977,16 +1053,20 @@ async fn small_files_ahead_go_a_bounded_amount_at_a_time_nearest_directories_fir
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // Runs answered while the open still sent others made room for more, so a little over
-    // 8 MiB may have come; not the 12 MB of all five directories.
-    let after_first = held(&fs);
+    // Runs answered while the open still sent others made room for more (how many depends
+    // on how soon this machine's server answered), so more than 8 MiB may have come in all;
+    // never more than 8 MiB on their way at once, and nearest first: a directory's files
+    // only after all of the nearer ones' (the first's but the one read).
+    let peak = fs.small_file_runs_peak();
     assert!(
-        after_first * 60_000 <= 10 << 20,
-        "the first open asked for {after_first} files of 60,000 bytes (at most 8 MiB on their way at once)"
+        peak > 0 && peak <= 8 << 20,
+        "{peak} bytes of small files were on their way at once (at most 8 MiB)"
     );
+    let held = held_per_dir(&fs);
+    let whole = |d: usize| held[d] + usize::from(d == 0) >= 40;
     assert!(
-        files[4].iter().all(|&i| !fs.held_whole(i)),
-        "the furthest directory's files came with the first open, before nearer ones"
+        (1..5).all(|d| held[d] == 0 || whole(d - 1)),
+        "files of a further directory came before a nearer one's: {held:?} of 40 each held"
     );
     // The next opens take up the rest.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -994,8 +1074,8 @@ async fn small_files_ahead_go_a_bounded_amount_at_a_time_nearest_directories_fir
     while !files[4].iter().all(|&i| fs.held_whole(i)) {
         assert!(
             std::time::Instant::now() < deadline,
-            "the last directory's files never came ahead ({} of 200 held)",
-            held(&fs)
+            "the last directory's files never came ahead ({:?} of 40 each held)",
+            held_per_dir(&fs)
         );
         let o = fs.open(files[0][next % 40], false).await.unwrap();
         fs.release(o.fh);

@@ -13,7 +13,10 @@
 //!   walk only lists, the furthest makes way for a nearer one (while it reads files, none
 //!   does: it would be listed again). One is used by its `opendir` if younger than the TTL,
 //!   and listed again while a walk goes on if it grew older. Directories larger than
-//!   [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Off when the attribute TTL is zero.
+//!   [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Where a walk starts, the listings under
+//!   it come in one page from a ferryd that sends them ([`fetch_tree_below`]; not counted
+//!   against what may be held: [`DirsAhead::held_alone`]). Off when the attribute TTL is
+//!   zero.
 //! - Symlink targets: read ahead with every listing (small, and `ls -l` asks for each).
 //! - Files ahead, only while files are being read (one opened within [`READING`]): with each
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
@@ -49,7 +52,7 @@
 //! of files read lately: [`Fs::pages_dropped`]), so no file's first chunk is asked for twice
 //! from one listing while the kernel holds what was read.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -105,6 +108,10 @@ const READING: Duration = Duration::from_secs(3);
 /// once, and a WAN copy's first subdirectory, listed a moment later, waited 130-220 ms for
 /// its first file behind the rest of the tree's first level.
 const RUNS_IN_FLIGHT: u64 = 8 << 20;
+/// Entries of the page of a tree's listings asked for when a walk starts ([`fetch_tree_below`]):
+/// a small tree is known at once rather than a round trip per level, a large one's first
+/// levels.
+const TREE_AHEAD_ENTRIES: u32 = 1024;
 /// Larger directories (by their size on the server) are not listed ahead.
 pub(super) const DIR_AHEAD_MAX_SIZE: u64 = 256 << 10;
 
@@ -299,6 +306,9 @@ struct DirsAhead {
     pos: HashMap<Bytes, Pos>,
     /// The positions in the other order.
     other: HashMap<Bytes, Pos>,
+    /// Listings held that came in a tree page with their parent's (some may be gone from
+    /// `by_path` since): not counted against what may be held while files are read.
+    from_pages: HashSet<Bytes>,
     by_name: bool,
     /// Moves of the walker from one directory to the next that went forward in listing
     /// order only, and in name order only.
@@ -368,6 +378,20 @@ impl DirsAhead {
         (2 * self.walked.len()).clamp(min, DIRS_AHEAD)
     }
 
+    /// Listings held that count against [`DirsAhead::held_while_reading`]: those listed
+    /// ahead each on its own. Those that came in a tree page with their parent's do not:
+    /// a page is small, and its listings the nearest to the walker after their parent.
+    fn held_alone(&mut self) -> usize {
+        self.forget_gone_pages();
+        self.by_path.len() - self.from_pages.len()
+    }
+
+    /// Forgets the listings of tree pages no longer held (so `from_pages` stays within
+    /// `by_path`).
+    fn forget_gone_pages(&mut self) {
+        self.from_pages.retain(|p| self.by_path.contains_key(p));
+    }
+
     /// How far `pos` is from the walker, for ordering: ahead of it, nearest first, then
     /// behind it.
     fn rank<'a>(&self, pos: &'a Pos) -> (bool, &'a Pos) {
@@ -416,8 +440,7 @@ pub(super) struct Dirs {
     /// When a file was last opened (see [`Lister::reading`]).
     last_open: Arc<Mutex<Option<Instant>>>,
     pending: Arc<Mutex<PendingData>>,
-    /// Bytes of small files in runs on their way ([`RUNS_IN_FLIGHT`]).
-    runs: Arc<AtomicU64>,
+    runs: Arc<RunsInFlight>,
     links: Arc<Mutex<Links>>,
     /// Attributes of files in large directories, asked ahead of their opens.
     stats: Arc<Mutex<StatsAhead>>,
@@ -514,8 +537,7 @@ struct Lister {
     open_ttl: Duration,
     last_open: Arc<Mutex<Option<Instant>>>,
     pending: Arc<Mutex<PendingData>>,
-    /// Bytes of small files in runs on their way ([`RUNS_IN_FLIGHT`]).
-    runs: Arc<AtomicU64>,
+    runs: Arc<RunsInFlight>,
     links: Arc<Mutex<Links>>,
     xattrs: Arc<super::xattrs::Xattrs>,
     ids: Option<Arc<NameMap>>,
@@ -534,7 +556,7 @@ async fn fetch_listing(
     path: Bytes,
     reading: bool,
 ) -> Result<Vec<DirEntry>, ClientError> {
-    let (client, store) = (&l.client, &l.store);
+    let client = &l.client;
     // The extended attributes of the directory's entries come beside its listing, so
     // `ls -l` or `cp -a` does not wait a round trip for them.
     l.xattrs.ahead(client, &path, l.ttl);
@@ -543,16 +565,47 @@ async fn fetch_listing(
         // Owners not met yet are named before the listing is used (one request).
         ids.learn(client, entries.iter().map(|e| &e.attr)).await;
     }
-    // Symlink targets are read ahead for every walk: `ls -l`, `find -printf %l` and the
-    // copies all ask for them, one round trip each in turn otherwise.
-    l.read_links_ahead(&path, &entries);
     // Not reading yet (a walk that only lists, or a copy before its first open): the
     // files wait in the pending queue, taken up once files are opened. Whether files are
     // read is asked again now the listing is here: one asked for before the walk's first
     // open and arriving after it (the first subdirectories') would otherwise wait for the
     // next open to be taken up, and the walker arrived there before its files (a WAN
     // copy's first subdirectory waited 60-195 ms on its first file).
-    let stopped = if reading || l.reading() {
+    let fetch = reading || l.reading();
+    Ok(listed(l, path, entries, fetch))
+}
+
+/// The listings of the directories under `path` that one page of the server's tree
+/// listings holds whole (ReadTree, at most [`TREE_AHEAD_ENTRIES`] entries, `path`'s own
+/// listing, taken already, left out), by path, breadth first, their owners named.
+async fn fetch_tree_below(
+    l: &Lister,
+    path: Bytes,
+) -> Result<Vec<(Bytes, Vec<DirEntry>)>, ClientError> {
+    let client = &l.client;
+    let below: Vec<(Bytes, Vec<DirEntry>)> = client
+        .read_tree_whole(path.clone(), TREE_AHEAD_ENTRIES)
+        .await?
+        .into_iter()
+        .skip(1)
+        .map(|(rel, e)| (Bytes::from(join(&path, &rel)), e))
+        .collect();
+    if let Some(ids) = &l.ids {
+        let all = below.iter().flat_map(|(_, e)| e);
+        ids.learn(client, all.map(|e| &e.attr)).await;
+    }
+    Ok(below)
+}
+
+/// What follows a listing of directory `path` (see [`fetch_listing`]): its symlinks'
+/// targets read ahead, and its small files fetched now (`fetch`: files are being read) or
+/// queued for later. Returns the entries.
+fn listed(l: &Lister, path: Bytes, entries: Vec<DirEntry>, fetch: bool) -> Vec<DirEntry> {
+    let (client, store) = (&l.client, &l.store);
+    // Symlink targets are read ahead for every walk: `ls -l`, `find -printf %l` and the
+    // copies all ask for them, one round trip each in turn otherwise.
+    l.read_links_ahead(&path, &entries);
+    let stopped = if fetch {
         fetch_files_ahead(
             client,
             store,
@@ -570,7 +623,7 @@ async fn fetch_listing(
         // first (its opens fetch the rest from their kept listings).
         lock(&l.pending).push_back((path, Instant::now(), Arc::new(entries.clone()), stopped));
     }
-    Ok(entries)
+    entries
 }
 
 /// Symlink targets read ahead, by path: the version of the link they were read for, and
@@ -644,7 +697,7 @@ const PENDING_ENTRIES: usize = 1 << 16;
 fn fetch_files_ahead<E: ListedEntry + Named>(
     client: &Client,
     store: &Arc<ChunkStore>,
-    in_flight: &Arc<AtomicU64>,
+    in_flight: &Arc<RunsInFlight>,
     dir: &Bytes,
     entries: &[E],
     range: std::ops::Range<usize>,
@@ -653,7 +706,7 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
     let runs = ahead != Ahead::NextByName && client.session().features & features::DIR_DATA != 0;
     let mut stopped = range.end;
     let mut places: HashMap<usize, (FileKey, oneshot::Sender<Bytes>)> = HashMap::new();
-    let on_the_way = in_flight.load(Ordering::Relaxed);
+    let on_the_way = in_flight.now.load(Ordering::Relaxed);
     let mut asked = 0;
     for (i, e) in entries.iter().enumerate().take(range.end).skip(range.start) {
         let a = e.attr();
@@ -719,7 +772,7 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
         let client = client.with_class(Class::Prediction);
         let dir = dir.clone();
         let bytes = want.values().map(|(k, _)| k.version.size).sum();
-        in_flight.fetch_add(bytes, Ordering::Relaxed);
+        in_flight.add(bytes);
         let on_its_way = OnItsWay(in_flight.clone(), bytes);
         tokio::spawn(async move {
             let _on_its_way = on_its_way;
@@ -762,12 +815,27 @@ enum Ahead {
     NextByName,
 }
 
+/// Bytes of small files in runs on their way ([`RUNS_IN_FLIGHT`]), and the most there were
+/// at once.
+#[derive(Default)]
+struct RunsInFlight {
+    now: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl RunsInFlight {
+    fn add(&self, bytes: u64) {
+        let now = self.now.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
 /// A run's bytes counted in [`Lister::runs`] until it is answered (or dropped).
-struct OnItsWay(Arc<AtomicU64>, u64);
+struct OnItsWay(Arc<RunsInFlight>, u64);
 
 impl Drop for OnItsWay {
     fn drop(&mut self) {
-        self.0.fetch_sub(self.1, Ordering::Relaxed);
+        self.0.now.fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 
@@ -798,6 +866,12 @@ impl ListedEntry for DirItem {
 }
 
 impl Lister {
+    /// Whether a walk's start brings the listings under it in a page
+    /// ([`fetch_tree_below`]): from a ferryd that sends a tree's listings (not from S3).
+    fn tree_ahead(&self) -> bool {
+        self.client.s3().is_none() && self.client.session().features & features::TREE != 0
+    }
+
     /// Whether files are being read: one was opened within [`READING`]. Only then do
     /// listings bring the contents of small files, and listings fetched ahead the first
     /// bytes of their files; a walk that only lists (`find`, `ls -lR`, `du`) moves no
@@ -912,10 +986,12 @@ impl Lister {
             self.ttl
         };
         a.expire(ttl);
+        let mut new_walk = false;
         let (base, base_other) = match (a.pos.get(path), a.other.get(path)) {
             (Some(p), Some(o)) => (p.clone(), o.clone()),
             _ => {
                 // A directory outside the walk so far: a new walk starts here.
+                new_walk = true;
                 a.todo.clear();
                 a.pos.clear();
                 a.other.clear();
@@ -963,6 +1039,58 @@ impl Lister {
             a.pos.clear();
             a.other.clear();
         }
+        if new_walk && !dirs.is_empty() && self.tree_ahead() {
+            // A walk's start: the listings under it come in one page (a round trip for a
+            // small tree's, rather than one per level), then the rest as usual.
+            a.in_flight += 1;
+            drop(a);
+            let me = self.clone();
+            let path = path.clone();
+            let started = Instant::now();
+            tokio::spawn(async move {
+                let below = fetch_tree_below(&me, path).await.unwrap_or_default();
+                let held: Vec<bool> = {
+                    let mut a = lock(&me.ahead);
+                    a.in_flight -= 1;
+                    a.forget_gone_pages();
+                    // Held as if each had been listed ahead when the page was asked for,
+                    // before its parent's turn below finds it to list; not one walked or
+                    // held already (listed since the page was asked for: its files are
+                    // pending or on their way from that listing).
+                    below
+                        .iter()
+                        .map(|(path, entries)| {
+                            if a.walked.contains_key(path) || a.by_path.contains_key(path) {
+                                return false;
+                            }
+                            let cell = tokio::sync::OnceCell::new_with(Some(Ok(entries.clone())));
+                            a.by_path.insert(path.clone(), (started, Arc::new(cell)));
+                            a.order.push_back(path.clone());
+                            a.from_pages.insert(path.clone());
+                            true
+                        })
+                        .collect()
+                };
+                // Taken as fetch_listing takes a listing, but for the files, which wait in
+                // the pending queue to be fetched in the walk's order rather than the
+                // page's (Lister::top_up).
+                for ((path, entries), _) in below.iter().zip(&held).filter(|(_, &h)| h) {
+                    me.xattrs.ahead(&me.client, path, me.ttl);
+                    listed(&me, path.clone(), entries.clone(), false);
+                }
+                // Breadth first: each parent's turn gives its subdirectories their places
+                // in the walk before theirs come; the last turn launches what is left.
+                for (path, entries) in &below {
+                    // Not one the walk no longer knows (another walk started since): its
+                    // turn would start a walk there.
+                    if lock(&me.ahead).pos.contains_key(path) {
+                        me.list_subdirs_ahead(path, entries);
+                    }
+                }
+                me.launch(&mut lock(&me.ahead));
+            });
+            return;
+        }
         self.launch(&mut a);
     }
 
@@ -984,7 +1112,7 @@ impl Lister {
             } else {
                 HELD_WHILE_READING_MIN
             };
-            if self.reading() && a.by_path.len() >= a.held_while_reading(min) {
+            if self.reading() && a.held_alone() >= a.held_while_reading(min) {
                 // Full while files are read: the walker moves at the pace of its copies and
                 // reaches the listings held before they expire; one that made way would be
                 // listed again soon (a `cp -r` of a 919-directory source tree listed them
@@ -1150,6 +1278,12 @@ impl Fs {
             self.refresh_ancestors(&path);
         }
         Ok(fh)
+    }
+
+    /// The most bytes of small files in runs ahead of the walker that were on their way at
+    /// once since the mount started (`RUNS_IN_FLIGHT`, 8 MiB, bounds it).
+    pub fn small_file_runs_peak(&self) -> u64 {
+        self.dirs.runs.peak.load(Ordering::Relaxed)
     }
 
     /// How long ago the listing of directory `dir` kept for lookups and opens was taken;

@@ -328,6 +328,31 @@ impl Client {
         path: Bytes,
         max_entries: u32,
     ) -> Result<Vec<(Bytes, Vec<DirEntry>)>, ClientError> {
+        self.tree(path, max_entries, true).await
+    }
+
+    /// As [`Client::read_tree`], but a subdirectory's listing the page cut short is left
+    /// out rather than completed (only that of `path` itself is): one round trip for the
+    /// listings that came whole, for a caller that lists the rest when it needs them.
+    ///
+    /// # Errors
+    /// As [`Client::read_tree`].
+    pub async fn read_tree_whole(
+        &self,
+        path: Bytes,
+        max_entries: u32,
+    ) -> Result<Vec<(Bytes, Vec<DirEntry>)>, ClientError> {
+        self.tree(path, max_entries, false).await
+    }
+
+    /// A page of ReadTree, its cut listing completed if `complete_below` or it is
+    /// `path`'s, else left out.
+    async fn tree(
+        &self,
+        path: Bytes,
+        max_entries: u32,
+        complete_below: bool,
+    ) -> Result<Vec<(Bytes, Vec<DirEntry>)>, ClientError> {
         if self.session().features & features::TREE == 0 {
             return Err(ClientError::Remote {
                 status: Status::Unsupported,
@@ -345,6 +370,9 @@ impl Client {
         let mut all = Vec::with_capacity(page.dirs.len());
         for dir in checked_tree(page)? {
             let mut entries = dir.entries;
+            if !dir.eof && !complete_below && !dir.rel.is_empty() {
+                continue;
+            }
             if !dir.eof {
                 let full = if dir.rel.is_empty() {
                     path.clone()
@@ -837,6 +865,36 @@ mod tests {
         let rels: Vec<&[u8]> = tree.iter().map(|(r, _)| &r[..]).collect();
         assert_eq!(rels, [&b""[..], b"e"]);
         assert_eq!(tree[0].1.len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tree_s_whole_listings_leave_out_a_subdirectory_s_cut_short() {
+        let dir = tempfile::tempdir().unwrap();
+        for (sub, n) in [("a", 3), ("b", 4)] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+            for i in 0..n {
+                std::fs::write(dir.path().join(sub).join(format!("f{i}")), b"x").unwrap();
+            }
+        }
+        let (addr, _stop) = serve(dir.path()).await;
+        let client = connect(addr, 1).await;
+        // Room for the root's 2 entries, one of its listings (3 or 4, whichever the server
+        // lists first) and part of the other.
+        let completed = client.read_tree(Bytes::new(), 8).await.unwrap();
+        let whole = client.read_tree_whole(Bytes::new(), 8).await.unwrap();
+        let sizes = |t: &[(Bytes, Vec<DirEntry>)]| -> Vec<(Vec<u8>, usize)> {
+            t.iter().map(|(r, e)| (r.to_vec(), e.len())).collect()
+        };
+        assert_eq!(completed.len(), 3, "{:?}", sizes(&completed));
+        assert!(completed.iter().all(|(r, e)| e.len()
+            == match &r[..] {
+                b"" => 2,
+                b"a" => 3,
+                _ => 4,
+            }));
+        // The one cut short is left out; the rest as read_tree gives them.
+        assert_eq!(whole.len(), 2, "{:?}", sizes(&whole));
+        assert_eq!(sizes(&whole), sizes(&completed[..2]));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
