@@ -1802,17 +1802,39 @@ def c_busy_handshakes():
             FAIL("limits.handshakes_beyond_waiting_busy_at_once", repr(e))
         finally:
             c.close()
-        # a waiting one gets a place when a handshake completes in time
-        held[0].send_hello()
-        held[0].read_welcome()
-        try:
-            got = waiting[0].t.recv_raw_exact(8)
-            ok("limits.waiting_handshake_gets_freed_place", got == F.MAGIC + bytes([1, 0, 0]),
-               "§16: a waiting connection should get the place freed within 0.5 s; got %r" % got)
-        except F.Closed as e:
-            FAIL("limits.waiting_handshake_gets_freed_place", repr(e))
         for w in waiting:
             w.close()
+        time.sleep(0.6)  # their waits over: none counts as waiting any more
+        # a waiting one gets a place when a handshake completes in time: with the address's
+        # two places held by stalled handshakes, one more waits, and a stalled one completes.
+        # Tried again (a new stalled handshake in the place freed) when this machine took
+        # longer than the wait (0.5 s) to complete it: the server then rightly says Busy.
+        staller = held[0]
+        for attempt in range(3):
+            w = srv.raw(timeout=5)
+            t0 = time.monotonic()
+            w.t.sendall(F.MAGIC + bytes([1, 0, 0]))
+            time.sleep(0.05)
+            staller.send_hello()
+            staller.read_welcome()
+            freed = time.monotonic() - t0
+            try:
+                got = w.t.recv_raw_exact(8)
+            except F.Closed as e:
+                got = repr(e)
+            finally:
+                w.close()
+            if got == F.MAGIC + bytes([1, 0, 0]) or freed < 0.45 or attempt == 2:
+                break
+            staller = srv.raw(timeout=5)
+            staller.preamble(0)
+            held.append(staller)
+        if got != F.MAGIC + bytes([1, 0, 0]) and freed >= 0.45:
+            NOTE("limits.waiting_handshake_gets_freed_place",
+                 "not checked: completing a handshake took %.2f s here in 3 tries, longer than the 0.5 s wait" % freed)
+        else:
+            ok("limits.waiting_handshake_gets_freed_place", got == F.MAGIC + bytes([1, 0, 0]),
+               "§16: a waiting connection should get the place freed %.2f s after it came (within its 0.5 s); got %r" % (freed, got))
         # authenticated connections do not count against the address
         held[1].close()
         time.sleep(0.2)
