@@ -13,10 +13,10 @@
 //!   walk only lists, the furthest makes way for a nearer one (while it reads files, none
 //!   does: it would be listed again). One is used by its `opendir` if younger than the TTL,
 //!   and listed again while a walk goes on if it grew older. Directories larger than
-//!   [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Where a walk starts, the listings under
-//!   it come in one page from a ferryd that sends them ([`fetch_tree_below`]; not counted
-//!   against what may be held: [`DirsAhead::held_alone`]). Off when the attribute TTL is
-//!   zero.
+//!   [`DIR_AHEAD_MAX_SIZE`] are not listed ahead. Where a walk starts, its directory's
+//!   listing comes with the listings under it in one page from a ferryd that sends them
+//!   ([`fetch_tree`]; those held are not counted against what may be held:
+//!   [`DirsAhead::held_alone`]). Off when the attribute TTL is zero.
 //! - Symlink targets: read ahead with every listing (small, and `ls -l` asks for each).
 //! - Files ahead, only while files are being read (one opened within [`READING`]): with each
 //!   listing, the contents of its small files in runs of ReadDirData and the first chunk of
@@ -108,7 +108,7 @@ const READING: Duration = Duration::from_secs(3);
 /// once, and a WAN copy's first subdirectory, listed a moment later, waited 130-220 ms for
 /// its first file behind the rest of the tree's first level.
 const RUNS_IN_FLIGHT: u64 = 8 << 20;
-/// Entries of the page of a tree's listings asked for when a walk starts ([`fetch_tree_below`]):
+/// Entries of the page of a tree's listings asked for when a walk starts ([`fetch_tree`]):
 /// a small tree is known at once rather than a round trip per level, a large one's first
 /// levels.
 const TREE_AHEAD_ENTRIES: u32 = 1024;
@@ -575,26 +575,26 @@ async fn fetch_listing(
     Ok(listed(l, path, entries, fetch))
 }
 
-/// The listings of the directories under `path` that one page of the server's tree
-/// listings holds whole (ReadTree, at most [`TREE_AHEAD_ENTRIES`] entries, `path`'s own
-/// listing, taken already, left out), by path, breadth first, their owners named.
-async fn fetch_tree_below(
-    l: &Lister,
-    path: Bytes,
-) -> Result<Vec<(Bytes, Vec<DirEntry>)>, ClientError> {
+/// The listings of directory `path` and of the directories under it that one page of
+/// the server's tree listings holds whole (ReadTree, at most [`TREE_AHEAD_ENTRIES`]
+/// entries; `path`'s own listing first, completed if the page cut it short), by path,
+/// breadth first, their owners named.
+async fn fetch_tree(l: &Lister, path: Bytes) -> Result<Tree, ClientError> {
     let client = &l.client;
-    let below: Vec<(Bytes, Vec<DirEntry>)> = client
+    let tree: Tree = client
         .read_tree_whole(path.clone(), TREE_AHEAD_ENTRIES)
         .await?
         .into_iter()
-        .skip(1)
-        .map(|(rel, e)| (Bytes::from(join(&path, &rel)), e))
+        .map(|(rel, e)| match rel.is_empty() {
+            true => (path.clone(), e),
+            false => (Bytes::from(join(&path, &rel)), e),
+        })
         .collect();
     if let Some(ids) = &l.ids {
-        let all = below.iter().flat_map(|(_, e)| e);
+        let all = tree.iter().flat_map(|(_, e)| e);
         ids.learn(client, all.map(|e| &e.attr)).await;
     }
-    Ok(below)
+    Ok(tree)
 }
 
 /// What follows a listing of directory `path` (see [`fetch_listing`]): its symlinks'
@@ -625,6 +625,13 @@ fn listed(l: &Lister, path: Bytes, entries: Vec<DirEntry>, fetch: bool) -> Vec<D
     }
     entries
 }
+
+/// Listings by directory path (a page of a tree's: [`fetch_tree`]).
+type Tree = Vec<(Bytes, Vec<DirEntry>)>;
+
+/// A directory's entries, when they were listed, and where a walk starts there, the
+/// listings under it that came with them ([`Fs::listing`]).
+type Listed = (Vec<DirEntry>, Instant, Option<Tree>);
 
 /// Symlink targets read ahead, by path: the version of the link they were read for, and
 /// when it was listed.
@@ -867,7 +874,7 @@ impl ListedEntry for DirItem {
 
 impl Lister {
     /// Whether a walk's start brings the listings under it in a page
-    /// ([`fetch_tree_below`]): from a ferryd that sends a tree's listings (not from S3).
+    /// ([`fetch_tree`]): from a ferryd that sends a tree's listings (not from S3).
     fn tree_ahead(&self) -> bool {
         self.client.s3().is_none() && self.client.session().features & features::TREE != 0
     }
@@ -973,6 +980,18 @@ impl Lister {
     /// each arrives, the first bytes of its first files are fetched and its own
     /// subdirectories listed, up to [`DIRS_AHEAD`] listings held.
     fn list_subdirs_ahead(&self, path: &Bytes, entries: &[DirEntry]) {
+        self.list_subdirs_ahead_paged(path, entries, None);
+    }
+
+    /// As [`Lister::list_subdirs_ahead`]; where a walk starts, `page` holds the listings
+    /// under `path` that came with its own (from [`fetch_tree`], and when it was asked for)
+    /// rather than being asked for now.
+    fn list_subdirs_ahead_paged(
+        &self,
+        path: &Bytes,
+        entries: &[DirEntry],
+        page: Option<(Instant, Tree)>,
+    ) {
         if self.ttl.is_zero() {
             return; // every opendir lists afresh
         }
@@ -1039,59 +1058,77 @@ impl Lister {
             a.pos.clear();
             a.other.clear();
         }
-        if new_walk && !dirs.is_empty() && self.tree_ahead() {
-            // A walk's start: the listings under it come in one page (a round trip for a
-            // small tree's, rather than one per level), then the rest as usual.
-            a.in_flight += 1;
-            drop(a);
-            let me = self.clone();
-            let path = path.clone();
-            let started = Instant::now();
-            tokio::spawn(async move {
-                let below = fetch_tree_below(&me, path).await.unwrap_or_default();
-                let held: Vec<bool> = {
-                    let mut a = lock(&me.ahead);
-                    a.in_flight -= 1;
-                    a.forget_gone_pages();
-                    // Held as if each had been listed ahead when the page was asked for,
-                    // before its parent's turn below finds it to list; not one walked or
-                    // held already (listed since the page was asked for: its files are
-                    // pending or on their way from that listing).
-                    below
-                        .iter()
-                        .map(|(path, entries)| {
-                            if a.walked.contains_key(path) || a.by_path.contains_key(path) {
-                                return false;
-                            }
-                            let cell = tokio::sync::OnceCell::new_with(Some(Ok(entries.clone())));
-                            a.by_path.insert(path.clone(), (started, Arc::new(cell)));
-                            a.order.push_back(path.clone());
-                            a.from_pages.insert(path.clone());
-                            true
-                        })
-                        .collect()
-                };
-                // Taken as fetch_listing takes a listing, but for the files, which wait in
-                // the pending queue to be fetched in the walk's order rather than the
-                // page's (Lister::top_up).
-                for ((path, entries), _) in below.iter().zip(&held).filter(|(_, &h)| h) {
-                    me.xattrs.ahead(&me.client, path, me.ttl);
-                    listed(&me, path.clone(), entries.clone(), false);
-                }
-                // Breadth first: each parent's turn gives its subdirectories their places
-                // in the walk before theirs come; the last turn launches what is left.
-                for (path, entries) in &below {
-                    // Not one the walk no longer knows (another walk started since): its
-                    // turn would start a walk there.
-                    if lock(&me.ahead).pos.contains_key(path) {
-                        me.list_subdirs_ahead(path, entries);
-                    }
-                }
-                me.launch(&mut lock(&me.ahead));
-            });
-            return;
+        if new_walk && !dirs.is_empty() {
+            if let Some((started, below)) = page {
+                // A walk's start whose listing came with the listings under it (a round
+                // trip for a small tree's, rather than one per level).
+                drop(a);
+                self.hold_page(started, below);
+                return;
+            }
+            if self.tree_ahead() {
+                // A walk's start listed on its own: the listings under it come in one page
+                // now, then the rest as usual.
+                a.in_flight += 1;
+                drop(a);
+                let me = self.clone();
+                let path = path.clone();
+                let started = Instant::now();
+                tokio::spawn(async move {
+                    let below = match fetch_tree(&me, path).await {
+                        Ok(mut tree) => tree.split_off(1.min(tree.len())),
+                        Err(_) => Vec::new(),
+                    };
+                    lock(&me.ahead).in_flight -= 1;
+                    me.hold_page(started, below);
+                });
+                return;
+            }
         }
         self.launch(&mut a);
+    }
+
+    /// Holds the listings of a tree page under a walk's start (`below`, by path, breadth
+    /// first, asked for at `started`) as if each had been listed ahead then, and gives each
+    /// its turn to place its subdirectories in the walk; the last turn launches what is
+    /// left.
+    fn hold_page(&self, started: Instant, below: Tree) {
+        let held: Vec<bool> = {
+            let mut a = lock(&self.ahead);
+            a.forget_gone_pages();
+            // Not one walked or held already (listed since the page was asked for: its
+            // files are pending or on their way from that listing).
+            below
+                .iter()
+                .map(|(path, entries)| {
+                    if a.walked.contains_key(path) || a.by_path.contains_key(path) {
+                        return false;
+                    }
+                    let cell = tokio::sync::OnceCell::new_with(Some(Ok(entries.clone())));
+                    a.by_path.insert(path.clone(), (started, Arc::new(cell)));
+                    a.order.push_back(path.clone());
+                    a.from_pages.insert(path.clone());
+                    true
+                })
+                .collect()
+        };
+        // Taken as fetch_listing takes a listing, but for the files, which wait in the
+        // pending queue to be fetched in the walk's order rather than the page's
+        // (Lister::top_up).
+        for ((path, entries), _) in below.iter().zip(&held).filter(|(_, &h)| h) {
+            self.xattrs.ahead(&self.client, path, self.ttl);
+            listed(self, path.clone(), entries.clone(), false);
+        }
+        // Breadth first: each parent's turn gives its subdirectories their places in the
+        // walk before theirs come.
+        for (path, entries) in &below {
+            // Not one the walk no longer knows (another walk started since): its turn
+            // would start a walk there.
+            if lock(&self.ahead).pos.contains_key(path) {
+                self.list_subdirs_ahead(path, entries);
+            }
+        }
+        self.launch(&mut lock(&self.ahead));
     }
 
     /// Starts listings from `todo`, nearest to the walker first (depth-first listing order
@@ -1349,9 +1386,10 @@ impl Fs {
         if let Some(items) = recent {
             return Ok(items);
         }
-        let (entries, listed) = self.listing(path).await?;
+        let (entries, listed, page) = self.listing(path, ahead).await?;
         if ahead {
-            self.lister().list_subdirs_ahead(path, &entries);
+            let page = page.map(|below| (listed, below));
+            self.lister().list_subdirs_ahead_paged(path, &entries, page);
         }
         let listing = Listing::new(path.clone(), entries, listed);
         let items = listing.items.clone();
@@ -1677,7 +1715,7 @@ impl Fs {
 
     /// The entries of directory `path` and when they were listed: the listing fetched
     /// ahead for it if there is a recent one (used once), else fetched now.
-    async fn listing(&self, path: &Bytes) -> Result<(Vec<DirEntry>, Instant), Error> {
+    async fn listing(&self, path: &Bytes, walk: bool) -> Result<Listed, Error> {
         let lister = self.lister();
         let ahead = lister.take(path);
         tracing::trace!(
@@ -1699,15 +1737,33 @@ impl Fs {
                     .get_or_init(|| fetch_listing(&lister, path.clone(), reading))
                     .await;
                 if let Ok(entries) = got {
-                    return Ok((entries.clone(), started));
+                    return Ok((entries.clone(), started, None));
                 }
                 // A failed listing ahead is retried now, and its error reported if it
                 // fails again.
             }
         }
-        let listed = Instant::now();
+        let at = Instant::now();
         let reading = lister.reading();
-        Ok((fetch_listing(&lister, path.clone(), reading).await?, listed))
+        if walk && lister.tree_ahead() && !lock(&lister.ahead).pos.contains_key(path) {
+            // A walk starts here: its listing comes with the listings under it, in one
+            // round trip rather than one to list it and one more for the page.
+            if let Ok(mut tree) = fetch_tree(&lister, path.clone()).await {
+                if !tree.is_empty() && tree[0].0 == *path {
+                    let below = tree.split_off(1);
+                    let (_, entries) = tree.remove(0);
+                    lister.xattrs.ahead(&lister.client, path, lister.ttl);
+                    let fetch = reading || lister.reading();
+                    let entries = listed(&lister, path.clone(), entries, fetch);
+                    return Ok((entries, at, Some(below)));
+                }
+            }
+        }
+        Ok((
+            fetch_listing(&lister, path.clone(), reading).await?,
+            at,
+            None,
+        ))
     }
 
     /// The target of symlink `path` at `version` when it was read ahead within the TTL
