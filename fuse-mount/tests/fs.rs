@@ -374,7 +374,7 @@ async fn a_walk_s_start_brings_the_listings_under_it_in_one_page() {
     // round trip, a walker on a WAN outran the listings (`find` over a git tree 0.38 s,
     // 0.26 s with the page). As the walk starts, one ReadTree brings its first directory's
     // listing with the listings under it (not a ReadDir for the first and then the page:
-    // a WAN `cp -r` of a git tree 0.47 -> 0.35 s), and the walker's every level is then
+    // a WAN `cp -r` of a git tree 0.43 -> 0.34 s), and the walker's every level is then
     // served from them, none listed on its own.
     let src = tempfile::tempdir().unwrap();
     let mut deep = src.path().join("t");
