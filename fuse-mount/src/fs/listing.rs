@@ -1747,12 +1747,13 @@ impl Fs {
         let reading = lister.reading();
         if walk && lister.tree_ahead() && !lock(&lister.ahead).pos.contains_key(path) {
             // A walk starts here: its listing comes with the listings under it, in one
-            // round trip rather than one to list it and one more for the page.
+            // round trip rather than one to list it and one more for the page (its
+            // entries' extended attributes beside it, as fetch_listing asks for them).
+            lister.xattrs.ahead(&lister.client, path, lister.ttl);
             if let Ok(mut tree) = fetch_tree(&lister, path.clone()).await {
                 if !tree.is_empty() && tree[0].0 == *path {
                     let below = tree.split_off(1);
                     let (_, entries) = tree.remove(0);
-                    lister.xattrs.ahead(&lister.client, path, lister.ttl);
                     let fetch = reading || lister.reading();
                     let entries = listed(&lister, path.clone(), entries, fetch);
                     return Ok((entries, at, Some(below)));
