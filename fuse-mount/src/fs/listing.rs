@@ -572,7 +572,8 @@ async fn fetch_listing(
     // next open to be taken up, and the walker arrived there before its files (a WAN
     // copy's first subdirectory waited 60-195 ms on its first file).
     let fetch = reading || l.reading();
-    Ok(listed(l, path, entries, fetch))
+    listed(l, path, &entries, fetch);
+    Ok(entries)
 }
 
 /// The listings of directory `path` and of the directories under it that one page of
@@ -599,19 +600,19 @@ async fn fetch_tree(l: &Lister, path: Bytes) -> Result<Tree, ClientError> {
 
 /// What follows a listing of directory `path` (see [`fetch_listing`]): its symlinks'
 /// targets read ahead, and its small files fetched now (`fetch`: files are being read) or
-/// queued for later. Returns the entries.
-fn listed(l: &Lister, path: Bytes, entries: Vec<DirEntry>, fetch: bool) -> Vec<DirEntry> {
+/// queued for later (the one copy of the entries this makes).
+fn listed(l: &Lister, path: Bytes, entries: &[DirEntry], fetch: bool) {
     let (client, store) = (&l.client, &l.store);
     // Symlink targets are read ahead for every walk: `ls -l`, `find -printf %l` and the
     // copies all ask for them, one round trip each in turn otherwise.
-    l.read_links_ahead(&path, &entries);
+    l.read_links_ahead(&path, entries);
     let stopped = if fetch {
         fetch_files_ahead(
             client,
             store,
             &l.runs,
             &path,
-            &entries,
+            entries,
             0..entries.len(),
             Ahead::Listing,
         )
@@ -621,9 +622,8 @@ fn listed(l: &Lister, path: Bytes, entries: Vec<DirEntry>, fetch: bool) -> Vec<D
     if stopped < entries.len() && entries.iter().any(|e| e.attr.kind == FileKind::File) {
         // When full, the newest waits no more: the oldest are those the walk reaches
         // first (its opens fetch the rest from their kept listings).
-        lock(&l.pending).push_back((path, Instant::now(), Arc::new(entries.clone()), stopped));
+        lock(&l.pending).push_back((path, Instant::now(), Arc::new(entries.to_vec()), stopped));
     }
-    entries
 }
 
 /// Listings by directory path (a page of a tree's: [`fetch_tree`]).
@@ -1117,7 +1117,7 @@ impl Lister {
         // (Lister::top_up).
         for ((path, entries), _) in below.iter().zip(&held).filter(|(_, &h)| h) {
             self.xattrs.ahead(&self.client, path, self.ttl);
-            listed(self, path.clone(), entries.clone(), false);
+            listed(self, path.clone(), entries, false);
         }
         // Breadth first: each parent's turn gives its subdirectories their places in the
         // walk before theirs come.
@@ -1755,7 +1755,7 @@ impl Fs {
                     let below = tree.split_off(1);
                     let (_, entries) = tree.remove(0);
                     let fetch = reading || lister.reading();
-                    let entries = listed(&lister, path.clone(), entries, fetch);
+                    listed(&lister, path.clone(), &entries, fetch);
                     return Ok((entries, at, Some(below)));
                 }
             }
