@@ -701,6 +701,21 @@ impl ChunkStore {
         }
     }
 
+    /// As [`ChunkStore::start`], but only when the budget has room for the chunk: nothing
+    /// held is evicted for it (a reader is not waiting yet, and the chunks ahead of a walk
+    /// fill the budget; one evicted there is fetched again, one by one). Returns whether
+    /// it is present or on its way now.
+    pub fn start_if_room(self: &Arc<Self>, key: &FileKey, index: u64) -> bool {
+        match self.slot(key, index, true) {
+            Some((slot, false)) => {
+                self.fill_in_task(key, index, slot, None, self.client.clone());
+                true
+            }
+            Some((_, true)) => true,
+            None => false,
+        }
+    }
+
     /// Whether chunk `index` of `key` is present or on its way (not failed).
     pub fn held(&self, key: &FileKey, index: u64) -> bool {
         let t = self.lock();

@@ -28,7 +28,9 @@
 //!   within the last minute are not fetched again, until the kernel is found to have
 //!   dropped their pages ([`Fs::pages_dropped`]). Opening a file also fetches the files
 //!   after it in its directory's kept listing, and those before it not fetched yet
-//!   ([`PIPELINE_FILES`]); a directory whose listing is no longer kept is listed
+//!   ([`PIPELINE_FILES`]); a small file found neither held nor on its way when opened
+//!   (a walk's first) is asked for at once as a demand read, before those runs; a
+//!   directory whose listing is no longer kept is listed
 //!   again for that (rsync opens every file long after its file list). In a directory too
 //!   large to list ahead, a walker in name order (rsync) has the files after it in name
 //!   order fetched instead, a Read each ([`Fs::stat_ahead`]). A file that fits
@@ -1799,6 +1801,17 @@ impl Fs {
             return;
         };
         let (parent_path, name) = ferry_proto::name::split(&path);
+        // A small file opened before its contents came ahead (a walk's first file, or one
+        // whose listing's runs still wait for room) is asked for now as the reader's own
+        // request, before the runs this open may send: its read would otherwise wait for a
+        // run among them, queued behind the other predictions. Not one held or read
+        // lately: this open may have just handed it to the page cache.
+        if is_small_file(FileKind::File, key.version.size)
+            && !self.store.held(key, 0)
+            && !self.store.read_lately(key)
+        {
+            self.store.start_if_room(key, 0);
+        }
         let lister = self.lister();
         lister.top_up(&parent_path);
         if by_name {
