@@ -1,15 +1,17 @@
 //! Fair turns at reading files: a fixed number of reads run at once, and when more wait, the
 //! next turn goes by deficit round robin over the clients (by bytes: a client asking for
-//! 16 KiB pieces gets as many bytes as one asking for 1 MiB chunks), and within a client to
-//! its connections in turn. tokio's blocking pool alone serves in arrival order, so a client
-//! with hundreds of reads queued would make every other client's read wait behind them all.
+//! 16 KiB pieces gets as many bytes as one asking for 1 MiB chunks), and within a client in
+//! the order below. tokio's blocking pool alone serves in arrival order, so a client with
+//! hundreds of reads queued would make every other client's read wait behind them all.
 //!
-//! Within a client, its demand reads (someone waits for them) go before its prediction reads
-//! (read-ahead, a tree walk's files fetched ahead), as its connections' response writers
-//! order them: a connection whose next waiter is a demand read is served first among the
-//! client's connections, and a demand read is queued before its connection's prediction
-//! reads. Across clients the round robin stands: a client's class buys no place ahead of
-//! another client.
+//! Within a client (one process: all its streams), its demand reads (someone waits for them)
+//! go before its prediction reads (read-ahead, a tree walk's files fetched ahead), as its
+//! connections' response writers order them, and each kind goes in the order the client sent
+//! it, whatever the connection: a client sends its predictions nearest first (a walk's next
+//! files before those further on), and taking its connections in turn served them in an
+//! order of its streams', not its own (a WAN `cp -r`'s first files waited behind runs sent
+//! after theirs). Across clients the round robin stands: a client's class buys no place
+//! ahead of another client.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -32,6 +34,8 @@ struct State {
     busy: usize,
     /// Clients with reads waiting, in round order.
     order: VecDeque<u64>,
+    /// Waiters so far (each waiter's place in the order of arrival).
+    arrived: u64,
     clients: HashMap<u64, Waiting>,
 }
 
@@ -47,6 +51,8 @@ struct Waiter {
     cost: u64,
     /// A demand read: before the client's prediction reads.
     demand: bool,
+    /// Its place in the order of arrival.
+    seq: u64,
     tx: oneshot::Sender<()>,
 }
 
@@ -110,7 +116,14 @@ impl FairPool {
                 return Turn { pool: self.clone() };
             }
             let (tx, rx) = oneshot::channel();
-            let w = Waiter { cost, demand, tx };
+            g.arrived += 1;
+            let seq = g.arrived;
+            let w = Waiter {
+                cost,
+                demand,
+                seq,
+                tx,
+            };
             if !g.clients.contains_key(&client) {
                 g.order.push_back(client);
             }
@@ -174,11 +187,15 @@ impl FairPool {
                 g.order.pop_front();
                 continue;
             };
-            // A connection with a demand read next goes before the client's others.
+            // The client's next: a demand read before prediction reads, each kind in the
+            // order the client sent it (each connection's line is in that order already).
             if let Some(i) = q
                 .conns
                 .iter()
-                .position(|(_, w)| w.front().is_some_and(|w| w.demand))
+                .enumerate()
+                .filter_map(|(i, (_, w))| w.front().map(|w| (!w.demand, w.seq, i)))
+                .min()
+                .map(|(_, _, i)| i)
                 .filter(|&i| i > 0)
             {
                 if let Some(c) = q.conns.remove(i) {
@@ -199,7 +216,6 @@ impl FairPool {
             q.deficit -= cost;
             let (conn, mut waiters) = q.conns.pop_front()?;
             let w = waiters.pop_front();
-            // The connection goes to the back of its client's line.
             if !waiters.is_empty() {
                 q.conns.push_back((conn, waiters));
             }
@@ -278,7 +294,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn shares_are_by_bytes_and_a_clients_connections_take_turns() {
+    async fn shares_are_by_bytes_and_a_clients_reads_go_in_arrival_order() {
         let pool = FairPool::new(1);
         let log = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(tokio::sync::Semaphore::new(0));
@@ -296,7 +312,7 @@ mod tests {
         release_in_turn(first, &hold, tasks, Duration::from_millis(2)).await;
         let order = log.lock().unwrap().clone();
         // In the first half of the turns, both clients got about half of the bytes, and
-        // client 1's connections alternated.
+        // client 1's connections alternated, as its reads arrived.
         let half = &order[..order.len() / 2];
         let bytes =
             |who: &str, each: u64| half.iter().filter(|n| n.starts_with(who)).count() as u64 * each;
@@ -307,6 +323,30 @@ mod tests {
         );
         let ones: Vec<_> = order.iter().filter(|n| n.starts_with('1')).collect();
         assert!(ones.windows(2).all(|w| w[0] != w[1]), "{ones:?}");
+    }
+
+    #[tokio::test]
+    async fn a_clients_reads_go_in_the_order_it_sent_them_whatever_the_connection() {
+        // A walk's runs, nearest first, spread over a client's streams as they were free:
+        // served in that order (taking the connections in turn served 1, 2, 4, 3).
+        let pool = FairPool::new(1);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        let first = pool.turn(9, 9, 1, false).await;
+        let mut tasks = Vec::new();
+        for (conn, name) in [(1, "1"), (2, "2"), (2, "3"), (1, "4"), (3, "5"), (1, "6")] {
+            tasks.push(waiter(
+                &pool,
+                (1, conn, QUANTUM / 8, false),
+                name,
+                &log,
+                &hold,
+            ));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        release_in_turn(first, &hold, tasks, Duration::from_millis(2)).await;
+        let order = log.lock().unwrap().clone();
+        assert_eq!(order, ["1", "2", "3", "4", "5", "6"]);
     }
 
     #[tokio::test]
