@@ -24,7 +24,7 @@
 //!   memory among the walker's next files in its own order: [`Ahead`]), within the chunk
 //!   memory and while less than [`RUNS_IN_FLIGHT`] of small files are on their way;
 //!   what did not fit is taken up as the copy frees room, nearest to the walker first
-//!   ([`PendingData`]); files read
+//!   ([`PendingData`]), the runs sent in that order ([`send_runs`]); files read
 //!   within the last minute are not fetched again, until the kernel is found to have
 //!   dropped their pages ([`Fs::pages_dropped`]). Opening a file also fetches the files
 //!   after it in its directory's kept listing, and those before it not fetched yet
@@ -778,28 +778,14 @@ fn fetch_files_ahead<E: ListedEntry + Named>(
                 want.insert(entries[i].name().clone(), p);
             }
         }
-        let client = client.with_class(Class::Prediction);
-        let dir = dir.clone();
         let bytes = want.values().map(|(k, _)| k.version.size).sum();
         in_flight.add(bytes);
-        let on_its_way = OnItsWay(in_flight.clone(), bytes);
-        tokio::spawn(async move {
-            let _on_its_way = on_its_way;
-            let Ok((got, _)) = client
-                .read_dir_data(dir, run.cookie, run.count, SMALL_FILE_MAX)
-                .await
-            else {
-                return; // every place left unsent: fetched as usual
-            };
-            for l in got {
-                let (Some(d), Some((key, tx))) = (l.data, want.remove(&l.entry.name)) else {
-                    continue;
-                };
-                // Only the version the listing showed: a file changed since is fetched.
-                if l.entry.attr.version() == key.version {
-                    let _ = tx.send(d.data);
-                }
-            }
+        in_flight.send(RunJob {
+            client: client.with_class(Class::Prediction),
+            dir: dir.clone(),
+            run,
+            want,
+            _on_its_way: OnItsWay(in_flight.clone(), bytes),
         });
     }
     stopped
@@ -825,17 +811,83 @@ enum Ahead {
 }
 
 /// Bytes of small files in runs on their way ([`RUNS_IN_FLIGHT`]), and the most there were
-/// at once.
+/// at once; and the runs' sender ([`send_runs`]).
 #[derive(Default)]
 struct RunsInFlight {
     now: AtomicU64,
     peak: AtomicU64,
+    sender: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<RunJob>>,
 }
 
 impl RunsInFlight {
     fn add(&self, bytes: u64) {
         let now = self.now.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Sends `job`'s request after every run handed over before it ([`send_runs`]).
+    fn send(&self, job: RunJob) {
+        let tx = self.sender.get_or_init(|| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(send_runs(rx));
+            tx
+        });
+        let _ = tx.send(job);
+    }
+}
+
+/// A run of a listing's small files to ask for, and where each file's bytes go.
+struct RunJob {
+    client: Client,
+    dir: Bytes,
+    run: ferry_client::Run,
+    want: HashMap<Bytes, (FileKey, oneshot::Sender<Bytes>)>,
+    _on_its_way: OnItsWay,
+}
+
+/// Sends the runs handed to it in that order (nearest the walker first: [`Lister::top_up`]),
+/// all in flight at once, from one task: a task each ran in the runtime's order, and the
+/// server (serving a client's reads in the order they arrive) saw the walk's next files
+/// after runs sent later. Ends when the mount drops the sender.
+async fn send_runs(mut jobs: tokio::sync::mpsc::UnboundedReceiver<RunJob>) {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let mut running = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            job = jobs.recv() => match job {
+                Some(job) => running.push(run_job(job)),
+                None => break,
+            },
+            Some(()) = running.next(), if !running.is_empty() => {}
+        }
+    }
+    while running.next().await.is_some() {}
+}
+
+/// Asks for one run's files and hands each its bytes (only those of the version its listing
+/// showed: a file changed since is fetched as usual, as is every file when the run fails).
+async fn run_job(job: RunJob) {
+    let RunJob {
+        client,
+        dir,
+        run,
+        mut want,
+        _on_its_way,
+    } = job;
+    let Ok((got, _)) = client
+        .read_dir_data(dir, run.cookie, run.count, SMALL_FILE_MAX)
+        .await
+    else {
+        return;
+    };
+    for l in got {
+        let (Some(d), Some((key, tx))) = (l.data, want.remove(&l.entry.name)) else {
+            continue;
+        };
+        if l.entry.attr.version() == key.version {
+            let _ = tx.send(d.data);
+        }
     }
 }
 
