@@ -328,7 +328,7 @@ mod tests {
     #[tokio::test]
     async fn a_clients_reads_go_in_the_order_it_sent_them_whatever_the_connection() {
         // A walk's runs, nearest first, spread over a client's streams as they were free:
-        // served in that order (taking the connections in turn served 1, 2, 4, 3).
+        // served in that order (taking the connections in turn served 1, 2, 5, 4, 3, 6).
         let pool = FairPool::new(1);
         let log = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(tokio::sync::Semaphore::new(0));
