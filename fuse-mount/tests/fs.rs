@@ -48,6 +48,20 @@ async fn fs_over_with_metrics(
     Arc::new(Fs::new(client, cfg, root))
 }
 
+/// As [`fs_over`] with a 30 s TTL and 64 KiB chunks, the server serving its metrics (on the
+/// address returned) so a test can count what it was asked for.
+async fn fs_counted(dir: &Path) -> (Arc<Fs>, std::net::SocketAddr) {
+    let metrics = free_addr();
+    let fs = fs_over_with_metrics(
+        dir,
+        with_ttl(Duration::from_secs(30)),
+        64 << 10,
+        Some(metrics),
+    )
+    .await;
+    (fs, metrics)
+}
+
 /// Deterministic bytes that differ at every offset of interest.
 fn data(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -395,14 +409,7 @@ async fn a_walk_s_start_brings_the_listings_under_it_in_one_page() {
         std::fs::create_dir_all(&deep).unwrap();
         std::fs::write(deep.join("f"), b"x").unwrap();
     }
-    let metrics = free_addr();
-    let fs = fs_over_with_metrics(
-        src.path(),
-        with_ttl(Duration::from_secs(30)),
-        64 << 10,
-        Some(metrics),
-    )
-    .await;
+    let (fs, metrics) = fs_counted(src.path()).await;
     let subdir = |fs: &Fs, ino: u64, fh: u64| {
         read_all(fs, ino, fh, 512, true)
             .into_iter()
@@ -1039,14 +1046,7 @@ async fn a_walk_s_first_small_file_is_asked_for_as_a_reader_s_read_not_in_a_run_
     // copy fetch its file again: 50 s for a 3 s copy).
     const SIZE: usize = 20_000;
     let src = dirs_of_files(1, 20, SIZE);
-    let metrics = free_addr();
-    let fs = fs_over_with_metrics(
-        src.path(),
-        with_ttl(Duration::from_secs(30)),
-        64 << 10,
-        Some(metrics),
-    )
-    .await;
+    let (fs, metrics) = fs_counted(src.path()).await;
     let listed = list_dirs_of_files(&fs, 1, 20).await;
     let files = &listed[0].1;
     let (demand, prediction) = (
