@@ -9,9 +9,8 @@
 //! connections' response writers order them, and each kind goes in the order the client sent
 //! it, whatever the connection: a client sends its predictions nearest first (a walk's next
 //! files before those further on), and taking its connections in turn served them in an
-//! order of its streams', not its own (a WAN `cp -r`'s first files waited behind runs sent
-//! after theirs). Across clients the round robin stands: a client's class buys no place
-//! ahead of another client.
+//! order of its streams', not its own. Across clients the round robin stands: a client's
+//! class buys no place ahead of another client.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
