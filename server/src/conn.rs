@@ -45,8 +45,6 @@ use tracing::{debug, info};
 use crate::Shared;
 use handle::Session;
 
-/// Numbers connections for the fair turns at reading ([`crate::fair`]).
-static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 use writer::Outgoing;
 
 /// Why a connection ended early.
@@ -321,7 +319,6 @@ where
         },
         background: Arc::new(Semaphore::new(handle::BACKGROUND_READS)),
         client,
-        conn: NEXT_CONN.fetch_add(1, Relaxed),
         work: link.work(),
     });
     let mut shutdown = shared.shutdown.clone();

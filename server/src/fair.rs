@@ -33,16 +33,15 @@ struct State {
     busy: usize,
     /// Clients with reads waiting, in round order.
     order: VecDeque<u64>,
-    /// Waiters so far (each waiter's place in the order of arrival).
-    arrived: u64,
     clients: HashMap<u64, Waiting>,
 }
 
-/// One client's waiting reads: per connection, in arrival order.
+/// One client's waiting reads, whatever their connection: its demand reads, then its
+/// prediction reads, each in arrival order.
 #[derive(Debug, Default)]
 struct Waiting {
     deficit: u64,
-    conns: VecDeque<(u64, VecDeque<Waiter>)>,
+    waiters: VecDeque<Waiter>,
 }
 
 #[derive(Debug)]
@@ -50,8 +49,6 @@ struct Waiter {
     cost: u64,
     /// A demand read: before the client's prediction reads.
     demand: bool,
-    /// Its place in the order of arrival.
-    seq: u64,
     tx: oneshot::Sender<()>,
 }
 
@@ -99,15 +96,10 @@ impl FairPool {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for a turn to read `cost` bytes for connection `conn` of `client`; `demand`: a
-    /// demand read, served before the client's prediction reads (see the module docs).
-    pub(crate) async fn turn(
-        self: &Arc<Self>,
-        client: u64,
-        conn: u64,
-        cost: u64,
-        demand: bool,
-    ) -> Turn {
+    /// Waits for a turn to read `cost` bytes for `client` (any of its connections);
+    /// `demand`: a demand read, served before the client's prediction reads (see the module
+    /// docs).
+    pub(crate) async fn turn(self: &Arc<Self>, client: u64, cost: u64, demand: bool) -> Turn {
         let rx = {
             let mut g = self.lock();
             if g.busy < self.slots && g.order.is_empty() {
@@ -115,33 +107,21 @@ impl FairPool {
                 return Turn { pool: self.clone() };
             }
             let (tx, rx) = oneshot::channel();
-            g.arrived += 1;
-            let seq = g.arrived;
-            let w = Waiter {
-                cost,
-                demand,
-                seq,
-                tx,
-            };
+            let w = Waiter { cost, demand, tx };
             if !g.clients.contains_key(&client) {
                 g.order.push_back(client);
             }
-            let q = g.clients.entry(client).or_default();
-            match q.conns.iter_mut().find(|(c, _)| *c == conn) {
-                Some((_, waiters)) => {
-                    // After the connection's demand reads, before its prediction reads.
-                    let at = if demand {
-                        waiters
-                            .iter()
-                            .position(|w| !w.demand)
-                            .unwrap_or(waiters.len())
-                    } else {
-                        waiters.len()
-                    };
-                    waiters.insert(at, w);
-                }
-                None => q.conns.push_back((conn, VecDeque::from([w]))),
-            }
+            let waiters = &mut g.clients.entry(client).or_default().waiters;
+            // After the client's demand reads, before its prediction reads.
+            let at = if demand {
+                waiters
+                    .iter()
+                    .position(|w| !w.demand)
+                    .unwrap_or(waiters.len())
+            } else {
+                waiters.len()
+            };
+            waiters.insert(at, w);
             Self::grant(&mut g, self.slots);
             rx
         };
@@ -186,22 +166,7 @@ impl FairPool {
                 g.order.pop_front();
                 continue;
             };
-            // The client's next: a demand read before prediction reads, each kind in the
-            // order the client sent it (each connection's line is in that order already).
-            if let Some(i) = q
-                .conns
-                .iter()
-                .enumerate()
-                .filter_map(|(i, (_, w))| w.front().map(|w| (!w.demand, w.seq, i)))
-                .min()
-                .map(|(_, _, i)| i)
-                .filter(|&i| i > 0)
-            {
-                if let Some(c) = q.conns.remove(i) {
-                    q.conns.push_front(c);
-                }
-            }
-            let Some(cost) = q.conns.front().and_then(|(_, w)| w.front()).map(|w| w.cost) else {
+            let Some(cost) = q.waiters.front().map(|w| w.cost) else {
                 g.clients.remove(&client);
                 g.order.pop_front();
                 continue;
@@ -213,12 +178,8 @@ impl FairPool {
                 continue;
             }
             q.deficit -= cost;
-            let (conn, mut waiters) = q.conns.pop_front()?;
-            let w = waiters.pop_front();
-            if !waiters.is_empty() {
-                q.conns.push_back((conn, waiters));
-            }
-            if q.conns.is_empty() {
+            let w = q.waiters.pop_front();
+            if q.waiters.is_empty() {
                 g.clients.remove(&client);
                 g.order.pop_front();
             }
@@ -234,20 +195,19 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// Starts a task waiting for a turn for `who` (client, connection, cost, whether a
-    /// demand read) and recording its name in `log` when it gets it; it keeps the turn
+    /// Starts a task waiting for a turn for `who` (client, cost, whether a demand read) and recording its name in `log` when it gets it; it keeps the turn
     /// until `hold` gives it a permit.
     fn waiter(
         pool: &Arc<FairPool>,
-        who: (u64, u64, u64, bool),
+        who: (u64, u64, bool),
         name: &'static str,
         log: &Arc<Mutex<Vec<&'static str>>>,
         hold: &Arc<tokio::sync::Semaphore>,
     ) -> tokio::task::JoinHandle<()> {
         let (pool, log, hold) = (pool.clone(), log.clone(), hold.clone());
-        let (client, conn, cost, demand) = who;
+        let (client, cost, demand) = who;
         tokio::spawn(async move {
-            let _turn = pool.turn(client, conn, cost, demand).await;
+            let _turn = pool.turn(client, cost, demand).await;
             log.lock().unwrap().push(name);
             hold.acquire().await.unwrap().forget();
         })
@@ -276,13 +236,13 @@ mod tests {
         let pool = FairPool::new(1);
         let log = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(tokio::sync::Semaphore::new(0));
-        let first = pool.turn(1, 1, QUANTUM, false).await;
+        let first = pool.turn(1, QUANTUM, false).await;
         let mut tasks = Vec::new();
         for _ in 0..20 {
-            tasks.push(waiter(&pool, (1, 1, QUANTUM, false), "a", &log, &hold));
+            tasks.push(waiter(&pool, (1, QUANTUM, false), "a", &log, &hold));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        tasks.push(waiter(&pool, (2, 7, QUANTUM, false), "b", &log, &hold));
+        tasks.push(waiter(&pool, (2, QUANTUM, false), "b", &log, &hold));
         tokio::time::sleep(Duration::from_millis(20)).await;
         // Each granted task holds its turn until released one at a time.
         release_in_turn(first, &hold, tasks, Duration::from_millis(5)).await;
@@ -297,21 +257,21 @@ mod tests {
         let pool = FairPool::new(1);
         let log = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(tokio::sync::Semaphore::new(0));
-        let first = pool.turn(9, 9, 1, false).await;
+        let first = pool.turn(9, 1, false).await;
         let mut tasks = Vec::new();
-        // Client 1: 1 MiB reads on connection 1 and on connection 2. Client 2: 256 KiB reads.
+        // Client 1: 1 MiB reads (on two connections). Client 2: 256 KiB reads.
         for _ in 0..4 {
-            tasks.push(waiter(&pool, (1, 1, QUANTUM, false), "1a", &log, &hold));
-            tasks.push(waiter(&pool, (1, 2, QUANTUM, false), "1b", &log, &hold));
+            tasks.push(waiter(&pool, (1, QUANTUM, false), "1a", &log, &hold));
+            tasks.push(waiter(&pool, (1, QUANTUM, false), "1b", &log, &hold));
             for _ in 0..4 {
-                tasks.push(waiter(&pool, (2, 3, QUANTUM / 4, false), "2", &log, &hold));
+                tasks.push(waiter(&pool, (2, QUANTUM / 4, false), "2", &log, &hold));
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         release_in_turn(first, &hold, tasks, Duration::from_millis(2)).await;
         let order = log.lock().unwrap().clone();
         // In the first half of the turns, both clients got about half of the bytes, and
-        // client 1's connections alternated, as its reads arrived.
+        // client 1's reads went as they arrived.
         let half = &order[..order.len() / 2];
         let bytes =
             |who: &str, each: u64| half.iter().filter(|n| n.starts_with(who)).count() as u64 * each;
@@ -327,20 +287,16 @@ mod tests {
     #[tokio::test]
     async fn a_clients_reads_go_in_the_order_it_sent_them_whatever_the_connection() {
         // A walk's runs, nearest first, spread over a client's streams as they were free:
-        // served in that order (taking the connections in turn served 1, 2, 5, 4, 3, 6).
+        // the turns know clients, not connections, and serve them in that order (taking the
+        // connections in turn, 1 and 4 and 6 on one, 2 and 3 on another, 5 on a third,
+        // served 1, 2, 5, 4, 3, 6).
         let pool = FairPool::new(1);
         let log = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(tokio::sync::Semaphore::new(0));
-        let first = pool.turn(9, 9, 1, false).await;
+        let first = pool.turn(9, 1, false).await;
         let mut tasks = Vec::new();
-        for (conn, name) in [(1, "1"), (2, "2"), (2, "3"), (1, "4"), (3, "5"), (1, "6")] {
-            tasks.push(waiter(
-                &pool,
-                (1, conn, QUANTUM / 8, false),
-                name,
-                &log,
-                &hold,
-            ));
+        for name in ["1", "2", "3", "4", "5", "6"] {
+            tasks.push(waiter(&pool, (1, QUANTUM / 8, false), name, &log, &hold));
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         release_in_turn(first, &hold, tasks, Duration::from_millis(2)).await;
@@ -353,17 +309,17 @@ mod tests {
         let pool = FairPool::new(1);
         let log = Arc::new(Mutex::new(Vec::new()));
         let hold = Arc::new(tokio::sync::Semaphore::new(0));
-        let first = pool.turn(9, 9, 1, false).await;
+        let first = pool.turn(9, 1, false).await;
         let mut tasks = Vec::new();
-        // Client 1 fetches six files ahead on connection 1; client 2 reads one; then client
-        // 1's walker waits for a file, once on connection 2 and once on connection 1.
+        // Client 1 fetches six files ahead; client 2 reads one; then client 1's walker waits
+        // for a file, twice (on any of its connections).
         for _ in 0..6 {
-            tasks.push(waiter(&pool, (1, 1, QUANTUM / 4, false), "p", &log, &hold));
+            tasks.push(waiter(&pool, (1, QUANTUM / 4, false), "p", &log, &hold));
         }
-        tasks.push(waiter(&pool, (2, 3, QUANTUM / 4, false), "o", &log, &hold));
+        tasks.push(waiter(&pool, (2, QUANTUM / 4, false), "o", &log, &hold));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        tasks.push(waiter(&pool, (1, 2, QUANTUM / 4, true), "d", &log, &hold));
-        tasks.push(waiter(&pool, (1, 1, QUANTUM / 4, true), "d", &log, &hold));
+        tasks.push(waiter(&pool, (1, QUANTUM / 4, true), "d", &log, &hold));
+        tasks.push(waiter(&pool, (1, QUANTUM / 4, true), "d", &log, &hold));
         tokio::time::sleep(Duration::from_millis(20)).await;
         release_in_turn(first, &hold, tasks, Duration::from_millis(2)).await;
         let order = log.lock().unwrap().clone();
@@ -377,11 +333,11 @@ mod tests {
     #[tokio::test]
     async fn a_wait_given_up_after_its_turn_came_passes_the_turn_on() {
         let pool = FairPool::new(1);
-        let first = pool.turn(1, 1, 10, false).await;
+        let first = pool.turn(1, 10, false).await;
         let gave_up = {
             let pool = pool.clone();
             tokio::spawn(async move {
-                let _t = pool.turn(2, 2, 10, false).await;
+                let _t = pool.turn(2, 10, false).await;
                 std::future::pending::<()>().await;
             })
         };
@@ -389,7 +345,7 @@ mod tests {
         gave_up.abort();
         drop(first);
         // The turn is free again (or was passed on and given back): a new read gets one.
-        tokio::time::timeout(Duration::from_secs(2), pool.turn(3, 3, 10, false))
+        tokio::time::timeout(Duration::from_secs(2), pool.turn(3, 10, false))
             .await
             .expect("a turn");
     }

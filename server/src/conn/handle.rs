@@ -67,10 +67,9 @@ pub(crate) struct Session {
     pub(crate) account: Arc<crate::budget::Account>,
     /// Slots for background reads ([`BACKGROUND_READS`]).
     pub(crate) background: Arc<Semaphore>,
-    /// The client the connection belongs to (as the budget counts clients), and the
-    /// connection: for fair turns at reading ([`crate::fair`]).
+    /// The client the connection belongs to (as the budget and the fair turns at reading,
+    /// [`crate::fair`], count clients).
     pub(crate) client: u64,
-    pub(crate) conn: u64,
     /// Where the CPU time of the work done for its client is counted (Load's share).
     pub(crate) work: crate::conn::writer::Work,
 }
@@ -115,7 +114,7 @@ async fn fair_turn(
     }
     Some(
         sh.reads
-            .turn(session.client, session.conn, bytes, class == Class::Demand)
+            .turn(session.client, bytes, class == Class::Demand)
             .await,
     )
 }
