@@ -696,9 +696,7 @@ impl ChunkStore {
     /// client's own class: a reader is about to wait for it (a reader's own chunks, all in
     /// flight before it waits for the first). A no-op when present or in flight.
     pub fn start(self: &Arc<Self>, key: &FileKey, index: u64) {
-        if let Some((slot, false)) = self.slot(key, index, false) {
-            self.fill_in_task(key, index, slot, None, self.client.clone());
-        }
+        self.start_within(key, index, false);
     }
 
     /// As [`ChunkStore::start`], but only when the budget has room for the chunk: nothing
@@ -706,7 +704,13 @@ impl ChunkStore {
     /// fill the budget; one evicted there is fetched again, one by one). Returns whether
     /// it is present or on its way now.
     pub fn start_if_room(self: &Arc<Self>, key: &FileKey, index: u64) -> bool {
-        match self.slot(key, index, true) {
+        self.start_within(key, index, true)
+    }
+
+    /// [`ChunkStore::start`] (`only_if_room`: [`ChunkStore::start_if_room`]); whether the
+    /// chunk is present or on its way now.
+    fn start_within(self: &Arc<Self>, key: &FileKey, index: u64, only_if_room: bool) -> bool {
+        match self.slot(key, index, only_if_room) {
             Some((slot, false)) => {
                 self.fill_in_task(key, index, slot, None, self.client.clone());
                 true

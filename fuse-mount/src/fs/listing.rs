@@ -1856,11 +1856,12 @@ impl Fs {
         // A small file opened before its contents came ahead (a walk's first file, or one
         // whose listing's runs still wait for room) is asked for now as the reader's own
         // request, before the runs this open may send: its read would otherwise wait for a
-        // run among them, queued behind the other predictions. Not one held or read
-        // lately: this open may have just handed it to the page cache.
+        // run among them, queued behind the other predictions. Not one read lately (this
+        // open may have just handed it to the page cache: most opens of a copy, answered
+        // by that look alone) or held.
         if is_small_file(FileKind::File, key.version.size)
-            && !self.store.held(key, 0)
             && !self.store.read_lately(key)
+            && !self.store.held(key, 0)
         {
             self.store.start_if_room(key, 0);
         }
