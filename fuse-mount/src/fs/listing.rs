@@ -567,6 +567,31 @@ async fn fetch_listing(
         // Owners not met yet are named before the listing is used (one request).
         ids.learn(client, entries.iter().map(|e| &e.attr)).await;
     }
+    arrived(l, path, &entries, reading);
+    Ok(entries)
+}
+
+/// As [`fetch_listing`], where a walk starts: the directory's listing comes with the
+/// listings under it in one page ([`fetch_tree`]), one round trip for both. `None` when
+/// the page did not bring it (the caller lists it on its own).
+async fn fetch_listing_and_tree(
+    l: &Lister,
+    path: Bytes,
+    reading: bool,
+) -> Option<(Vec<DirEntry>, Tree)> {
+    l.xattrs.ahead(&l.client, &path, l.ttl);
+    let mut tree = fetch_tree(l, path.clone()).await.ok()?;
+    if tree.first().is_none_or(|(p, _)| *p != path) {
+        return None;
+    }
+    let below = tree.split_off(1);
+    let (_, entries) = tree.remove(0);
+    arrived(l, path, &entries, reading);
+    Some((entries, below))
+}
+
+/// A listing of `path` has arrived (asked for with files being read or not: `reading`).
+fn arrived(l: &Lister, path: Bytes, entries: &[DirEntry], reading: bool) {
     // Not reading yet (a walk that only lists, or a copy before its first open): the
     // files wait in the pending queue, taken up once files are opened. Whether files are
     // read is asked again now the listing is here: one asked for before the walk's first
@@ -574,8 +599,7 @@ async fn fetch_listing(
     // next open to be taken up, and the walker arrived there before its files (a WAN
     // copy's first subdirectory waited 60-195 ms on its first file).
     let fetch = reading || l.reading();
-    listed(l, path, &entries, fetch);
-    Ok(entries)
+    listed(l, path, entries, fetch);
 }
 
 /// The listings of directory `path` and of the directories under it that one page of
@@ -1800,18 +1824,12 @@ impl Fs {
         let at = Instant::now();
         let reading = lister.reading();
         if walk && lister.tree_ahead() && !lock(&lister.ahead).pos.contains_key(path) {
-            // A walk starts here: its listing comes with the listings under it, in one
-            // round trip rather than one to list it and one more for the page (its
-            // entries' extended attributes beside it, as fetch_listing asks for them).
-            lister.xattrs.ahead(&lister.client, path, lister.ttl);
-            if let Ok(mut tree) = fetch_tree(&lister, path.clone()).await {
-                if !tree.is_empty() && tree[0].0 == *path {
-                    let below = tree.split_off(1);
-                    let (_, entries) = tree.remove(0);
-                    let fetch = reading || lister.reading();
-                    listed(&lister, path.clone(), &entries, fetch);
-                    return Ok((entries, at, Some(below)));
-                }
+            // A walk starts here: one round trip rather than one to list it and one more
+            // for the page.
+            if let Some((entries, below)) =
+                fetch_listing_and_tree(&lister, path.clone(), reading).await
+            {
+                return Ok((entries, at, Some(below)));
             }
         }
         Ok((
