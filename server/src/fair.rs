@@ -195,6 +195,20 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// Who got the turns, in order.
+    type Log = Arc<Mutex<Vec<&'static str>>>;
+
+    /// What the order tests share: a pool of one turn, the log of who got it, and the
+    /// permits that end the turns ([`waiter`]).
+    fn one_turn() -> (Arc<FairPool>, Log, Arc<tokio::sync::Semaphore>) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        (
+            FairPool::new(1),
+            log,
+            Arc::new(tokio::sync::Semaphore::new(0)),
+        )
+    }
+
     /// Starts a task waiting for a turn for `who` (client, cost, whether a demand read) and recording its name in `log` when it gets it; it keeps the turn
     /// until `hold` gives it a permit.
     fn waiter(
@@ -233,9 +247,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_with_many_reads_queued_does_not_keep_another_waiting_behind_them() {
-        let pool = FairPool::new(1);
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        let (pool, log, hold) = one_turn();
         let first = pool.turn(1, QUANTUM, false).await;
         let mut tasks = Vec::new();
         for _ in 0..20 {
@@ -254,9 +266,7 @@ mod tests {
 
     #[tokio::test]
     async fn shares_are_by_bytes_and_a_clients_reads_go_in_arrival_order() {
-        let pool = FairPool::new(1);
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        let (pool, log, hold) = one_turn();
         let first = pool.turn(9, 1, false).await;
         let mut tasks = Vec::new();
         // Client 1: 1 MiB reads (on two connections). Client 2: 256 KiB reads.
@@ -290,9 +300,7 @@ mod tests {
         // the turns know clients, not connections, and serve them in that order (taking the
         // connections in turn, 1 and 4 and 6 on one, 2 and 3 on another, 5 on a third,
         // served 1, 2, 5, 4, 3, 6).
-        let pool = FairPool::new(1);
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        let (pool, log, hold) = one_turn();
         let first = pool.turn(9, 1, false).await;
         let mut tasks = Vec::new();
         for name in ["1", "2", "3", "4", "5", "6"] {
@@ -306,9 +314,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_clients_demand_reads_go_before_its_prediction_reads_not_before_other_clients() {
-        let pool = FairPool::new(1);
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        let (pool, log, hold) = one_turn();
         let first = pool.turn(9, 1, false).await;
         let mut tasks = Vec::new();
         // Client 1 fetches six files ahead; client 2 reads one; then client 1's walker waits
