@@ -282,11 +282,35 @@ fn an_idle_connection_is_closed_after_the_idle_timeout() {
 
 #[test]
 fn sigterm_drains_the_replies_of_requests_in_flight() {
+    assert_eq!(
+        replies_after_sigterm(&[]),
+        16,
+        "every request in flight was answered before the close"
+    );
+}
+
+#[test]
+fn sigterm_answers_the_requests_read_but_not_yet_taken_up() {
+    // Four requests at a time per connection: when the first reply starts, four are taken
+    // up and the other twelve wait, read, for a place. Told to stop then, ferryd reads its
+    // socket no more, but answers every request it had read (before: it took up none of
+    // the twelve, and the client had to send them again elsewhere).
+    assert_eq!(
+        replies_after_sigterm(&["--max-inflight", "4"]),
+        16,
+        "every request read before the stop was answered before the close"
+    );
+}
+
+/// Sixteen 1 MiB reads sent at once on one connection to a ferryd started with `args`, a
+/// SIGTERM once the first reply starts; returns how many replies came (each checked)
+/// before the server closed the connection, and checks that it exits.
+fn replies_after_sigterm(args: &[&str]) -> usize {
     use ferry_proto::{Frame, Request, Response};
     let src = tempfile::tempdir().unwrap();
     write_random(&src.path().join("f"), 16 << 20, 9);
     let want = std::fs::read(src.path().join("f")).unwrap();
-    let mut server = TestServer::start(src.path());
+    let mut server = TestServer::start_with(src.path(), args);
     let (mut s, mut buf) = handshaken(&server.addr);
     let mut out = bytes::BytesMut::new();
     for i in 0..16u32 {
@@ -300,8 +324,8 @@ fn sigterm_drains_the_replies_of_requests_in_flight() {
         .encode(i + 1, &mut out);
     }
     s.write_all(&out).unwrap();
-    // Once the first reply starts, the server has taken all sixteen requests (they
-    // arrived together); then it is told to stop.
+    // Once the first reply starts, the server has read all sixteen requests (they arrived
+    // together, in one segment); then it is told to stop.
     let mut tmp = vec![0u8; 256 << 10];
     while buf.is_empty() {
         let n = s.read(&mut tmp).unwrap();
@@ -329,11 +353,8 @@ fn sigterm_drains_the_replies_of_requests_in_flight() {
         }
         buf.extend_from_slice(&tmp[..n]);
     }
-    assert_eq!(
-        replies, 16,
-        "every request in flight was answered before the close"
-    );
     assert!(ferry_tests::wait_for(Duration::from_secs(15), || !server.is_running()));
+    replies
 }
 
 /// Sends one request on a handshaken raw connection and returns its response.

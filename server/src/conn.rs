@@ -102,6 +102,29 @@ pub(crate) const STALL_NOTHING_TAKEN: Duration = Duration::from_millis(500);
 /// first look (a quarter second after its handshake).
 pub(crate) const NOTHING_TAKEN_BYTES: u64 = 256 << 10;
 
+/// The next frame if `buf` holds the whole of it (taken out of `buf`), else how many more
+/// bytes it needs.
+fn buffered_frame(buf: &mut BytesMut, max: u32) -> Result<Result<Frame, usize>, ConnError> {
+    match Frame::check(buf, max).map_err(ConnError::Frame)? {
+        FrameCheck::Complete(_) => {
+            let f = Frame::parse(buf, max)
+                .map_err(ConnError::Frame)?
+                .ok_or(ConnError::Protocol("a frame checked whole did not parse"))?;
+            // Each request in an allocation of its own: a slice of `buf` would keep the
+            // whole block it was read into (64-256 KiB) alive for as long as the request
+            // (a path in it) is in flight, and a connection has up to `max_inflight` in
+            // flight, each perhaps in another block: 16 mirrors through the WAN profile
+            // beside 16 fast ones (2,000 requests in flight) pinned 130 MiB beyond the
+            // memory budget that way. Requests are small; copying them costs nothing.
+            Ok(Ok(Frame {
+                body: bytes::Bytes::copy_from_slice(&f.body),
+                ..f
+            }))
+        }
+        FrameCheck::Incomplete { needed } => Ok(Err(needed)),
+    }
+}
+
 /// Reads one frame, buffering at most `max` bytes of it.
 async fn read_frame<R: AsyncRead + Unpin>(
     rd: &mut R,
@@ -109,22 +132,9 @@ async fn read_frame<R: AsyncRead + Unpin>(
     max: u32,
 ) -> Result<Option<Frame>, ConnError> {
     loop {
-        let needed = match Frame::check(buf, max).map_err(ConnError::Frame)? {
-            FrameCheck::Complete(_) => {
-                // Each request in an allocation of its own: a slice of `buf` would keep the
-                // whole block it was read into (64-256 KiB) alive for as long as the request
-                // (a path in it) is in flight, and a connection has up to `max_inflight` in
-                // flight, each perhaps in another block: 16 mirrors through the WAN profile
-                // beside 16 fast ones (2,000 requests in flight) pinned 130 MiB beyond the
-                // memory budget that way. Requests are small; copying them costs nothing.
-                return Ok(Frame::parse(buf, max)
-                    .map_err(ConnError::Frame)?
-                    .map(|f| Frame {
-                        body: bytes::Bytes::copy_from_slice(&f.body),
-                        ..f
-                    }));
-            }
-            FrameCheck::Incomplete { needed } => needed,
+        let needed = match buffered_frame(buf, max)? {
+            Ok(f) => return Ok(Some(f)),
+            Err(needed) => needed,
         };
         // Room for the rest of the frame, but never more than 256 KiB ahead of what the
         // client has sent: an announced length costs nothing until the bytes come.
@@ -329,40 +339,59 @@ where
     // and its count of bytes acknowledged then and at the first look.
     let mut progress_at = tokio::time::Instant::now();
     let (mut last_acked, mut first_acked) = (None, None);
+    // Told to stop: the socket is read no more, but the requests already read (whole in
+    // `buf`) are taken up and answered like those before them; then the loop ends.
+    // Places among `max_inflight` are waited for until `stop_by` (then it ends too: a
+    // client that takes no responses frees none).
+    let mut stopping = false;
+    let mut stop_by = tokio::time::Instant::now();
     let result = loop {
-        let frame = tokio::select! {
-            f = read_frame(&mut rd, &mut buf, request_limit) => Some(f),
-            _ = shutdown.changed() => break Ok(()),
-            _ = check.tick() => {
-                let acked = link.look(&blocked, socket);
-                // Sitting on its share while others wait: closed, its memory freed.
-                let waiting = blocked.waiting_for();
-                if acked.is_none() || acked != last_acked || waiting.is_zero() {
-                    progress_at = tokio::time::Instant::now();
-                }
-                last_acked = acked;
-                let first = *first_acked.get_or_insert(acked.unwrap_or(0));
-                let taken_nothing = acked
-                    .is_some_and(|a| a.saturating_sub(first) < NOTHING_TAKEN_BYTES)
-                    && waiting > STALL_NOTHING_TAKEN
-                    && progress_at.elapsed() > STALL_NOTHING_TAKEN;
-                if ((waiting > STALL_OVER_SHARE || taken_nothing) && session.account.over_share())
-                    || (waiting > STALL_UNDER_CONTENTION && session.account.stalled_holder())
-                {
-                    break Err(ConnError::Stalled);
-                }
-                continue;
+        let frame = if stopping {
+            match buffered_frame(&mut buf, request_limit) {
+                Ok(Ok(f)) => Some(Ok(Some(f))),
+                Ok(Err(_)) => break Ok(()),
+                Err(e) => break Err(e),
             }
-            // read_frame keeps partial frames in `buf`: cancelling it loses nothing.
-            _ = tokio::time::sleep_until(idle_at) => None,
-            // The writer only ends early on a socket error or a stalled client: then the
-            // whole connection goes, freeing its slot and buffers.
-            w = &mut writer => {
-                writer_ended = true;
-                break match w {
-                    Ok(Err(e)) => Err(ConnError::Io(e)),
-                    _ => Err(ConnError::Protocol("response writer ended")),
-                };
+        } else {
+            tokio::select! {
+                f = read_frame(&mut rd, &mut buf, request_limit) => Some(f),
+                _ = shutdown.changed() => {
+                    stopping = true;
+                    stop_by = tokio::time::Instant::now() + Duration::from_secs(5);
+                    continue;
+                }
+                _ = check.tick() => {
+                    let acked = link.look(&blocked, socket);
+                    // Sitting on its share while others wait: closed, its memory freed.
+                    let waiting = blocked.waiting_for();
+                    if acked.is_none() || acked != last_acked || waiting.is_zero() {
+                        progress_at = tokio::time::Instant::now();
+                    }
+                    last_acked = acked;
+                    let first = *first_acked.get_or_insert(acked.unwrap_or(0));
+                    let taken_nothing = acked
+                        .is_some_and(|a| a.saturating_sub(first) < NOTHING_TAKEN_BYTES)
+                        && waiting > STALL_NOTHING_TAKEN
+                        && progress_at.elapsed() > STALL_NOTHING_TAKEN;
+                    let over = waiting > STALL_OVER_SHARE || taken_nothing;
+                    if (over && session.account.over_share())
+                        || (waiting > STALL_UNDER_CONTENTION && session.account.stalled_holder())
+                    {
+                        break Err(ConnError::Stalled);
+                    }
+                    continue;
+                }
+                // read_frame keeps partial frames in `buf`: cancelling it loses nothing.
+                _ = tokio::time::sleep_until(idle_at) => None,
+                // The writer only ends early on a socket error or a stalled client: then the
+                // whole connection goes, freeing its slot and buffers.
+                w = &mut writer => {
+                    writer_ended = true;
+                    break match w {
+                        Ok(Err(e)) => Err(ConnError::Io(e)),
+                        _ => Err(ConnError::Protocol("response writer ended")),
+                    };
+                }
             }
         };
         let Some(frame) = frame else {
@@ -454,9 +483,16 @@ where
                 "HashSparse needs the HASH_SPARSE feature",
             ));
         }
-        let permit = match inflight.clone().acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => break Ok(()),
+        let permit = if stopping {
+            match tokio::time::timeout_at(stop_by, inflight.clone().acquire_owned()).await {
+                Ok(Ok(p)) => p,
+                _ => break Ok(()),
+            }
+        } else {
+            match inflight.clone().acquire_owned().await {
+                Ok(p) => p,
+                Err(_) => break Ok(()),
+            }
         };
         let shared = shared.clone();
         let tx = tx.clone();
