@@ -36,19 +36,29 @@ struct State {
     clients: HashMap<u64, Waiting>,
 }
 
-/// One client's waiting reads, whatever their connection: its demand reads, then its
-/// prediction reads, each in arrival order.
+/// One client's waiting reads, whatever their connection: its demand reads, served before
+/// its prediction reads, each line in arrival order.
 #[derive(Debug, Default)]
 struct Waiting {
     deficit: u64,
-    waiters: VecDeque<Waiter>,
+    demand: VecDeque<Waiter>,
+    prediction: VecDeque<Waiter>,
+}
+
+impl Waiting {
+    /// The line whose front is served next.
+    fn next_line(&mut self) -> &mut VecDeque<Waiter> {
+        if self.demand.is_empty() {
+            &mut self.prediction
+        } else {
+            &mut self.demand
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Waiter {
     cost: u64,
-    /// A demand read: before the client's prediction reads.
-    demand: bool,
     tx: oneshot::Sender<()>,
 }
 
@@ -107,21 +117,16 @@ impl FairPool {
                 return Turn { pool: self.clone() };
             }
             let (tx, rx) = oneshot::channel();
-            let w = Waiter { cost, demand, tx };
+            let w = Waiter { cost, tx };
             if !g.clients.contains_key(&client) {
                 g.order.push_back(client);
             }
-            let waiters = &mut g.clients.entry(client).or_default().waiters;
-            // After the client's demand reads, before its prediction reads.
-            let at = if demand {
-                waiters
-                    .iter()
-                    .position(|w| !w.demand)
-                    .unwrap_or(waiters.len())
+            let q = g.clients.entry(client).or_default();
+            if demand {
+                q.demand.push_back(w);
             } else {
-                waiters.len()
-            };
-            waiters.insert(at, w);
+                q.prediction.push_back(w);
+            }
             Self::grant(&mut g, self.slots);
             rx
         };
@@ -166,7 +171,7 @@ impl FairPool {
                 g.order.pop_front();
                 continue;
             };
-            let Some(cost) = q.waiters.front().map(|w| w.cost) else {
+            let Some(cost) = q.next_line().front().map(|w| w.cost) else {
                 g.clients.remove(&client);
                 g.order.pop_front();
                 continue;
@@ -178,8 +183,8 @@ impl FairPool {
                 continue;
             }
             q.deficit -= cost;
-            let w = q.waiters.pop_front();
-            if q.waiters.is_empty() {
+            let w = q.next_line().pop_front();
+            if q.demand.is_empty() && q.prediction.is_empty() {
                 g.clients.remove(&client);
                 g.order.pop_front();
             }
@@ -209,13 +214,14 @@ mod tests {
         )
     }
 
-    /// Starts a task waiting for a turn for `who` (client, cost, whether a demand read) and recording its name in `log` when it gets it; it keeps the turn
-    /// until `hold` gives it a permit.
+    /// Starts a task waiting for a turn for `who` (client, cost, whether a demand read) and
+    /// recording its name in `log` when it gets it; it keeps the turn until `hold` gives it
+    /// a permit.
     fn waiter(
         pool: &Arc<FairPool>,
         who: (u64, u64, bool),
         name: &'static str,
-        log: &Arc<Mutex<Vec<&'static str>>>,
+        log: &Log,
         hold: &Arc<tokio::sync::Semaphore>,
     ) -> tokio::task::JoinHandle<()> {
         let (pool, log, hold) = (pool.clone(), log.clone(), hold.clone());
