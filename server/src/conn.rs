@@ -341,12 +341,11 @@ where
     let (mut last_acked, mut first_acked) = (None, None);
     // Told to stop: the socket is read no more, but the requests already read (whole in
     // `buf`) are taken up and answered like those before them; then the loop ends.
-    // Places among `max_inflight` are waited for until `stop_by` (then it ends too: a
+    // Places among `max_inflight` are waited for until this deadline (then it ends too: a
     // client that takes no responses frees none).
-    let mut stopping = false;
-    let mut stop_by = tokio::time::Instant::now();
+    let mut stop_by: Option<tokio::time::Instant> = None;
     let result = loop {
-        let frame = if stopping {
+        let frame = if stop_by.is_some() {
             match buffered_frame(&mut buf, request_limit) {
                 Ok(Ok(f)) => Some(Ok(Some(f))),
                 Ok(Err(_)) => break Ok(()),
@@ -356,8 +355,7 @@ where
             tokio::select! {
                 f = read_frame(&mut rd, &mut buf, request_limit) => Some(f),
                 _ = shutdown.changed() => {
-                    stopping = true;
-                    stop_by = tokio::time::Instant::now() + Duration::from_secs(5);
+                    stop_by = Some(tokio::time::Instant::now() + Duration::from_secs(5));
                     continue;
                 }
                 _ = check.tick() => {
@@ -483,8 +481,8 @@ where
                 "HashSparse needs the HASH_SPARSE feature",
             ));
         }
-        let permit = if stopping {
-            match tokio::time::timeout_at(stop_by, inflight.clone().acquire_owned()).await {
+        let permit = if let Some(by) = stop_by {
+            match tokio::time::timeout_at(by, inflight.clone().acquire_owned()).await {
                 Ok(Ok(p)) => p,
                 _ => break Ok(()),
             }
