@@ -687,19 +687,7 @@ fn modes_owners_times_and_links_kept_by_rclone_and_s3fs_are_the_copy_s() {
         .args(["copy", "--metadata", "--links"])
         .arg(src.path())
         .arg("g:ferry-test/rc"));
-    let s3fs = g.s3fs();
-    run(std::process::Command::new("cp")
-        .arg("-a")
-        .arg(src.path())
-        .arg(s3fs.mnt.join("sf")));
-    // Now and then (a loaded machine) s3fs keeps the mode `cp -a` creates a directory with
-    // while filling it (0700 for `conf`) instead of the one it sets afterwards: set the
-    // directories' modes once more, so the store holds the source's.
-    for d in ["conf", "data"] {
-        let want = std::fs::metadata(src.path().join(d)).unwrap().permissions();
-        std::fs::set_permissions(s3fs.mnt.join("sf").join(d), want).unwrap();
-    }
-    s3fs.unmount();
+    g.copy_in_with_s3fs(src.path(), "sf");
 
     let dst = tempfile::tempdir().unwrap();
     for (prefix, dirs) in [("rc", false), ("sf", true)] {
@@ -763,12 +751,7 @@ fn a_postgresql_data_directory_written_through_s3fs_mirrors_and_starts() {
         return;
     }
     let g = Garage::start(1);
-    let s3fs = g.s3fs();
-    run(std::process::Command::new("cp")
-        .arg("-a")
-        .arg(export.join("pgdata"))
-        .arg(s3fs.mnt.join("pgdata")));
-    s3fs.unmount();
+    g.copy_in_with_s3fs(&export.join("pgdata"), "pgdata");
     let dst = tempfile::tempdir().unwrap();
     std::fs::set_permissions(
         dst.path(),

@@ -511,27 +511,33 @@ pub fn walk(root: &Path) -> Vec<Meta> {
             .collect();
         entries.sort();
         for p in entries {
-            let m = std::fs::symlink_metadata(&p).expect("lstat");
-            let target = m
-                .file_type()
-                .is_symlink()
-                .then(|| std::fs::read_link(&p).expect("readlink"));
-            if m.is_dir() {
-                stack.push(p.clone());
+            let m = meta(root, &p);
+            if m.mode & 0o170_000 == 0o040_000 {
+                stack.push(p);
             }
-            out.push(Meta {
-                rel: p.strip_prefix(root).expect("prefix").to_path_buf(),
-                mode: m.mode(),
-                size: if m.is_dir() { 0 } else { m.size() },
-                mtime: m.mtime(),
-                mtime_nsec: m.mtime_nsec(),
-                target,
-                owner: (m.uid(), m.gid()),
-            });
+            out.push(m);
         }
     }
     out.sort_by(|a, b| a.rel.cmp(&b.rel));
     out
+}
+
+/// The [`Meta`] of `p` (not followed if a symlink), named relative to `root`.
+pub fn meta(root: &Path, p: &Path) -> Meta {
+    let m = std::fs::symlink_metadata(p).expect("lstat");
+    let target = m
+        .file_type()
+        .is_symlink()
+        .then(|| std::fs::read_link(p).expect("readlink"));
+    Meta {
+        rel: p.strip_prefix(root).expect("prefix").to_path_buf(),
+        mode: m.mode(),
+        size: if m.is_dir() { 0 } else { m.size() },
+        mtime: m.mtime(),
+        mtime_nsec: m.mtime_nsec(),
+        target,
+        owner: (m.uid(), m.gid()),
+    }
 }
 
 /// Sets atime/mtime to the nanosecond, without following a final symlink.
