@@ -195,19 +195,7 @@ fn pinning_the_fingerprint_gen_cert_prints_works() {
     require_fuse!();
     let keys = tempfile::tempdir().unwrap();
     let (cert, key) = (keys.path().join("c.pem"), keys.path().join("k.pem"));
-    let out = Command::new(bin("ferryd"))
-        .args(["gen-cert", "--cert"])
-        .arg(&cert)
-        .arg("--key")
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let fp = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let fp = gen_cert(&cert, &key);
     assert!(fp.starts_with("SHA256:") && fp.len() == 7 + 44, "{fp}");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -226,6 +214,102 @@ fn pinning_the_fingerprint_gen_cert_prints_works() {
     run(Command::new("cmp")
         .arg(src.path().join("x"))
         .arg(mount.path().join("x")));
+}
+
+/// `ferryd gen-cert` into `cert` and `key` (replacing what they hold); its fingerprint.
+fn gen_cert(cert: &Path, key: &Path) -> String {
+    let out = Command::new(bin("ferryd"))
+        .args(["gen-cert", "--cert"])
+        .arg(cert)
+        .arg("--key")
+        .arg(key)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn sighup_presents_a_renewed_certificate_and_keeps_the_old_one_when_the_new_does_not_load() {
+    // A certificate renewed in place (certbot, an internal CA): on SIGHUP ferryd presents the
+    // new one to new connections, without a restart; a mount made before goes on. Files that
+    // do not load are logged in one line and the certificate in use stays.
+    require_fuse!();
+    let keys = tempfile::tempdir().unwrap();
+    let (cert, key) = (keys.path().join("c.pem"), keys.path().join("k.pem"));
+    let old = gen_cert(&cert, &key);
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("x"), 100_000, 3);
+    let mut server = tls_server(
+        src.path(),
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
+        &[],
+    );
+    assert!(
+        ferry_tests::wait_for(Duration::from_secs(5), || server
+            .log_text()
+            .contains(&format!("certificate {old}"))),
+        "the start-up line names the certificate: {}",
+        server.log_text()
+    );
+    let before = TestMount::mount(&server.addr, &["--tls-fingerprint", &old]);
+    let hup = |server: &TestServer| {
+        // SAFETY: kill(2) with a pid of ours and a signal number; no memory involved.
+        assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGHUP) }, 0);
+    };
+
+    let new = gen_cert(&cert, &key);
+    assert_ne!(old, new);
+    hup(&server);
+    assert!(
+        ferry_tests::wait_for(Duration::from_secs(10), || server
+            .log_text()
+            .contains(&format!("now {new}"))),
+        "no reload logged: {}",
+        server.log_text()
+    );
+    let after = TestMount::mount(&server.addr, &["--tls-fingerprint", &new]);
+    run(Command::new("cmp")
+        .arg(src.path().join("x"))
+        .arg(after.path().join("x")));
+    let e = mount_fails(&server.addr, &["--tls-fingerprint", &old]);
+    assert!(e.contains(&new) && e.contains("not the one pinned"), "{e}");
+    // The mount made before keeps its connections: a file written since reads through it.
+    write_random(&src.path().join("y"), 50_000, 4);
+    run(Command::new("cmp")
+        .arg(src.path().join("y"))
+        .arg(before.path().join("y")));
+
+    // A certificate file that does not load: one line, the certificate in use stays.
+    std::fs::write(&cert, "not a certificate\n").unwrap();
+    hup(&server);
+    assert!(
+        ferry_tests::wait_for(Duration::from_secs(10), || server
+            .log_text()
+            .contains("cannot read the TLS certificate again")),
+        "no failed reload logged: {}",
+        server.log_text()
+    );
+    let line = server
+        .log_text()
+        .lines()
+        .find(|l| l.contains("cannot read the TLS certificate again"))
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains(cert.to_str().unwrap()) && line.contains(&format!("still presenting {new}")),
+        "{line}"
+    );
+    assert!(server.is_running());
+    let again = TestMount::mount(&server.addr, &["--tls-fingerprint", &new]);
+    run(Command::new("cmp")
+        .arg(src.path().join("x"))
+        .arg(again.path().join("x")));
 }
 
 #[test]

@@ -63,6 +63,7 @@ struct Args {
     idle_timeout: u64,
     /// Serve over TLS with this certificate (PEM; with --tls-key). Clients then need
     /// `--tls` and `--ca FILE` or `--tls-fingerprint SHA256:…`; plain clients are refused.
+    /// SIGHUP reads it and the key again (new connections get them).
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).
@@ -338,13 +339,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         "cannot export {}: not a directory",
         export.display()
     );
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(c), Some(k)) => Some(ferry_server::tls::server_config(
-            c,
-            k,
-            args.client_ca.as_deref(),
-        )?),
-        _ => None,
+    let (tls, certificate) = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => {
+            let (cfg, cert) = ferry_server::tls::server_config(c, k, args.client_ca.as_deref())?;
+            (Some(cfg), Some(cert))
+        }
+        _ => (None, None),
     };
     let token = match &args.token_file {
         Some(p) => {
@@ -393,6 +393,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     rt.block_on(async move {
+        // Before the first connection: SIGHUP's default would end ferryd.
+        if let Ok(hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            tokio::spawn(reload_on_sighup(hup, certificate.clone()));
+        }
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| {
@@ -412,14 +416,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!(
             "listening on {addr}, exporting {} read-only ({}, {})",
             export.display(),
-            if tls.is_some() {
-                if args.client_ca.is_some() {
-                    "TLS with client certificates"
-                } else {
-                    "TLS"
+            match &certificate {
+                Some(c) if args.client_ca.is_some() => {
+                    format!(
+                        "TLS with client certificates, certificate {}",
+                        c.fingerprint()
+                    )
                 }
-            } else {
-                "plain TCP"
+                Some(c) => format!("TLS, certificate {}", c.fingerprint()),
+                None => "plain TCP".to_string(),
             },
             if token.is_some() {
                 "token required"
@@ -431,6 +436,31 @@ fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!("stopped");
         anyhow::Ok(())
     })
+}
+
+/// On each SIGHUP, reads the TLS certificate and key files again: connections from then on
+/// get what they hold, those open keep theirs (a certificate renewed by certbot or an
+/// internal CA, without dropping a mount). Files that do not load are logged in one line and
+/// the certificate in use stays. Without TLS there is nothing to read again; ferryd says so
+/// and goes on.
+async fn reload_on_sighup(
+    mut hup: tokio::signal::unix::Signal,
+    certificate: Option<std::sync::Arc<ferry_server::tls::Certificate>>,
+) {
+    while hup.recv().await.is_some() {
+        match &certificate {
+            Some(c) => match c.reload() {
+                Ok(fp) => tracing::info!(
+                    "SIGHUP: TLS certificate read again, now {fp}; new connections get it"
+                ),
+                Err(e) => tracing::error!(
+                    "SIGHUP: cannot read the TLS certificate again: {e}; still presenting {}",
+                    c.fingerprint()
+                ),
+            },
+            None => tracing::info!("SIGHUP: no TLS certificate to read again; serving as before"),
+        }
+    }
 }
 
 async fn shutdown_signal() {

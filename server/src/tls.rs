@@ -1,8 +1,12 @@
 //! TLS for ferryd: loading the certificate and key (and, for mutual TLS, the CA that signs
-//! client certificates), and `ferryd gen-cert`'s self-signed pair.
+//! client certificates), replacing them while serving ([`Certificate::reload`], on SIGHUP),
+//! and `ferryd gen-cert`'s self-signed pair.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -65,8 +69,76 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// The certificate ferryd presents, read from its files, and read again by [`reload`]
+/// (ferryd on SIGHUP): connections from then on get the new one, those open keep theirs.
+///
+/// [`reload`]: Certificate::reload
+#[derive(Debug)]
+pub struct Certificate {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl Certificate {
+    /// Reads `cert` and `key`.
+    ///
+    /// # Errors
+    /// Unreadable files, a key that does not match the certificate.
+    pub fn load(cert: &Path, key: &Path) -> Result<Certificate, TlsError> {
+        Ok(Certificate {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            current: RwLock::new(Arc::new(certified_key(cert, key)?)),
+        })
+    }
+
+    /// Reads the files again and presents what they hold from now on; returns its
+    /// fingerprint (`SHA256:…`). On an error the certificate in use stays.
+    ///
+    /// # Errors
+    /// As [`Certificate::load`].
+    pub fn reload(&self) -> Result<String, TlsError> {
+        let new = Arc::new(certified_key(&self.cert, &self.key)?);
+        let fp = self.fingerprint_of(&new);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = new;
+        Ok(fp)
+    }
+
+    /// The fingerprint of the certificate presented now (`SHA256:…`).
+    pub fn fingerprint(&self) -> String {
+        self.fingerprint_of(&self.now())
+    }
+
+    fn fingerprint_of(&self, k: &CertifiedKey) -> String {
+        k.end_entity_cert()
+            .map(|c| ferry_proto::auth::fingerprint(c.as_ref()))
+            .unwrap_or_default()
+    }
+
+    fn now(&self) -> Arc<CertifiedKey> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl ResolvesServerCert for Certificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.now())
+    }
+}
+
+fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+    let chain = load_certs(cert)?;
+    let key_der = load_key(key)?;
+    CertifiedKey::from_der(chain, key_der, &provider())
+        .map_err(|e| file_err(key, format!("does not go with {}: {e}", cert.display())))
+}
+
 /// The server's TLS configuration: `cert`/`key`, and with `client_ca` mutual TLS (clients
-/// must present a certificate signed by it).
+/// must present a certificate signed by it); and the certificate, to [`Certificate::reload`].
 ///
 /// # Errors
 /// Unreadable files, a key that does not match the certificate.
@@ -74,9 +146,8 @@ pub fn server_config(
     cert: &Path,
     key: &Path,
     client_ca: Option<&Path>,
-) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let chain = load_certs(cert)?;
-    let key_der = load_key(key)?;
+) -> Result<(Arc<rustls::ServerConfig>, Arc<Certificate>), TlsError> {
+    let certificate = Arc::new(Certificate::load(cert, key)?);
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -98,10 +169,8 @@ pub fn server_config(
         }
         None => builder.with_no_client_auth(),
     };
-    let cfg = builder
-        .with_single_cert(chain, key_der)
-        .map_err(|e| file_err(key, format!("does not go with {}: {e}", cert.display())))?;
-    Ok(Arc::new(cfg))
+    let cfg = builder.with_cert_resolver(certificate.clone());
+    Ok((Arc::new(cfg), certificate))
 }
 
 /// Writes a new self-signed certificate for `names` (DNS names or IP addresses) and its key
