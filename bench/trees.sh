@@ -4,7 +4,7 @@
 # bench/run.sh, from bench/lib.sh).
 #
 #   bench/trees.sh [--links 1gbit,wan] [--trees src,pgdata,git,flat] [--methods LIST]
-#                  [--repeat N] [--copy-timeout SECS] [--out FILE]
+#                  [--repeat N] [--interleave] [--copy-timeout SECS] [--out FILE]
 #
 # Trees (made once in bench/out/trees-data):
 #   src     a real source tree: /usr/include and the Python standard library (~9,000 files)
@@ -37,6 +37,12 @@
 # each run's seconds and CPU seconds, for A/B runs alternated with bench/alternate.sh.
 # No namespace, mount or process is left behind, even on Ctrl-C.
 # FERRYD_BIN=PATH and FERRY_BIN=PATH: another ferryd or ferry binary to compare against.
+# --interleave: the methods take turns, one run each per round (nc-lz4, cp, rsync, …, then
+#   again), instead of each method's runs one after another: this VM's speed swings up to 2x
+#   between spells, and a method's ratio to nc-lz4 is then taken within one spell. The report
+#   adds the median of the rounds' own ratios (nc-lz4's run over the method's run of the same
+#   round). Not with bench/alternate.sh: which build a method gets would then depend on how
+#   many ferry methods come before it in a round.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -45,6 +51,7 @@ links=1gbit,wan
 trees=src,pgdata,git,flat
 methods=nc-lz4,cp,rsync,tar,mirror,find,lsR
 repeat=1
+interleave=0
 copy_timeout=300
 out=bench/out/trees.md
 while [ $# -gt 0 ]; do
@@ -53,6 +60,7 @@ while [ $# -gt 0 ]; do
         --trees) trees=$2; shift 2 ;;
         --methods) methods=$2; shift 2 ;;
         --repeat) repeat=$2; shift 2 ;;
+        --interleave) interleave=1; shift ;;
         --copy-timeout) copy_timeout=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         *) echo "trees.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
@@ -78,7 +86,7 @@ real_trees "$DATA" "$trees"
 ns_start
 fresh_fs "$WORK/dst" 16
 ns_ferryd "$DATA"
-ROWS=$WORK/rows   # link|tree|method|seconds|MB/s|peak RSS MiB|CPU s|ferryd CPU s
+ROWS=$WORK/rows   # link|tree|method|seconds|MB/s|peak RSS MiB|CPU s|ferryd CPU s|× nc-lz4 per round
 : > "$ROWS"
 
 # run_once TREE METHOD MOUNT: one timed run; prints "SECONDS|RSS|CPU|FERRYD CPU" or
@@ -157,28 +165,64 @@ run_once() {
     echo "$(awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.2f", z - a }')|$rss|$cpu|$fcpu"
 }
 
+# report_row LINK TREE METHOD BYTES PAIRED RUN...: the method's row (median run) into $ROWS
+# and its runs into the log. PAIRED: the median of the rounds' own ratios to nc-lz4, or "".
+report_row() {
+    local link=$1 t=$2 m=$3 bytes=$4 paired=$5 row med
+    shift 5
+    local runs=("$@")
+    case "${runs[0]}" in
+        failed*|timed*) row="${runs[0]}||||" ;;
+        *) med=$(printf '%s\n' "${runs[@]}" | sort -t'|' -k1,1g | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }')
+           row=$(awk -v b="$bytes" -v m="$med" 'BEGIN { split(m, x, "|"); printf "%.2f|%.1f|%s|%s|%s", x[1], b / x[1] / 1e6, x[2], x[3], x[4] }') ;;
+    esac
+    echo "$link|$t|$m|$row|$paired" >> "$ROWS"
+    # Each run's seconds, and its CPU seconds (machine/ferryd): an A/B alternated with
+    # bench/alternate.sh reads both builds' runs from here.
+    log "  $(printf '%-7s %-7s' "$t" "$m") ${row//|/  }${paired:+  (× nc-lz4 per round: $paired)}  (s, MB/s, peak RSS MiB, CPU s, ferryd CPU s; runs: $(printf '%s ' "${runs[@]%%|*}"); CPU s per run, machine/ferryd: $(printf '%s\n' "${runs[@]}" | awk -F'|' '{ printf "%s/%s ", $3, $4 }'))"
+}
+
 for link in ${links//,/ }; do
     log "link $link"
     set_link "$link"
     for t in ${trees//,/ }; do
         bytes=$(du -sb "$DATA/$t" | cut -f1)
-        for m in ${methods//,/ }; do
-            runs=()
+        declare -A got=()
+        if [ "$interleave" = 1 ]; then
             for ((i = 1; i <= repeat; i++)); do
-                r=$(run_once "$t" "$m" "$WORK/mnt/m")
-                case "$r" in failed*|timed*) runs=("$r"); break ;; esac
-                runs+=("$r")
+                for m in ${methods//,/ }; do
+                    case "${got[$m]:-}" in failed*|timed*) continue ;; esac
+                    r=$(run_once "$t" "$m" "$WORK/mnt/m")
+                    case "$r" in failed*|timed*) got[$m]=$r; continue ;; esac
+                    got[$m]="${got[$m]:-}${got[$m]:+ }$r"
+                done
             done
-            case "${runs[0]}" in
-                failed*|timed*) row="${runs[0]}||||" ;;
-                *) med=$(printf '%s\n' "${runs[@]}" | sort -t'|' -k1,1g | awk '{ a[NR] = $0 } END { print a[int((NR + 1) / 2)] }')
-                   row=$(awk -v b="$bytes" -v m="$med" 'BEGIN { split(m, x, "|"); printf "%.2f|%.1f|%s|%s|%s", x[1], b / x[1] / 1e6, x[2], x[3], x[4] }') ;;
+        else
+            for m in ${methods//,/ }; do
+                for ((i = 1; i <= repeat; i++)); do
+                    r=$(run_once "$t" "$m" "$WORK/mnt/m")
+                    case "$r" in failed*|timed*) got[$m]=$r; break ;; esac
+                    got[$m]="${got[$m]:-}${got[$m]:+ }$r"
+                done
+            done
+        fi
+        for m in ${methods//,/ }; do
+            paired=""
+            case "$m" in nc-lz4|find|lsR) ;; *)
+                if [ "$interleave" = 1 ] && [[ "${got[nc-lz4]:-}" != "" && "${got[nc-lz4]}" != failed* && "${got[nc-lz4]}" != timed* && "${got[$m]}" != failed* && "${got[$m]}" != timed* ]]; then
+                    paired=$(paste -d' ' <(tr ' ' '\n' <<< "${got[nc-lz4]}" | cut -d'|' -f1) <(tr ' ' '\n' <<< "${got[$m]}" | cut -d'|' -f1) \
+                        | awk '$1 > 0 && $2 > 0 { print $1 / $2 }' | sort -g \
+                        | awk '{ r[++n] = $1 } END { if (n) printf "%.2f", (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }')
+                fi ;;
             esac
-            echo "$link|$t|$m|$row" >> "$ROWS"
-            # Each run's seconds, and its CPU seconds (machine/ferryd): an A/B alternated
-            # with bench/alternate.sh reads both builds' runs from here.
-            log "  $(printf '%-7s %-7s' "$t" "$m") ${row//|/  }  (s, MB/s, peak RSS MiB, CPU s, ferryd CPU s; runs: $(printf '%s ' "${runs[@]%%|*}"); CPU s per run, machine/ferryd: $(printf '%s\n' "${runs[@]}" | awk -F'|' '{ printf "%s/%s ", $3, $4 }'))"
+            # shellcheck disable=SC2086 # the runs are words on purpose
+            if [[ "${got[$m]}" == failed* || "${got[$m]}" == timed* ]]; then
+                report_row "$link" "$t" "$m" "$bytes" "$paired" "${got[$m]}"
+            else
+                report_row "$link" "$t" "$m" "$bytes" "$paired" ${got[$m]}
+            fi
         done
+        unset got
     done
 done
 
@@ -194,8 +238,8 @@ mkdir -p "$(dirname "$out")"
         echo
         echo "## $link"
         echo
-        echo "| tree | method | seconds | MB/s | × nc-lz4 | mount peak RSS (MiB) | CPU s (machine) | CPU s (ferryd) |"
-        echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        echo "| tree | method | seconds | MB/s | × nc-lz4 | × nc-lz4 per round | mount peak RSS (MiB) | CPU s (machine) | CPU s (ferryd) |"
+        echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         awk -F'|' -v l="$link" '
             $1 == l && $3 == "nc-lz4" { base[$2] = $4 }
             $1 == l { rows[++n] = $0 }
@@ -204,7 +248,7 @@ mkdir -p "$(dirname "$out")"
                     split(rows[i], x, "|")
                     r = (x[4] + 0 > 0 && base[x[2]] + 0 > 0 && x[3] != "find" && x[3] != "lsR") ? sprintf("%.2f", base[x[2]] / x[4]) : ""
                     mbs = (x[3] == "find" || x[3] == "lsR") ? "" : x[5]
-                    printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", x[2], x[3], x[4], mbs, r, x[6], x[7], x[8]
+                    printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x[2], x[3], x[4], mbs, r, x[9], x[6], x[7], x[8]
                 }
             }' "$ROWS"
     done
