@@ -3,7 +3,7 @@
 # --compression auto, lz4 and zstd, beside `zstd -1 -T0 | nc`, on emulated links, in one run.
 #
 #   bench/compression.sh [--links 1gbit,100mbit,wan,loopback] [--repeat N] [--out FILE]
-#                        [--cases LIST] [--windows]
+#                        [--cases LIST] [--windows] [--interleave]
 #
 # Data of real shapes, made once in bench/out/compression-data:
 #   mixed.dat   1 GiB of this machine's binaries and libraries (/usr/lib, /usr/bin) laid end
@@ -31,6 +31,11 @@
 # copy's start and auto's changes of codec with what they rested on, and with --windows
 # every quarter second's reading (rates, codec, whether the server said the link set the pace).
 # FERRYD_BIN=PATH and FERRY_BIN=PATH: another ferryd or ferry binary to compare against.
+# --interleave: a case's methods take turns, one copy each per round, instead of each
+#   method's copies one after another, so that a method and `nc | zstd` share the VM's spell
+#   (its speed swings up to 2x between spells); the report adds, per case, the median of the
+#   rounds' own ratios of each ferry method to nc-zstd and to ferry-lz4 (MB/s over MB/s of
+#   the same round). Not with bench/alternate.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -39,6 +44,7 @@ out=bench/out/compression.md
 cases="1gbit:mixed:nc-zstd,ferry-auto,ferry-lz4 1gbit:pg:nc-zstd,ferry-auto,ferry-lz4 100mbit:pg:nc-zstd,ferry-auto,ferry-lz4 wan:mixed:nc-zstd,ferry-auto,ferry-lz4 loopback:random:ferry-auto,ferry-lz4"
 links=""
 windows=""
+interleave=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --repeat) repeat=$2; shift 2 ;;
@@ -46,6 +52,7 @@ while [ $# -gt 0 ]; do
         --cases) cases=${2//;/ }; shift 2 ;;
         --links) links=$2; shift 2 ;;
         --windows) windows=1; shift ;;
+        --interleave) interleave=1; shift ;;
         *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -170,21 +177,55 @@ copy_once() {  # copy_once DATA METHOD: prints seconds and, for ferry, the codec
 
 echo "| link | data | method | s | MB/s | codec at the end |" > "$ROWS"
 echo "| --- | --- | --- | ---: | ---: | --- |" >> "$ROWS"
+PAIRED=$WORK/paired   # the per-round ratios table (--interleave)
+: > "$PAIRED"
 for c in $cases; do
     IFS=: read -r link ds methods <<<"$c"
     log "link $link, $ds.dat"
     set_link_more "$link"
-    for method in ${methods//,/ }; do
+    # The copies in the order they run: METHOD ROUND pairs.
+    order=()
+    if [ -n "$interleave" ]; then
         for ((i = 1; i <= repeat; i++)); do
-            read -r secs codec < <(copy_once "$ds" "$method") || true
-            case "$secs" in
-                failed|WRONG|"") log "  $method: ${secs:-failed}"; echo "| $link | $ds | $method | $secs | | |" >> "$ROWS"; continue ;;
-            esac
-            mbs=$(awk -v s="$secs" -v b="$(stat -c %s "$DATA/$ds.dat")" 'BEGIN { printf "%.0f", b / s / 1e6 }')
-            log "  $(printf '%-11s' "$method") $secs s  $mbs MB/s  $codec"
-            echo "| $link | $ds | $method | $secs | $mbs | $codec |" >> "$ROWS"
+            for method in ${methods//,/ }; do order+=("$method $i"); done
         done
+    else
+        for method in ${methods//,/ }; do
+            for ((i = 1; i <= repeat; i++)); do order+=("$method $i"); done
+        done
+    fi
+    declare -A rate=()   # "METHOD ROUND" -> MB/s
+    for job in "${order[@]}"; do
+        read -r method i <<<"$job"
+        read -r secs codec < <(copy_once "$ds" "$method") || true
+        case "$secs" in
+            failed|WRONG|"") log "  $method: ${secs:-failed}"; echo "| $link | $ds | $method | $secs | | |" >> "$ROWS"; continue ;;
+        esac
+        mbs=$(awk -v s="$secs" -v b="$(stat -c %s "$DATA/$ds.dat")" 'BEGIN { printf "%.0f", b / s / 1e6 }')
+        rate["$method $i"]=$mbs
+        log "  $(printf '%-11s' "$method") $secs s  $mbs MB/s  $codec"
+        echo "| $link | $ds | $method | $secs | $mbs | $codec |" >> "$ROWS"
     done
+    if [ -n "$interleave" ]; then
+        for method in ${methods//,/ }; do
+            case "$method" in nc-*) continue ;; esac
+            for base in nc-zstd ferry-lz4; do
+                [ "$method" = "$base" ] && continue
+                [[ ",$methods," == *",$base,"* ]] || continue
+                ratios=$(for ((i = 1; i <= repeat; i++)); do
+                    a=${rate["$method $i"]:-}; b=${rate["$base $i"]:-}
+                    if [ -n "$a" ] && [ -n "$b" ]; then
+                        awk -v a="$a" -v b="$b" 'BEGIN { if (b > 0) printf "%.2f\n", a / b }'
+                    fi
+                done | sort -g)
+                [ -n "$ratios" ] || continue
+                med=$(awk '{ r[++n] = $1 } END { printf "%.2f", (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }' <<<"$ratios")
+                log "  $method ÷ $base per round: $med (rounds: $(tr '\n' ' ' <<<"$ratios"))"
+                echo "| $link | $ds | $method ÷ $base | $med | $(tr '\n' ' ' <<<"$ratios")|" >> "$PAIRED"
+            done
+        done
+    fi
+    unset rate
 done
 {
     echo "# Compression benchmark ($(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD))"
@@ -192,6 +233,14 @@ done
     echo "\`bench/compression.sh --repeat $repeat\` on this machine ($(nproc) cores)."
     echo
     cat "$ROWS"
+    if [ -s "$PAIRED" ]; then
+        echo
+        echo "Methods in turns (\`--interleave\`): each round's own ratio, and their median."
+        echo
+        echo "| link | data | ratio | median | rounds (sorted) |"
+        echo "| --- | --- | --- | ---: | --- |"
+        cat "$PAIRED"
+    fi
 } > "$out"
 log "wrote $out"
 cat "$out"
