@@ -218,19 +218,13 @@ fn pinning_the_fingerprint_gen_cert_prints_works() {
 
 /// `ferryd gen-cert` into `cert` and `key` (replacing what they hold); its fingerprint.
 fn gen_cert(cert: &Path, key: &Path) -> String {
-    let out = Command::new(bin("ferryd"))
+    run(Command::new(bin("ferryd"))
         .args(["gen-cert", "--cert"])
         .arg(cert)
         .arg("--key")
-        .arg(key)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+        .arg(key))
+    .trim()
+    .to_string()
 }
 
 #[test]
