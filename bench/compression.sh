@@ -219,7 +219,7 @@ for c in $cases; do
                     fi
                 done | sort -g)
                 [ -n "$ratios" ] || continue
-                med=$(awk '{ r[++n] = $1 } END { printf "%.2f", (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }' <<<"$ratios")
+                med=$(median_of_lines <<<"$ratios")
                 log "  $method ÷ $base per round: $med (rounds: $(tr '\n' ' ' <<<"$ratios"))"
                 echo "| $link | $ds | $method ÷ $base | $med | $(tr '\n' ' ' <<<"$ratios")|" >> "$PAIRED"
             done

@@ -194,6 +194,13 @@ cpu_busy() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / { printf "%.3f\n", ($2 + $3
 cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%.3f\n", ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
+# median_of_lines: the median of the numbers on stdin, one a line (of an even count, the mean
+# of the middle two), with two decimals; nothing for none. The rounds' own ratios of
+# --interleave (bench/trees.sh, bench/compression.sh).
+median_of_lines() {
+    sort -g | awk '{ r[++n] = $1 } END { if (n) printf "%.2f", (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }'
+}
+
 # fresh_fs DIR GIB: DIR becomes a new journaled ext4 of GIB GiB (a sparse image under $WORK on
 # a loop device; the cleanup unmounts it and the loop device goes with it). Copies of trees
 # land there, not on whatever file system holds /tmp: creating files on this VM's root file

@@ -211,8 +211,7 @@ for link in ${links//,/ }; do
             case "$m" in nc-lz4|find|lsR) ;; *)
                 if [ "$interleave" = 1 ] && [[ "${got[nc-lz4]:-}" != "" && "${got[nc-lz4]}" != failed* && "${got[nc-lz4]}" != timed* && "${got[$m]}" != failed* && "${got[$m]}" != timed* ]]; then
                     paired=$(paste -d' ' <(tr ' ' '\n' <<< "${got[nc-lz4]}" | cut -d'|' -f1) <(tr ' ' '\n' <<< "${got[$m]}" | cut -d'|' -f1) \
-                        | awk '$1 > 0 && $2 > 0 { print $1 / $2 }' | sort -g \
-                        | awk '{ r[++n] = $1 } END { if (n) printf "%.2f", (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }')
+                        | awk '$1 > 0 && $2 > 0 { print $1 / $2 }' | median_of_lines)
                 fi ;;
             esac
             # shellcheck disable=SC2086 # the runs are words on purpose
