@@ -100,20 +100,14 @@ impl Certificate {
     /// As [`Certificate::load`].
     pub fn reload(&self) -> Result<String, TlsError> {
         let new = Arc::new(certified_key(&self.cert, &self.key)?);
-        let fp = self.fingerprint_of(&new);
+        let fp = fingerprint_of(&new);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = new;
         Ok(fp)
     }
 
     /// The fingerprint of the certificate presented now (`SHA256:…`).
     pub fn fingerprint(&self) -> String {
-        self.fingerprint_of(&self.now())
-    }
-
-    fn fingerprint_of(&self, k: &CertifiedKey) -> String {
-        k.end_entity_cert()
-            .map(|c| ferry_proto::auth::fingerprint(c.as_ref()))
-            .unwrap_or_default()
+        fingerprint_of(&self.now())
     }
 
     fn now(&self) -> Arc<CertifiedKey> {
@@ -128,6 +122,13 @@ impl ResolvesServerCert for Certificate {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.now())
     }
+}
+
+/// The fingerprint (`SHA256:…`) of `k`'s certificate.
+fn fingerprint_of(k: &CertifiedKey) -> String {
+    k.end_entity_cert()
+        .map(|c| ferry_proto::auth::fingerprint(c.as_ref()))
+        .unwrap_or_default()
 }
 
 fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
