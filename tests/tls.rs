@@ -63,8 +63,8 @@ impl Pki {
     }
 }
 
-/// `ferry mount` expected to fail: its one-line error, after checking it came promptly and
-/// left nothing mounted.
+/// `ferry mount` expected to fail: its one-line error, after checking it came promptly, left
+/// nothing mounted and names each cause once.
 fn mount_fails(remote: &str, args: &[&str]) -> String {
     let mnt = tempfile::tempdir().unwrap();
     let t = Instant::now();
@@ -86,6 +86,15 @@ fn mount_fails(remote: &str, args: &[&str]) -> String {
     assert!(!is_mounted(mnt.path()), "{args:?} left a mount");
     let last = err.lines().last().unwrap_or_default().to_string();
     assert!(last.starts_with("ferry: "), "{args:?}: {err}");
+    // Each cause once (errors that name their cause in their own message also return it as
+    // their source: printed by walking the chain, it came twice).
+    let clauses: Vec<&str> = last.split(": ").collect();
+    for (i, c) in clauses.iter().enumerate() {
+        assert!(
+            c.len() < 12 || !clauses[i + 1..].contains(c),
+            "a cause printed twice: {last}"
+        );
+    }
     last
 }
 

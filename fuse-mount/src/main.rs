@@ -32,7 +32,7 @@ fn main() {
         }
     };
     if let Err(e) = r {
-        eprintln!("ferry: {e:#}");
+        eprintln!("ferry: {}", ferry_util::error_line(e.as_ref()));
         std::process::exit(1);
     }
 }

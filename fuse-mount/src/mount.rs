@@ -289,14 +289,8 @@ impl Drop for MountSession {
     fn drop(&mut self) {
         if let Some(r) = self.running.take() {
             if let Err(e) = r.finish(false) {
-                // The whole chain, as the binary prints errors (`{:#}`).
-                let mut msg = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    msg = format!("{msg}: {s}");
-                    source = s.source();
-                }
-                warn!("{msg}");
+                // The whole chain, as the binary prints errors.
+                warn!("{}", ferry_util::error_line(&e));
             }
         }
     }

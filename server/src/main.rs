@@ -268,7 +268,7 @@ fn main() {
         match expand_config(argv) {
             Ok(a) => a,
             Err(e) => {
-                eprintln!("ferryd: {:#}", anyhow::Error::from(e));
+                eprintln!("ferryd: {}", ferry_util::error_line(&e));
                 std::process::exit(1);
             }
         }
@@ -304,7 +304,7 @@ fn main() {
         }
     }
     if let Err(e) = run(args) {
-        eprintln!("ferryd: {e:#}");
+        eprintln!("ferryd: {}", ferry_util::error_line(e.as_ref()));
         std::process::exit(1);
     }
 }

@@ -5,8 +5,8 @@
 //!   built by the pure `ferry_proto::metrics`; this crate only does the socket part).
 //! - [`task`]: [`AbortOnDrop`], a task that ends with its owner; [`lock`], a mutex locked
 //!   whatever a panicking holder left.
-//! - [`process`]: process set-up of the binaries ([`limit_malloc_arenas`]) and, with the
-//!   `cli` feature, [`one_line_usage_error`].
+//! - [`process`]: process set-up of the binaries ([`limit_malloc_arenas`]), errors as one
+//!   line ([`error_line`]) and, with the `cli` feature, [`one_line_usage_error`].
 //! - [`priority`]: [`lower_current_thread`], lower CPU and I/O priority for background
 //!   threads (the mirror's, the write-back queue's), so readers come first.
 //! - [`background`]: [`background::Pool`], named threads at that lower priority with a
@@ -32,5 +32,5 @@ pub use metrics::serve_metrics;
 pub use priority::lower_current_thread;
 #[cfg(feature = "cli")]
 pub use process::one_line_usage_error;
-pub use process::{limit_malloc_arenas, usage_error_line};
+pub use process::{error_line, limit_malloc_arenas, usage_error_line};
 pub use task::{lock, AbortOnDrop};

@@ -1,5 +1,5 @@
-//! Process set-up shared by the binaries (`ferryd`, `ferry`): allocator tuning, and (with
-//! the `cli` feature) how a usage error is reported.
+//! Process set-up shared by the binaries (`ferryd`, `ferry`): allocator tuning, how an error
+//! is printed ([`error_line`]), and (with the `cli` feature) how a usage error is reported.
 
 /// Caps glibc's malloc arenas. By default every thread that allocates may get an arena of
 /// its own (up to 8 per core), and each keeps freed 1 MiB chunk buffers for reuse, which
@@ -12,6 +12,27 @@ pub fn limit_malloc_arenas() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
+}
+
+/// An error and its causes as the one line the binaries print: `what: why: …`. A cause the
+/// line already tells is left out: many errors name their cause in their own message
+/// (`cannot connect to H: Connection refused`) and also return it as their source, which a
+/// plain walk of the chain (`{:#}`) would print twice; a cause that only wraps such a text
+/// (rustls's `unexpected error: …` around ferry's own) counts as told too.
+pub fn error_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        let inner = text.split_once(": ").map_or("", |(_, inner)| inner);
+        let told = line.contains(&text) || (inner.len() >= 12 && line.contains(inner));
+        if !told {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
 }
 
 /// Help and version print as usual; a usage error becomes one line on stderr (what is
@@ -99,5 +120,54 @@ mod arena_tests {
         super::limit_malloc_arenas();
         let v: Vec<u8> = vec![1; 1 << 20];
         assert_eq!(v.iter().map(|&b| u64::from(b)).sum::<u64>(), 1 << 20);
+    }
+}
+
+#[cfg(test)]
+mod error_line_tests {
+    use super::error_line;
+
+    #[derive(Debug, thiserror::Error)]
+    enum E {
+        #[error("cannot connect to h: {source}")]
+        Connect { source: std::io::Error },
+        #[error("handshake failed: {explained}")]
+        Tls {
+            explained: String,
+            #[source]
+            source: std::io::Error,
+        },
+        #[error("remote path /x")]
+        Remote {
+            #[source]
+            source: std::io::Error,
+        },
+    }
+
+    #[test]
+    fn a_cause_the_message_names_is_printed_once_and_one_it_does_not_is_appended() {
+        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(
+            error_line(&E::Connect { source: refused() }),
+            "cannot connect to h: refused"
+        );
+        assert_eq!(
+            error_line(&E::Remote { source: refused() }),
+            "remote path /x: refused"
+        );
+        let pinned = "the certificate is not the one pinned";
+        let rustls = std::io::Error::other(format!("unexpected error: {pinned}"));
+        assert_eq!(
+            error_line(&E::Tls {
+                explained: pinned.into(),
+                source: rustls
+            }),
+            format!("handshake failed: {pinned}")
+        );
+        let wrapped = anyhow::Error::from(E::Connect { source: refused() }).context("mount");
+        assert_eq!(
+            error_line(wrapped.as_ref()),
+            "mount: cannot connect to h: refused"
+        );
     }
 }

@@ -71,7 +71,7 @@ pub fn mount(args: MountArgs) -> anyhow::Result<()> {
         Ok(s) => s,
         Err(e) => {
             // The parent prints it; printing here too would show the error twice.
-            let _ = report.write_all(format!("{e:#}").as_bytes());
+            let _ = report.write_all(ferry_util::error_line(e.as_ref()).as_bytes());
             drop(report);
             std::process::exit(1);
         }

@@ -1,6 +1,6 @@
 //! [`MountError`]: why a mount could not be set up, or not be taken down.
 //!
-//! Each variant reads as one line with its source appended (`{:#}` in the binary), so
+//! Each variant reads as one line with its source appended (`ferry_util::error_line` in the binary), so
 //! `ferry mount` reports every start-up failure as one line.
 
 use std::path::PathBuf;
