@@ -28,20 +28,21 @@ impl Pki {
             (cert, key)
         };
         let (ca_cert, ca_key) = ca("ferry test CA");
-        let (other_cert, _) = ca("some other CA");
+        let (other_cert, other_key) = ca("some other CA");
         write("ca.pem", ca_cert.pem());
         write("other-ca.pem", other_cert.pem());
-        let leaf = |names: Vec<String>, expired: bool, file: &str| {
+        let leaf_of = |names: Vec<String>, expired: bool, file: &str, by: (&_, &_)| {
             let key = KeyPair::generate().unwrap();
             let mut p = CertificateParams::new(names).unwrap();
             if expired {
                 p.not_before = date_time_ymd(2020, 1, 1);
                 p.not_after = date_time_ymd(2021, 1, 1);
             }
-            let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
+            let cert = p.signed_by(&key, by.0, by.1).unwrap();
             write(&format!("{file}.pem"), cert.pem());
             write(&format!("{file}-key.pem"), key.serialize_pem());
         };
+        let leaf = |names, expired, file: &str| leaf_of(names, expired, file, (&ca_cert, &ca_key));
         leaf(
             vec!["localhost".into(), "127.0.0.1".into()],
             false,
@@ -53,6 +54,12 @@ impl Pki {
             "expired",
         );
         leaf(vec!["client.example".into()], false, "client");
+        leaf_of(
+            vec!["client.example".into()],
+            false,
+            "other-client",
+            (&other_cert, &other_key),
+        );
         Pki {
             dir: dir.to_path_buf(),
         }
@@ -310,6 +317,126 @@ fn sighup_presents_a_renewed_certificate_and_keeps_the_old_one_when_the_new_does
     );
     assert!(server.is_running());
     let again = TestMount::mount(&server.addr, &["--tls-fingerprint", &new]);
+    run(Command::new("cmp")
+        .arg(src.path().join("x"))
+        .arg(again.path().join("x")));
+}
+
+#[test]
+fn sighup_reads_the_client_ca_and_the_token_again_and_keeps_them_when_the_new_do_not_load() {
+    // A client CA and a token rotated without a restart: on SIGHUP new connections need the
+    // new ones, a mount made before goes on, and files that do not load are logged in one
+    // line with what was read before kept.
+    require_fuse!();
+    let keys = tempfile::tempdir().unwrap();
+    let pki = Pki::new(keys.path());
+    let src = tempfile::tempdir().unwrap();
+    write_random(&src.path().join("x"), 100_000, 5);
+    let client_ca = keys.path().join("client-ca.pem");
+    std::fs::copy(pki.path("ca.pem"), &client_ca).unwrap();
+    let token = token_file(keys.path(), "token");
+    let mut server = tls_server(
+        src.path(),
+        &pki.path("server.pem"),
+        &pki.path("server-key.pem"),
+        &[
+            "--client-ca",
+            client_ca.to_str().unwrap(),
+            "--token-file",
+            &token,
+        ],
+    );
+    let ca = pki.path("ca.pem");
+    let addr = server.addr.clone();
+    let client = |name: &str, token: &str| -> Vec<String> {
+        [
+            "--ca",
+            &ca,
+            "--cert",
+            &pki.path(&format!("{name}.pem")),
+            "--key",
+            &pki.path(&format!("{name}-key.pem")),
+            "--token-file",
+            token,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mount_as = |name: &str, token: &str| {
+        let a = client(name, token);
+        TestMount::mount(&addr, &a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let fails_as = |name: &str, token: &str| {
+        let a = client(name, token);
+        mount_fails(&addr, &a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let before = mount_as("client", &token);
+    let e = fails_as("other-client", &token);
+    assert!(e.contains("certificate"), "{e}");
+
+    // Rotated: the other CA signs clients now, and a new token.
+    let old_token = keys.path().join("old-token");
+    std::fs::copy(&token, &old_token).unwrap();
+    let old_token = old_token.to_str().unwrap().to_string();
+    assert_eq!(token_file(keys.path(), "token"), token);
+    std::fs::copy(pki.path("other-ca.pem"), &client_ca).unwrap();
+    // SAFETY: kill(2) with a pid of ours and a signal number; no memory involved.
+    let hup = |server: &TestServer| {
+        assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGHUP) }, 0)
+    };
+    hup(&server);
+    assert!(
+        ferry_tests::wait_for(Duration::from_secs(10), || {
+            let log = server.log_text();
+            log.contains("client CA") && log.contains("read again; new connections need the token")
+        }),
+        "no reload logged: {}",
+        server.log_text()
+    );
+    let after = mount_as("other-client", &token);
+    run(Command::new("cmp")
+        .arg(src.path().join("x"))
+        .arg(after.path().join("x")));
+    let e = fails_as("client", &token);
+    assert!(e.contains("certificate"), "the old CA's client: {e}");
+    let e = fails_as("other-client", &old_token);
+    assert!(e.contains("wrong token"), "the old token: {e}");
+    // The mount made before keeps its connections: a file written since reads through it.
+    write_random(&src.path().join("y"), 50_000, 6);
+    run(Command::new("cmp")
+        .arg(src.path().join("y"))
+        .arg(before.path().join("y")));
+
+    // Files that do not load: one line each, what was read before stays.
+    let kept_token = keys.path().join("kept-token");
+    std::fs::copy(&token, &kept_token).unwrap();
+    let kept_token = kept_token.to_str().unwrap().to_string();
+    std::fs::write(&client_ca, "not a certificate\n").unwrap();
+    std::fs::write(&token, "short\n").unwrap();
+    hup(&server);
+    assert!(
+        ferry_tests::wait_for(Duration::from_secs(10), || {
+            let log = server.log_text();
+            log.contains("cannot read the client CA again")
+                && log.contains("cannot read the token again")
+        }),
+        "no failed reload logged: {}",
+        server.log_text()
+    );
+    let log = server.log_text();
+    let line = |what: &str| log.lines().find(|l| l.contains(what)).unwrap().to_string();
+    let ca_line = line("cannot read the client CA again");
+    assert!(
+        ca_line.contains(client_ca.to_str().unwrap()) && ca_line.contains("read before"),
+        "{ca_line}"
+    );
+    let token_line = line("cannot read the token again");
+    assert!(
+        token_line.contains(&token) && token_line.contains("read before"),
+        "{token_line}"
+    );
+    assert!(server.is_running());
+    let again = mount_as("other-client", &kept_token);
     run(Command::new("cmp")
         .arg(src.path().join("x"))
         .arg(again.path().join("x")));

@@ -42,7 +42,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Semaphore};
 use tracing::{debug, info};
 
-use crate::Shared;
+use crate::{Current, Shared};
 use handle::Session;
 
 use writer::Outgoing;
@@ -180,7 +180,7 @@ pub(crate) async fn serve_tcp(
             serve(tcp, shared, deadline, Some(handshake), peer, Some(socket)).await
         }
         Some(Transport::Tls) => {
-            let Some(tls) = shared.config.tls.clone() else {
+            let Some(tls) = shared.config.tls.as_ref().map(Current::get) else {
                 return Err(ConnError::Protocol("TLS accepted without a configuration"));
             };
             let stream =
@@ -609,15 +609,12 @@ where
     W: AsyncWrite + Unpin,
 {
     let cfg = &shared.config;
-    let auth = match &cfg.token {
+    let auth = match cfg.token.as_ref().map(Current::get) {
         Some(token) => {
             let mut challenge = [0u8; 32];
             rustix::rand::getrandom(&mut challenge, rustix::rand::GetRandomFlags::empty())
                 .map_err(io::Error::from)?;
-            Some(ServerAuth {
-                token: token.clone(),
-                challenge,
-            })
+            Some(ServerAuth { token, challenge })
         }
         None => None,
     };

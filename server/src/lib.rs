@@ -58,10 +58,11 @@ pub struct ServerConfig {
     /// send keepalives well within it; a vanished client's connection does not stay).
     pub idle_timeout: Duration,
     /// TLS: when set, every connection must use it (plain clients are refused with
-    /// `TlsRequired`).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// A shared token clients must prove they hold (challenge-response).
-    pub token: Option<Token>,
+    /// `TlsRequired`). Replaceable while serving (ferryd's SIGHUP reads `--client-ca` again).
+    pub tls: Option<Current<Arc<rustls::ServerConfig>>>,
+    /// A shared token clients must prove they hold (challenge-response). Replaceable while
+    /// serving (ferryd's SIGHUP reads `--token-file` again).
+    pub token: Option<Current<Token>>,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics: Option<std::net::SocketAddr>,
     /// The highest zstd level spent on a client's request (a higher one is served at this
@@ -70,6 +71,29 @@ pub struct ServerConfig {
 }
 
 pub use ferry_proto::auth::Token;
+
+/// A setting each new connection reads when it starts, replaceable while serving: connections
+/// made after [`Current::set`] get the new value, those open keep the one they started with.
+/// Clones share the value.
+#[derive(Debug, Clone)]
+pub struct Current<T>(Arc<std::sync::RwLock<T>>);
+
+impl<T: Clone> Current<T> {
+    /// Holds `value`.
+    pub fn new(value: T) -> Self {
+        Current(Arc::new(std::sync::RwLock::new(value)))
+    }
+
+    /// The value now.
+    pub fn get(&self) -> T {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the value for connections from now on.
+    pub fn set(&self, value: T) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = value;
+    }
+}
 
 impl Default for ServerConfig {
     fn default() -> Self {

@@ -2,10 +2,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ferry_server::ServerConfig;
+use ferry_server::{Current, ServerConfig};
 
 /// Export a directory, read-only, to `ferry mount` clients.
 ///
@@ -69,11 +70,13 @@ struct Args {
     /// The private key of --tls-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Mutual TLS: clients must present a certificate signed by this CA (PEM).
+    /// Mutual TLS: clients must present a certificate signed by this CA (PEM). SIGHUP reads
+    /// it again (new connections are checked against it).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     client_ca: Option<PathBuf>,
     /// Clients must prove they hold the token in this file (challenge-response; the token
     /// never travels). At least 16 bytes, e.g. `head -c 32 /dev/urandom | base64 > FILE`.
+    /// SIGHUP reads it again (new connections need the new token; open ones go on).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// Allow listening on a non-loopback address with neither TLS nor a token.
@@ -346,17 +349,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => (None, None),
     };
-    let token = match &args.token_file {
-        Some(p) => {
-            let raw = std::fs::read(p)
-                .with_context(|| format!("--token-file {}: cannot read it", p.display()))?;
-            Some(
-                ferry_server::Token::from_file_contents(&raw)
-                    .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", p.display()))?,
-            )
-        }
-        None => None,
-    };
+    let token = args.token_file.as_deref().map(read_token).transpose()?;
     if !args.listen.ip().is_loopback() && tls.is_none() && token.is_none() && !args.insecure {
         anyhow::bail!(
             "refusing to serve {} on {} without encryption or authentication: add --tls-cert/--tls-key and/or --token-file, or --insecure on a network you trust",
@@ -378,8 +371,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         max_handshakes_per_address: args.max_handshakes_per_address.max(1),
         memory_budget: args.memory_budget.max(1) << 20,
         idle_timeout: std::time::Duration::from_secs(args.idle_timeout.max(1)),
-        tls: tls.clone(),
-        token: token.clone(),
+        tls: tls.clone().map(Current::new),
+        token: token.map(Current::new),
         metrics: args.metrics,
         max_compression_level: args.max_compression_level.0,
         ..ServerConfig::default()
@@ -395,7 +388,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     rt.block_on(async move {
         // Before the first connection: SIGHUP's default would end ferryd.
         if let Ok(hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            tokio::spawn(reload_on_sighup(hup, certificate.clone()));
+            let again = ReadAgain {
+                certificate: certificate.clone(),
+                client_ca: args.client_ca.clone().zip(config.tls.clone()),
+                token: args.token_file.clone().zip(config.token.clone()),
+            };
+            tokio::spawn(reload_on_sighup(hup, again));
         }
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -426,7 +424,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 Some(c) => format!("TLS, certificate {}", c.fingerprint()),
                 None => "plain TCP".to_string(),
             },
-            if token.is_some() {
+            if config.token.is_some() {
                 "token required"
             } else {
                 "no token"
@@ -438,18 +436,31 @@ fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// On each SIGHUP, reads the TLS certificate and key files again: connections from then on
-/// get what they hold, those open keep theirs (a certificate renewed by certbot or an
-/// internal CA, without dropping a mount). Files that do not load are logged in one line and
-/// the certificate in use stays. Without TLS there is nothing to read again; ferryd says so
-/// and goes on.
-async fn reload_on_sighup(
-    mut hup: tokio::signal::unix::Signal,
-    certificate: Option<std::sync::Arc<ferry_server::tls::Certificate>>,
-) {
+/// The token in `--token-file` PATH.
+fn read_token(p: &std::path::Path) -> anyhow::Result<ferry_server::Token> {
+    let raw = std::fs::read(p)
+        .with_context(|| format!("--token-file {}: cannot read it", p.display()))?;
+    ferry_server::Token::from_file_contents(&raw)
+        .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", p.display()))
+}
+
+/// What SIGHUP reads again, each with where connections find it.
+struct ReadAgain {
+    certificate: Option<Arc<ferry_server::tls::Certificate>>,
+    client_ca: Option<(PathBuf, Current<Arc<rustls::ServerConfig>>)>,
+    token: Option<(PathBuf, Current<ferry_server::Token>)>,
+}
+
+/// On each SIGHUP, reads the TLS certificate and key, the client CA and the token file again
+/// (those ferryd was started with): connections from then on get what they hold, those open
+/// keep theirs (a certificate renewed by certbot or an internal CA, a CA or token rotated,
+/// without dropping a mount). A file that does not load is logged in one line and what was
+/// read before stays. Without any of them there is nothing to read again; ferryd says so and
+/// goes on.
+async fn reload_on_sighup(mut hup: tokio::signal::unix::Signal, again: ReadAgain) {
     while hup.recv().await.is_some() {
-        match &certificate {
-            Some(c) => match c.reload() {
+        if let Some(c) = &again.certificate {
+            match c.reload() {
                 Ok(fp) => tracing::info!(
                     "SIGHUP: TLS certificate read again, now {fp}; new connections get it"
                 ),
@@ -457,8 +468,40 @@ async fn reload_on_sighup(
                     "SIGHUP: cannot read the TLS certificate again: {e}; still presenting {}",
                     c.fingerprint()
                 ),
-            },
-            None => tracing::info!("SIGHUP: no TLS certificate to read again; serving as before"),
+            }
+        }
+        if let (Some((ca, tls)), Some(c)) = (&again.client_ca, &again.certificate) {
+            match ferry_server::tls::config_presenting(c.clone(), Some(ca)) {
+                Ok(cfg) => {
+                    tls.set(cfg);
+                    tracing::info!(
+                        "SIGHUP: client CA {} read again; new connections' certificates are checked against it",
+                        ca.display()
+                    );
+                }
+                Err(e) => tracing::error!(
+                    "SIGHUP: cannot read the client CA again: {e}; new connections are checked against the CA read before"
+                ),
+            }
+        }
+        if let Some((path, token)) = &again.token {
+            match read_token(path) {
+                Ok(t) => {
+                    token.set(t);
+                    tracing::info!(
+                        "SIGHUP: --token-file {} read again; new connections need the token it holds",
+                        path.display()
+                    );
+                }
+                Err(e) => tracing::error!(
+                    "SIGHUP: cannot read the token again: {e}; new connections need the token read before"
+                ),
+            }
+        }
+        if again.certificate.is_none() && again.token.is_none() {
+            tracing::info!(
+                "SIGHUP: no TLS certificate or token file to read again; serving as before"
+            );
         }
     }
 }

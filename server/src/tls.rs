@@ -1,6 +1,6 @@
 //! TLS for ferryd: loading the certificate and key (and, for mutual TLS, the CA that signs
-//! client certificates), replacing them while serving ([`Certificate::reload`], on SIGHUP),
-//! and `ferryd gen-cert`'s self-signed pair.
+//! client certificates), replacing them while serving ([`Certificate::reload`] and
+//! [`config_presenting`], on SIGHUP), and `ferryd gen-cert`'s self-signed pair.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -149,6 +149,20 @@ pub fn server_config(
     client_ca: Option<&Path>,
 ) -> Result<(Arc<rustls::ServerConfig>, Arc<Certificate>), TlsError> {
     let certificate = Arc::new(Certificate::load(cert, key)?);
+    let cfg = config_presenting(certificate.clone(), client_ca)?;
+    Ok((cfg, certificate))
+}
+
+/// A TLS configuration presenting `certificate` (as it is when each connection starts), with
+/// `client_ca`, read now, checking clients' certificates. ferryd builds one again on SIGHUP
+/// to read `--client-ca` again.
+///
+/// # Errors
+/// An unreadable CA file, or none in it.
+pub fn config_presenting(
+    certificate: Arc<Certificate>,
+    client_ca: Option<&Path>,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -170,8 +184,7 @@ pub fn server_config(
         }
         None => builder.with_no_client_auth(),
     };
-    let cfg = builder.with_cert_resolver(certificate.clone());
-    Ok((Arc::new(cfg), certificate))
+    Ok(Arc::new(builder.with_cert_resolver(certificate)))
 }
 
 /// Writes a new self-signed certificate for `names` (DNS names or IP addresses) and its key
