@@ -268,10 +268,90 @@ fn an_unmounted_mirror_resumes_at_the_next_mount() {
 }
 
 #[test]
+fn with_rescan_the_local_copy_follows_changes_on_the_server() {
+    // `--rescan SECS`: after its first complete pass the background mirror goes over the
+    // export again, so a file rewritten, one added and one removed on the server reach the
+    // local copy without a remount, and reads see the new bytes.
+    require_fuse!();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(src.path().join("d")).unwrap();
+    write_random(&src.path().join("a.bin"), (3 << 20) + 17, 1);
+    write_random(&src.path().join("d/small"), 5000, 2);
+    write_random(&src.path().join("d/gone.bin"), 70_000, 3);
+    let cache = tempfile::tempdir().unwrap();
+    let cache_arg = cache.path().to_str().unwrap().to_string();
+    let server = TestServer::start(src.path());
+    let mount = TestMount::mount(
+        &server.addr,
+        &["--cache-dir", &cache_arg, "--mirror", "--rescan", "1"],
+    );
+    let complete = || status(&mount.path())["state"] == "complete";
+    assert!(
+        wait_for(Duration::from_secs(30), complete),
+        "{}\n{}",
+        status(&mount.path()),
+        mount.log_text()
+    );
+    assert_eq!(status(&mount.path())["mount"]["rescan_secs"], 1);
+    run(Command::new("diff")
+        .arg("-r")
+        .arg(src.path())
+        .arg(cache.path()));
+
+    // The export changes while mounted.
+    write_random(&src.path().join("a.bin"), (2 << 20) + 99, 11);
+    write_random(&src.path().join("d/new.bin"), 200_000, 12);
+    std::fs::remove_file(src.path().join("d/gone.bin")).unwrap();
+    let same = |rel: &str| {
+        std::fs::read(src.path().join(rel)).ok() == std::fs::read(cache.path().join(rel)).ok()
+    };
+    let followed = wait_for(Duration::from_secs(60), || {
+        same("a.bin")
+            && same("d/new.bin")
+            && !cache.path().join("d/gone.bin").exists()
+            && complete()
+    });
+    assert!(
+        followed,
+        "the local copy did not follow: {}\n{}",
+        status(&mount.path()),
+        mount.log_text()
+    );
+    run(Command::new("diff")
+        .arg("-r")
+        .arg(src.path())
+        .arg(cache.path()));
+    // A pass after the change fetched the changed and new files only (d/small was kept as
+    // verified), and a pass after it nothing.
+    let fetched = status(&mount.path())["bytes_fetched"].as_u64().unwrap();
+    assert!(fetched <= (2 << 20) + 99 + 200_000, "{fetched}");
+    assert!(
+        mount.log_text().contains("going over the export again"),
+        "{}",
+        mount.log_text()
+    );
+    // Reads through the mount: the new bytes.
+    run(Command::new("cmp")
+        .arg(src.path().join("a.bin"))
+        .arg(mount.path().join("a.bin")));
+    // Gone through the mount too, once the kernel's entry for it expires (--attr-timeout,
+    // 10 s by default).
+    assert!(wait_for(Duration::from_secs(30), || !mount
+        .path()
+        .join("d/gone.bin")
+        .exists()));
+}
+
+#[test]
 fn mirror_options_without_their_prerequisites_are_refused() {
     for (args, needle) in [
         (&["--mirror"][..], "--cache-dir"),
         (&["--bwlimit", "10M"][..], "--mirror"),
+        (&["--rescan", "60"][..], "--mirror"),
+        (
+            &["--cache-dir", "/tmp", "--mirror", "--rescan", "0"][..],
+            "--rescan",
+        ),
     ] {
         let mnt = tempfile::tempdir().unwrap();
         let out = ferry_tests::ferry()

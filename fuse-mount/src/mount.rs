@@ -76,6 +76,10 @@ pub struct MountConfig {
     pub mirror: bool,
     /// Cap on the background mirror's transfer, bytes per second.
     pub bwlimit: Option<u64>,
+    /// Go over the export again this long after each complete pass of the background
+    /// mirror (new and changed files fetched, files gone removed); `None`: one complete
+    /// pass.
+    pub rescan: Option<std::time::Duration>,
     /// Serve Prometheus metrics here (`GET /metrics`).
     pub metrics: Option<std::net::SocketAddr>,
 }
@@ -100,6 +104,7 @@ impl Default for MountConfig {
             state_dir: None,
             mirror: false,
             bwlimit: None,
+            rescan: None,
             metrics: None,
         }
     }
@@ -149,6 +154,9 @@ impl MountSession {
         }
         if cfg.bwlimit.is_some() && !cfg.mirror {
             return Err(MountError::BwlimitNeedsMirror);
+        }
+        if cfg.rescan.is_some() && !cfg.mirror {
+            return Err(MountError::RescanNeedsMirror);
         }
         mountpoint::prepare(&cfg.mountpoint)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -231,6 +239,7 @@ impl MountSession {
                 l.copy.cache().clone(),
                 cfg.fs.root.clone(),
                 cfg.bwlimit,
+                cfg.rescan,
             )),
             _ => None,
         };

@@ -436,6 +436,9 @@ pub struct MountStatus {
     pub mirror: bool,
     /// Background transfer cap (bytes per second), if any.
     pub bwlimit: Option<u64>,
+    /// Seconds between the background mirror's passes once one completed (`--rescan`).
+    #[serde(default)]
+    pub rescan_secs: Option<u64>,
     /// Bytes received from the server, as sent (compressed) and decoded, for readers and
     /// the mirror together.
     pub wire_bytes: u64,

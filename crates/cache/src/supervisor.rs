@@ -1,6 +1,7 @@
 //! The mount's background mirror (`ferry mount --cache-dir DIR --mirror`): runs
-//! [`Mirror`] passes over the export until one completes, a failed pass retried after a
-//! backoff, and tells the mount's status where it is.
+//! [`Mirror`] passes over the export until one completes (with `--rescan`, again a while
+//! after each complete pass), a failed pass retried after a backoff, and tells the mount's
+//! status where it is.
 //!
 //! Invariants:
 //! - One pass at a time; each pass has fresh [`Progress`] counters, and
@@ -41,7 +42,8 @@ pub enum MirrorPhase {
     NotStarted,
     /// A pass is running.
     Running,
-    /// A pass completed: the local copy is complete and verified; no more passes.
+    /// A pass completed: the local copy is complete and verified; no more passes, or (with
+    /// a re-scan) none until the next is due.
     Complete,
     /// A pass failed; the next one starts after a backoff.
     Retrying,
@@ -117,7 +119,8 @@ impl MirrorSupervisor {
 
     /// Starts the passes on `rt`: a mirror of `root` on `client` into `cache`, capped at
     /// `bwlimit` bytes per second if given. The returned task runs until a pass completes
-    /// or [`MirrorTask::stop`].
+    /// or [`MirrorTask::stop`]; with `rescan`, until [`MirrorTask::stop`], a pass starting
+    /// that long after each complete one.
     pub fn start(
         &self,
         rt: &tokio::runtime::Handle,
@@ -125,6 +128,7 @@ impl MirrorSupervisor {
         cache: Arc<CacheDir>,
         root: Bytes,
         bwlimit: Option<u64>,
+        rescan: Option<Duration>,
     ) -> MirrorTask {
         let _rt = rt.enter();
         let this = self.clone();
@@ -135,11 +139,14 @@ impl MirrorSupervisor {
             None,
             DemandGate::client(&client),
         );
-        let task =
-            rt.spawn(
-                self.clone()
-                    .passes(client, cache.clone(), root, bwlimit, syncer.clone()),
-            );
+        let task = rt.spawn(self.clone().passes(
+            client,
+            cache.clone(),
+            root,
+            bwlimit,
+            rescan,
+            syncer.clone(),
+        ));
         MirrorTask {
             supervisor: self.clone(),
             cache,
@@ -149,13 +156,15 @@ impl MirrorSupervisor {
     }
 
     /// Runs passes until one completes, waiting [`FIRST_RETRY_DELAY`] (doubling up to
-    /// [`MAX_RETRY_DELAY`]) after each failure.
+    /// [`MAX_RETRY_DELAY`]) after each failure; with `rescan`, a pass that long after each
+    /// complete one, for ever.
     async fn passes(
         self,
         client: Client,
         cache: Arc<CacheDir>,
         root: Bytes,
         bwlimit: Option<u64>,
+        rescan: Option<Duration>,
         syncer: Syncer,
     ) {
         let mut delay = FIRST_RETRY_DELAY;
@@ -165,6 +174,9 @@ impl MirrorSupervisor {
                 // Beside readers: the listings a standalone mirror keeps in flight to fill
                 // a WAN (256) are not needed by a mirror that yields to them.
                 listings_in_flight: 64,
+                // A local copy that follows the export drops what the export dropped (as
+                // `ferry mirror --delete`); one filled once keeps what it has.
+                delete: rescan.is_some(),
                 ..MirrorConfig::default()
             };
             let m = Mirror::new(
@@ -195,7 +207,15 @@ impl MirrorSupervisor {
                         human_bytes(s.bytes),
                         human_bytes(s.fetched)
                     );
-                    return;
+                    let Some(every) = rescan else {
+                        return;
+                    };
+                    tokio::time::sleep(every).await;
+                    delay = FIRST_RETRY_DELAY;
+                    info!(
+                        "background mirror: going over the export again (--rescan {} s)",
+                        every.as_secs()
+                    );
                 }
                 Err(e) => {
                     self.lock().phase = MirrorPhase::Retrying;

@@ -237,6 +237,7 @@ pub fn mount_config(a: &MountArgs) -> anyhow::Result<MountConfig> {
         state_dir: a.state_dir.clone(),
         mirror: a.mirror,
         bwlimit: a.bwlimit,
+        rescan: a.rescan.map(std::time::Duration::from_secs),
         metrics: a.net.metrics,
         ..MountConfig::default()
     })

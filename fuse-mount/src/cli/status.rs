@@ -254,10 +254,12 @@ fn print_status(path: &Path, s: &Status) {
             return;
         }
         println!(
-            "  mirror  {}{}",
+            "  mirror  {}{}{}",
             s.state,
             m.bwlimit
-                .map_or_else(String::new, |b| format!(", capped at {}/s", human_bytes(b)))
+                .map_or_else(String::new, |b| format!(", capped at {}/s", human_bytes(b))),
+            m.rescan_secs
+                .map_or_else(String::new, |r| format!(", again {r} s after each pass"))
         );
         if s.state == State::Mounted {
             return;

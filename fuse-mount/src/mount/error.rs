@@ -19,6 +19,9 @@ pub enum MountError {
     /// `bwlimit` without `mirror`: only the background mirror is capped.
     #[error("--bwlimit caps the background mirror: give --mirror too (reads through the mount are never capped)")]
     BwlimitNeedsMirror,
+    /// `rescan` without `mirror`: only the background mirror goes over the export again.
+    #[error("--rescan repeats the background mirror's passes: give --mirror too")]
+    RescanNeedsMirror,
     /// The mount point cannot be examined (missing, no permission, …).
     #[error("mount point {}", path.display())]
     Mountpoint {

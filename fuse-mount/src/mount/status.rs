@@ -39,6 +39,7 @@ pub(crate) fn source(
         .as_ref()
         .map(|d| absolute(d).display().to_string());
     let (with_mirror, bwlimit) = (cfg.mirror, cfg.bwlimit);
+    let rescan_secs = cfg.rescan.map(|d| d.as_secs());
     Arc::new(move || {
         let mut s = if with_mirror {
             mirror.status()
@@ -54,6 +55,7 @@ pub(crate) fn source(
             cache_dir: cache_dir.clone(),
             mirror: with_mirror,
             bwlimit,
+            rescan_secs,
             wire_bytes: c.wire_bytes.load(Relaxed),
             decoded_bytes: c.decoded_bytes.load(Relaxed),
             chunks_served_locally: count(|l| l.served.load(Relaxed)),

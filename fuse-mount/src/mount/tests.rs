@@ -110,8 +110,17 @@ fn inconsistent_configs_are_refused_before_anything_happens() {
         ..cfg
     };
     assert!(matches!(
-        MountSession::start(cfg),
+        MountSession::start(cfg.clone()),
         Err(MountError::BwlimitNeedsMirror)
+    ));
+    let cfg = MountConfig {
+        bwlimit: None,
+        rescan: Some(std::time::Duration::from_secs(60)),
+        ..cfg
+    };
+    assert!(matches!(
+        MountSession::start(cfg),
+        Err(MountError::RescanNeedsMirror)
     ));
 }
 
