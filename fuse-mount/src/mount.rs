@@ -77,8 +77,7 @@ pub struct MountConfig {
     /// Cap on the background mirror's transfer, bytes per second.
     pub bwlimit: Option<u64>,
     /// Go over the export again this long after each complete pass of the background
-    /// mirror (new and changed files fetched, files gone removed); `None`: one complete
-    /// pass.
+    /// mirror (new and changed files fetched); `None`: one complete pass.
     pub rescan: Option<std::time::Duration>,
     /// Serve Prometheus metrics here (`GET /metrics`).
     pub metrics: Option<std::net::SocketAddr>,

@@ -494,7 +494,8 @@ async fn reload_on_sighup(mut hup: tokio::signal::unix::Signal, again: ReadAgain
                     );
                 }
                 Err(e) => tracing::error!(
-                    "SIGHUP: cannot read the token again: {e}; new connections need the token read before"
+                    "SIGHUP: cannot read the token again: {}; new connections need the token read before",
+                    ferry_util::error_line(e.as_ref())
                 ),
             }
         }

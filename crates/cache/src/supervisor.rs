@@ -1,7 +1,9 @@
 //! The mount's background mirror (`ferry mount --cache-dir DIR --mirror`): runs
 //! [`Mirror`] passes over the export until one completes (with `--rescan`, again a while
 //! after each complete pass), a failed pass retried after a backoff, and tells the mount's
-//! status where it is.
+//! status where it is. No pass deletes: what the server no longer has stays in the local
+//! copy, never served (an open asks the server), rather than an unattended pass removing
+//! a local copy because an export looked empty for a moment.
 //!
 //! Invariants:
 //! - One pass at a time; each pass has fresh [`Progress`] counters, and
@@ -174,9 +176,6 @@ impl MirrorSupervisor {
                 // Beside readers: the listings a standalone mirror keeps in flight to fill
                 // a WAN (256) are not needed by a mirror that yields to them.
                 listings_in_flight: 64,
-                // A local copy that follows the export drops what the export dropped (as
-                // `ferry mirror --delete`); one filled once keeps what it has.
-                delete: rescan.is_some(),
                 ..MirrorConfig::default()
             };
             let m = Mirror::new(

@@ -201,9 +201,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "RATE", value_parser = parse_rate, requires = "mirror")]
     pub bwlimit: Option<u64>,
     /// Keep the local copy following the export: SECS seconds after the background mirror
-    /// completes, it goes over the export again, fetching new and changed files and
-    /// removing from the local copy what the server no longer has; and again SECS seconds
-    /// after each pass. Without it the mirror stops at its first complete pass.
+    /// completes, it goes over the export again, fetching new and changed files; and again
+    /// SECS seconds after each pass. Without it the mirror stops at its first complete pass.
     #[arg(long, value_name = "SECS", requires = "mirror", value_parser = clap::value_parser!(u64).range(1..))]
     pub rescan: Option<u64>,
     /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.

@@ -1,7 +1,7 @@
 //! [`MountError`]: why a mount could not be set up, or not be taken down.
 //!
-//! Each variant reads as one line with its source appended (`ferry_util::error_line` in the binary), so
-//! `ferry mount` reports every start-up failure as one line.
+//! Each variant reads as one line with its source appended (`ferry_util::error_line` in the
+//! binary), so `ferry mount` reports every start-up failure as one line.
 
 use std::path::PathBuf;
 
