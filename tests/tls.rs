@@ -105,6 +105,12 @@ fn mount_fails(remote: &str, args: &[&str]) -> String {
     last
 }
 
+/// Sends `server` SIGHUP (ferryd then reads its certificate, client CA and token again).
+fn sighup(server: &TestServer) {
+    // SAFETY: kill(2) with a pid of ours and a signal number; no memory involved.
+    assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGHUP) }, 0);
+}
+
 /// ferryd serving `export` over TLS with `cert` and `key`, and `extra` options.
 fn tls_server(export: &Path, cert: &str, key: &str, extra: &[&str]) -> TestServer {
     let args = [&["--tls-cert", cert, "--tls-key", key][..], extra].concat();
@@ -268,14 +274,10 @@ fn sighup_presents_a_renewed_certificate_and_keeps_the_old_one_when_the_new_does
         server.log_text()
     );
     let before = TestMount::mount(&server.addr, &["--tls-fingerprint", &old]);
-    let hup = |server: &TestServer| {
-        // SAFETY: kill(2) with a pid of ours and a signal number; no memory involved.
-        assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGHUP) }, 0);
-    };
 
     let new = gen_cert(&cert, &key);
     assert_ne!(old, new);
-    hup(&server);
+    sighup(&server);
     assert!(
         ferry_tests::wait_for(Duration::from_secs(10), || server
             .log_text()
@@ -297,7 +299,7 @@ fn sighup_presents_a_renewed_certificate_and_keeps_the_old_one_when_the_new_does
 
     // A certificate file that does not load: one line, the certificate in use stays.
     std::fs::write(&cert, "not a certificate\n").unwrap();
-    hup(&server);
+    sighup(&server);
     assert!(
         ferry_tests::wait_for(Duration::from_secs(10), || server
             .log_text()
@@ -380,11 +382,7 @@ fn sighup_reads_the_client_ca_and_the_token_again_and_keeps_them_when_the_new_do
     let old_token = old_token.to_str().unwrap().to_string();
     assert_eq!(token_file(keys.path(), "token"), token);
     std::fs::copy(pki.path("other-ca.pem"), &client_ca).unwrap();
-    // SAFETY: kill(2) with a pid of ours and a signal number; no memory involved.
-    let hup = |server: &TestServer| {
-        assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGHUP) }, 0)
-    };
-    hup(&server);
+    sighup(&server);
     assert!(
         ferry_tests::wait_for(Duration::from_secs(10), || {
             let log = server.log_text();
@@ -413,7 +411,7 @@ fn sighup_reads_the_client_ca_and_the_token_again_and_keeps_them_when_the_new_do
     let kept_token = kept_token.to_str().unwrap().to_string();
     std::fs::write(&client_ca, "not a certificate\n").unwrap();
     std::fs::write(&token, "short\n").unwrap();
-    hup(&server);
+    sighup(&server);
     assert!(
         ferry_tests::wait_for(Duration::from_secs(10), || {
             let log = server.log_text();
