@@ -349,7 +349,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => (None, None),
     };
-    let token = args.token_file.as_deref().map(read_token).transpose()?;
+    let token = args
+        .token_file
+        .as_deref()
+        .map(ferry_util::read_token_file)
+        .transpose()?;
     if !args.listen.ip().is_loopback() && tls.is_none() && token.is_none() && !args.insecure {
         anyhow::bail!(
             "refusing to serve {} on {} without encryption or authentication: add --tls-cert/--tls-key and/or --token-file, or --insecure on a network you trust",
@@ -436,14 +440,6 @@ fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// The token in `--token-file` PATH.
-fn read_token(p: &std::path::Path) -> anyhow::Result<ferry_server::Token> {
-    let raw = std::fs::read(p)
-        .with_context(|| format!("--token-file {}: cannot read it", p.display()))?;
-    ferry_server::Token::from_file_contents(&raw)
-        .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", p.display()))
-}
-
 /// What SIGHUP reads again, each with where connections find it.
 struct ReadAgain {
     certificate: Option<Arc<ferry_server::tls::Certificate>>,
@@ -485,7 +481,7 @@ async fn reload_on_sighup(mut hup: tokio::signal::unix::Signal, again: ReadAgain
             }
         }
         if let Some((path, token)) = &again.token {
-            match read_token(path) {
+            match ferry_util::read_token_file(path) {
                 Ok(t) => {
                     token.set(t);
                     tracing::info!(
@@ -495,7 +491,7 @@ async fn reload_on_sighup(mut hup: tokio::signal::unix::Signal, again: ReadAgain
                 }
                 Err(e) => tracing::error!(
                     "SIGHUP: cannot read the token again: {}; new connections need the token read before",
-                    ferry_util::error_line(e.as_ref())
+                    ferry_util::error_line(&e)
                 ),
             }
         }

@@ -15,6 +15,8 @@
 //!   page cache, which belongs to readers).
 //! - [`sparse`]: sparse writes (holes punched, all-zero blocks left unallocated).
 //! - [`human`]: [`human_bytes`], sizes as people read them in logs and progress lines.
+//! - [`token`]: [`read_token_file`], a `--token-file` read the same way by ferryd and the
+//!   clients.
 
 pub mod background;
 pub mod cpu;
@@ -25,6 +27,7 @@ pub mod priority;
 pub mod process;
 pub mod sparse;
 pub mod task;
+pub mod token;
 pub mod xattr;
 
 pub use human::human_bytes;
@@ -34,3 +37,4 @@ pub use priority::lower_current_thread;
 pub use process::one_line_usage_error;
 pub use process::{error_line, limit_malloc_arenas, usage_error_line};
 pub use task::{lock, AbortOnDrop};
+pub use token::read_token_file;

@@ -160,18 +160,11 @@ pub fn connection(remote: &str, n: &NetArgs, what: &str) -> anyhow::Result<(Targ
         } else {
             tls_client(security)?
         },
-        token: match &security.token_file {
-            Some(p) => {
-                let raw = std::fs::read(p).map_err(|e| {
-                    anyhow::anyhow!("--token-file {}: cannot read it: {e}", p.display())
-                })?;
-                Some(
-                    ferry_client::Token::from_file_contents(&raw)
-                        .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", p.display()))?,
-                )
-            }
-            None => None,
-        },
+        token: security
+            .token_file
+            .as_deref()
+            .map(ferry_util::read_token_file)
+            .transpose()?,
         s3,
         ..ClientConfig::default()
     };
