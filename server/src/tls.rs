@@ -3,13 +3,15 @@
 //! [`config_presenting`], on SIGHUP), and `ferryd gen-cert`'s self-signed pair.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::Current;
 
 /// Why TLS could not be set up; one line each.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +79,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub struct Certificate {
     cert: PathBuf,
     key: PathBuf,
-    current: RwLock<Arc<CertifiedKey>>,
+    current: Current<Arc<CertifiedKey>>,
 }
 
 impl Certificate {
@@ -89,7 +91,7 @@ impl Certificate {
         Ok(Certificate {
             cert: cert.to_path_buf(),
             key: key.to_path_buf(),
-            current: RwLock::new(Arc::new(certified_key(cert, key)?)),
+            current: Current::new(Arc::new(certified_key(cert, key)?)),
         })
     }
 
@@ -101,26 +103,19 @@ impl Certificate {
     pub fn reload(&self) -> Result<String, TlsError> {
         let new = Arc::new(certified_key(&self.cert, &self.key)?);
         let fp = fingerprint_of(&new);
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = new;
+        self.current.set(new);
         Ok(fp)
     }
 
     /// The fingerprint of the certificate presented now (`SHA256:…`).
     pub fn fingerprint(&self) -> String {
-        fingerprint_of(&self.now())
-    }
-
-    fn now(&self) -> Arc<CertifiedKey> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        fingerprint_of(&self.current.get())
     }
 }
 
 impl ResolvesServerCert for Certificate {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.now())
+        Some(self.current.get())
     }
 }
 
