@@ -69,13 +69,7 @@ fn unreachable(e: reqwest::Error, url: &url::Url) -> Unreachable {
     // Never the URL: it carries a signature valid for minutes.
     let e = e.without_url();
     // The full chain: reqwest's own text says little ("error sending request").
-    let mut msg = e.to_string();
-    let mut src = std::error::Error::source(&e);
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
+    let mut msg = ferry_util::error_line(&e);
     if msg.contains("invalid peer certificate") {
         msg.push_str(" (give the CA that signed the endpoint's certificate with --ca)");
     }
